@@ -1,0 +1,191 @@
+"""BpfProgram: the base of every kernel program class in this package.
+
+A subclass names its C file (kept beside it) and the functions it loads; the base
+compiles the C with BCC, turns clang and verifier failures into one-line
+exceptions that keep the log, attaches to TC clsact hooks, sums per-CPU counters,
+and detaches everything on close() or at the end of a `with` block.
+
+    >>> with SomeProgram(...) as prog:          # doctest: +SKIP
+    ...     prog.attach(...)
+    ...     print(prog.counters())
+"""
+
+import ctypes
+import os
+import re
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import BpfError, CompileError, VerifierError
+from . import tc
+
+HERE = Path(__file__).resolve().parent
+
+
+def import_bcc():
+    """Import BCC, or fail with a message that says how to get it."""
+    try:
+        import bcc  # noqa: F401  (Debian's python3-bpfcc, not PyPI's "bcc")
+        from bcc import BPF
+    except ImportError as e:
+        raise BpfError(
+            f"BCC is not importable ({e}); run `make setup` as root, then use .venv/bin/python "
+            "(BCC comes from Debian's python3-bpfcc; never `pip install bcc`, an unrelated package)"
+        ) from None
+    return BPF
+
+
+@contextmanager
+def _stderr_to(buffer: list):
+    """Send file descriptor 2 to a temporary file and append what was written
+    there to `buffer`: libbcc prints clang diagnostics and the verifier log from C,
+    straight to fd 2, so sys.stderr redirection would not see them."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buffer.append(tmp.read().decode(errors="replace"))
+
+
+def _verifier_summary(log: str) -> str:
+    """The line of a verifier log that says why: the last line that is neither an
+    instruction dump, a register state, nor the closing statistics."""
+    noise = re.compile(r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
+                       r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+)")
+    lines = [ln.strip() for ln in log.splitlines()]
+    for line in reversed(lines):
+        if not noise.match(line):
+            return line
+    return lines[-1] if lines else "no verifier log"
+
+
+class BpfProgram:
+    """Base class: compile, load, attach, read counters, detach.
+
+    Subclasses set SOURCE (a file name beside the subclass's module) and pass -D
+    parameters to __init__. `source` overrides the C file, for developing an
+    extension of a program without editing the package.
+    """
+
+    SOURCE: str = ""
+
+    def __init__(self, cflags=(), source=None):
+        self.source_path = Path(source) if source else HERE / self.SOURCE
+        self.cflags = [f"-I{HERE}", *cflags]
+        self.bpf = None
+        self._functions = {}
+        self._tc_filters = []
+
+    # --- building -----------------------------------------------------------
+    def c_text(self) -> str:
+        try:
+            return self.source_path.read_text()
+        except OSError as e:
+            raise BpfError(f"cannot read {self.source_path}: {e.strerror}") from None
+
+    def compile(self):
+        """Compile the C text with BCC (maps are created here, programs not yet loaded)."""
+        if self.bpf is not None:
+            return self.bpf
+        BPF = import_bcc()
+        text = self.c_text()
+        log = []
+        try:
+            with _stderr_to(log):
+                self.bpf = BPF(text=text, cflags=self.cflags)
+        except Exception as e:
+            diag = "".join(log)
+            first = next((ln for ln in diag.splitlines() if "error:" in ln), str(e))
+            first = first.replace("/virtual/main.c", self.source_path.name)
+            raise CompileError(f"compiling {self.source_path.name}: {first.strip()}", diag) from None
+        return self.bpf
+
+    def load(self, function: str, prog_type: str):
+        """Load one function of the program ("SCHED_CLS", "XDP", ...) through the
+        verifier; a rejection raises VerifierError with the verifier's reason."""
+        if function in self._functions:
+            return self._functions[function]
+        bpf = self.compile()
+        log = []
+        try:
+            with _stderr_to(log):
+                fn = bpf.load_func(function, getattr(type(bpf), prog_type))
+        except Exception as e:
+            text = "".join(log)
+            if "Failed to load program" in text or "Permission denied" in str(e) or text.strip():
+                reason = _verifier_summary(text) if text.strip() else str(e)
+                tail = "\n".join(text.strip().splitlines()[-25:])
+                raise VerifierError(f"verifier rejected {function}: {reason}", tail) from None
+            raise BpfError(f"loading {function}: {e}") from None
+        self._functions[function] = fn
+        return fn
+
+    # --- attaching ----------------------------------------------------------
+    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf"):
+        """Attach `function` as a direct-action cls_bpf filter on ifname's clsact
+        ingress or egress hook, next to whatever filters are already there."""
+        fn = self.load(function, "SCHED_CLS")
+        f = tc.attach(netns, ifname, direction, fn.fd, fn.name.decode() if isinstance(fn.name, bytes) else fn.name, owner)
+        self._tc_filters.append(f)
+        return f
+
+    def detach_tc(self, f):
+        tc.detach(f)
+        self._tc_filters.remove(f)
+
+    @property
+    def tc_filters(self):
+        return list(self._tc_filters)
+
+    # --- maps ---------------------------------------------------------------
+    def table(self, name: str):
+        return self.compile()[name]
+
+    def percpu_totals(self, map_name: str, index: int = 0) -> dict:
+        """Sum one entry of a per-CPU array of counter structs over all CPUs."""
+        table = self.table(map_name)
+        per_cpu = table.getvalue(table.Key(index))
+        fields = [name for name, _ in table.sLeaf._fields_]  # BCC: Leaf is the per-CPU array
+        return {name: sum(getattr(v, name) for v in per_cpu) for name in fields}
+
+    def zero_percpu(self, map_name: str, index: int = 0):
+        table = self.table(map_name)
+        table[table.Key(index)] = table.Leaf()  # the per-CPU array type, all zero
+
+    # --- lifecycle ----------------------------------------------------------
+    def close(self):
+        """Detach every hook this object attached, then free the programs and maps.
+        Safe to call twice; a detach failure does not stop the others."""
+        errors = []
+        for f in reversed(self._tc_filters):
+            try:
+                tc.detach(f)
+            except Exception as e:  # keep going: leaving the rest attached is worse
+                errors.append(f"{f.where}: {e}")
+        self._tc_filters.clear()
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+            self._functions.clear()
+        if errors:
+            raise BpfError("detaching: " + "; ".join(errors))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def c_u32_be(packed: bytes) -> int:
+    """The integer whose in-memory bytes are `packed` (a network-order field)."""
+    return ctypes.c_uint32.from_buffer_copy(packed).value

@@ -1,0 +1,176 @@
+/* tc_mirror.bpf.c — the vTAP: at the TC (clsact) hook, clone every frame whose
+ * IPv4/IPv6 source or destination is on a watch-list to a monitor interface.
+ *
+ * Kernel: 4.11+ (LPM trie, bpf_clone_redirect at clsact); built and tested on 6.x.
+ * Loaded by ebpf/tc_mirror.py (class TcMirror), which passes these -D macros:
+ *   VTAP_MATCH_SRC, VTAP_MATCH_DST  0/1: which address(es) to look up
+ *   VTAP_WATCH_MAX                  watch-list capacity per address family
+ *
+ * The program only observes: it always returns TC_ACT_UNSPEC, so the frame goes
+ * on to the next filter on the hook (if any) and is then passed. It never drops,
+ * never edits the original, and a frame it cannot parse is counted, not mirrored
+ * by a watch-list.
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/pkt_cls.h>
+#include "vtap.h"
+
+#ifndef VTAP_MATCH_SRC
+#define VTAP_MATCH_SRC 1
+#endif
+#ifndef VTAP_MATCH_DST
+#define VTAP_MATCH_DST 1
+#endif
+#ifndef VTAP_WATCH_MAX
+#define VTAP_WATCH_MAX 1024
+#endif
+
+#define MATCHED 1
+#define NOT_WATCHED 0
+#define NON_IP (-1)
+#define MALFORMED (-2)
+
+struct vlan_tag {
+	__be16 tci;
+	__be16 encapsulated_proto;
+};
+
+/* Deepest header we read: Ethernet, two VLAN tags, a fixed IPv6 header. */
+#define PARSE_DEPTH (ETH_HLEN + 2 * sizeof(struct vlan_tag) + sizeof(struct ipv6hdr))
+
+BPF_ARRAY(config, struct vtap_config, 1);                              /* monitor, sampling, flags */
+BPF_PERCPU_ARRAY(stats, struct vtap_stats, 1);                         /* counters, summed by user space */
+BPF_LPM_TRIE(watch_v4, struct watch_v4_key, u8, VTAP_WATCH_MAX);       /* watched IPv4 CIDRs */
+BPF_LPM_TRIE(watch_v6, struct watch_v6_key, u8, VTAP_WATCH_MAX);       /* watched IPv6 CIDRs */
+
+static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
+{
+	struct watch_v4_key key = {.prefixlen = 32};
+
+#if VTAP_MATCH_SRC
+	key.addr = saddr;
+	if (watch_v4.lookup(&key))
+		return MATCHED;
+#endif
+#if VTAP_MATCH_DST
+	key.addr = daddr;
+	if (watch_v4.lookup(&key))
+		return MATCHED;
+#endif
+	return NOT_WATCHED;
+}
+
+static __always_inline int watched_v6(struct ipv6hdr *ip6)
+{
+	struct watch_v6_key key = {.prefixlen = 128};
+
+#if VTAP_MATCH_SRC
+	__builtin_memcpy(key.addr, &ip6->saddr, sizeof(key.addr));
+	if (watch_v6.lookup(&key))
+		return MATCHED;
+#endif
+#if VTAP_MATCH_DST
+	__builtin_memcpy(key.addr, &ip6->daddr, sizeof(key.addr));
+	if (watch_v6.lookup(&key))
+		return MATCHED;
+#endif
+	return NOT_WATCHED;
+}
+
+/* Parse Ethernet, up to two 802.1Q/802.1ad tags and the IP header, then look the
+ * addresses up. At ingress the kernel has usually moved the outer tag into
+ * skb->vlan_tci already, so a tag may or may not be in the data: either is fine,
+ * only the tags still in the data are skipped here. */
+static __always_inline int classify(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u32 off = ETH_HLEN;
+	__be16 proto;
+
+	/* Every access below is checked against data_end: the verifier rejects a
+	 * packet read it cannot prove is inside the linear data. */
+	if (data + ETH_HLEN > data_end)
+		return MALFORMED;
+	proto = eth->h_proto;
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_tag *tag = data + off;
+		if ((void *)(tag + 1) > data_end)
+			return MALFORMED;
+		proto = tag->encapsulated_proto;
+		off += sizeof(*tag);
+	}
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + off;
+		if ((void *)(ip + 1) > data_end)
+			return MALFORMED;
+		/* Options (ihl > 5) do not move the addresses; ihl < 5 is not IPv4. */
+		if (ip->version != 4 || ip->ihl < 5)
+			return MALFORMED;
+		return watched_v4(ip->saddr, ip->daddr);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + off;
+		if ((void *)(ip6 + 1) > data_end)
+			return MALFORMED;
+		if (ip6->version != 6)
+			return MALFORMED;
+		/* Extension headers come after the addresses: nothing to skip. */
+		return watched_v6(ip6);
+	}
+	return NON_IP;
+}
+
+int tc_mirror(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct vtap_config *cfg = config.lookup(&zero);
+	struct vtap_stats *st = stats.lookup(&zero);
+
+	/* Array lookups of index 0 cannot fail; the verifier still wants the check. */
+	if (!cfg || !st)
+		return TC_ACT_UNSPEC;
+	st->seen++;
+
+	if (!(cfg->flags & VTAP_F_MIRROR_ALL)) {
+		/* Headers split across pages (GSO, some drivers) are not in the linear
+		 * data the parser reads: pull just enough of them. Rare, so one compare
+		 * is all the common case pays. */
+		__u32 linear = skb->data_end - skb->data;
+		if (linear < PARSE_DEPTH && skb->len > linear)
+			bpf_skb_pull_data(skb, skb->len < PARSE_DEPTH ? skb->len : PARSE_DEPTH);
+
+		int verdict = classify(skb);
+		if (verdict != MATCHED) {
+			if (verdict == NON_IP)
+				st->non_ip++;
+			else if (verdict == MALFORMED)
+				st->malformed++;
+			return TC_ACT_UNSPEC;
+		}
+	}
+	st->matched++;
+
+	if (cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold) {
+		st->sampled_out++;
+		return TC_ACT_UNSPEC;
+	}
+
+	/* The clone leaves through the monitor's egress; the original is untouched. */
+	if (bpf_clone_redirect(skb, cfg->monitor_ifindex, 0) < 0) {
+		st->failed++;
+		return TC_ACT_UNSPEC;
+	}
+	st->cloned++;
+	st->cloned_bytes += skb->len;
+	return TC_ACT_UNSPEC;
+}

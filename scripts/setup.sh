@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up of eBPF vTAP Lab on a Debian 12 machine, as root.
+#   scripts/setup.sh          # what `make demo` and `make test` run first
+# A second run only checks and takes a few seconds: apt runs only for missing
+# packages, pip only when pyproject.toml changed since the last install.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+top=$PWD
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (BPF and network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+command -v dpkg >/dev/null || die "this set-up needs a Debian-based system (dpkg/apt); see environment.yml for conda"
+
+# --- Debian packages ----------------------------------------------------------
+# BCC comes from Debian, never from PyPI: the PyPI name "bcc" is an unrelated lattice library.
+packages=(
+  python3-bpfcc bpfcc-tools linux-headers-amd64   # BCC and the kernel headers it compiles against
+  python3-venv python3-dev                        # the project's .venv, made from the system Python
+  iproute2 nftables tcpdump ethtool procps        # the lab's plumbing and the user's debugging tools
+  bpftool libbpf1                                 # program inspection; libbpf for BPF_PROG_TEST_RUN
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- kernel headers for BCC ---------------------------------------------------
+# Debian ships headers for its own kernel; this VM may run another one. BCC works
+# against the Debian header tree when /lib/modules/$(uname -r)/{build,source} point
+# at it. Only create links that are missing: never replace a real header tree.
+kver=$(uname -r)
+mod=/lib/modules/$kver
+if [ ! -e "$mod/build" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$hdr" ] || die "no /usr/src/linux-headers-*-amd64 tree found after installing linux-headers-amd64"
+  mkdir -p "$mod"
+  ln -s "$hdr" "$mod/build"
+  say "linked $mod/build -> $hdr"
+fi
+if [ ! -e "$mod/source" ]; then
+  build=$(readlink -f "$mod/build")
+  common="${build%-amd64}-common"
+  [ -d "$common" ] || common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$common" ] && [ -d "$common" ] || die "no matching linux-headers-*-common tree for $build"
+  ln -s "$common" "$mod/source"
+  say "linked $mod/source -> $common"
+fi
+
+# --- the project's virtual environment ---------------------------------------
+# --system-site-packages so that Debian's bcc (python3-bpfcc) is importable.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0)' 2>/dev/null; then
+  say "creating .venv from /usr/bin/python3 (with system site packages, for bcc)"
+  rm -rf .venv
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+stamp=.venv/.installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  say "installing the project and its Python dependencies into .venv (editable)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+  echo "$want" > "$stamp"
+fi
+
+# --- check ---------------------------------------------------------------------
+.venv/bin/python - <<'EOF' || die "the environment does not work; see the error above"
+import bcc, pyroute2, scapy, pandas  # noqa: F401
+from bcc import BPF
+BPF(text="int f(void *ctx) { return 0; }")   # proves clang, the headers and the kernel agree
+EOF
+say "ready (.venv/bin/python -m vtap --help)"

@@ -1,0 +1,51 @@
+"""Remove what crashed lab runs left behind: their namespaces (and with them every
+link, qdisc, program and process inside) and their run files.
+
+A run whose owning process is still alive is left alone unless all_runs=True, so
+`python -m lab cleanup` in one terminal cannot break a run in another.
+"""
+
+import os
+
+from . import netns
+from .topology import RUN_DIR
+
+
+def _owner_alive(run_id):
+    try:
+        pid = int((RUN_DIR / f"{run_id}.pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def cleanup(all_runs=False) -> list[str]:
+    removed = []
+    runs = {}
+    for name in netns.lab_namespaces():
+        run_id = name[len(netns.PREFIX):].split("-", 1)[0]
+        runs.setdefault(run_id, []).append(name)
+    for run_id, names in sorted(runs.items()):
+        if not all_runs and _owner_alive(run_id):
+            continue
+        for name in names:
+            netns.remove(name)
+            removed.append(f"namespace {name}")
+        (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
+    if RUN_DIR.exists():
+        for pidfile in RUN_DIR.glob("*.pid"):
+            if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
+                pidfile.unlink(missing_ok=True)
+    return removed
+
+
+def live_runs() -> list[str]:
+    """Run ids whose owner is still alive (what cleanup skipped)."""
+    ids = {n[len(netns.PREFIX):].split("-", 1)[0] for n in netns.lab_namespaces()}
+    return sorted(i for i in ids if _owner_alive(i))

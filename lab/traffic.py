@@ -1,0 +1,263 @@
+"""Bounded traffic for the lab: crafted frames out of one namespace, exact counts
+of them wherever they arrive.
+
+Every frame of a Flow carries a marker in its payload (run token, flow number,
+sequence number), so a Capture counts exactly the frames a test sent and nothing
+the kernel adds on its own (IPv6 MLD, RSTs, ...). Frames that cannot carry a
+marker (truncated headers) are counted by their exact bytes instead.
+
+    >>> flows = [Flow("a", "198.18.1.10", "198.18.1.2", count=100)]      # doctest: +SKIP
+    >>> with Capture(ns_rx, "eth0", marker) as rx:
+    ...     report = send_frames(ns_tx, "eth0", build(flows, marker, src_mac, dst_mac))
+    >>> rx.counts  # {"a": 100}
+"""
+
+import ctypes
+import ipaddress
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import netns
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_AUXDATA = 8
+PACKET_STATISTICS = 6
+PACKET_OUTGOING = 4
+TP_STATUS_VLAN_VALID = 0x10
+TP_STATUS_VLAN_TPID_VALID = 0x40
+MAX_SECONDS = 30.0  # no single send in the lab runs longer than this
+MAX_PACKETS = 10_000_000
+
+
+@dataclass
+class Flow:
+    """A bounded stream of frames of one shape. size is the Ethernet frame length
+    without the 4-byte FCS (frames are padded up to it, never cut below their headers)."""
+    name: str
+    src: str
+    dst: str
+    proto: str = "udp"          # udp, tcp or raw (payload straight after IP)
+    sport: int = 40000
+    dport: int = 5001
+    count: int = 100
+    size: int = 128
+    vlans: tuple = ()           # ((tpid, vid), ...), outermost first
+    ip_options: bytes = b""     # IPv4 options (padded to 4 bytes)
+    fragment: int = 0           # >0: IPv4 fragments of at most this many payload bytes
+
+
+class Marker:
+    """Tags frames of one run: b"VTL" + 4-byte token + flow number + sequence."""
+
+    HEAD = b"VTL"
+    LEN = 3 + 4 + 2 + 4
+
+    def __init__(self):
+        self.token = secrets.token_bytes(4)
+        self.names = []
+
+    def flow_id(self, name):
+        if name not in self.names:
+            self.names.append(name)
+        return self.names.index(name)
+
+    def encode(self, name, seq) -> bytes:
+        return self.HEAD + self.token + struct.pack("!HI", self.flow_id(name), seq)
+
+    def __call__(self, frame: bytes):
+        """Flow name of a marked frame of this run, else None."""
+        i = frame.find(self.HEAD + self.token)
+        if i < 0 or i + self.LEN > len(frame):
+            return None
+        fid = struct.unpack_from("!H", frame, i + 7)[0]
+        return self.names[fid] if fid < len(self.names) else None
+
+
+class ExactFrames:
+    """Classifies frames by their exact bytes: for frames too short for a marker."""
+
+    def __init__(self, named_frames: dict):
+        self.by_bytes = {bytes(f): name for name, frames in named_frames.items() for f in frames}
+
+    def __call__(self, frame: bytes):
+        return self.by_bytes.get(frame)
+
+
+def _l2(flow, src_mac, dst_mac):
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    l2 = Ether(src=src_mac, dst=dst_mac)
+    for tpid, vid in flow.vlans:
+        l2 = l2 / (Dot1AD(vlan=vid) if tpid == 0x88A8 else Dot1Q(vlan=vid))
+    return l2
+
+
+def flow_frames(flow: Flow, marker: Marker, src_mac: str, dst_mac: str) -> list[bytes]:
+    """The frames of one flow, built with scapy, each with its own sequence number.
+    With flow.fragment, each packet becomes several IPv4 fragments; only the first
+    carries the marker, so count fragments with ExactFrames."""
+    from scapy.layers.inet import IP, TCP, UDP, fragment
+    from scapy.layers.inet6 import IPv6
+
+    if flow.count > MAX_PACKETS:
+        raise ValueError(f"flow {flow.name}: {flow.count} packets is over the lab's bound of {MAX_PACKETS}")
+    v6 = ipaddress.ip_address(flow.src).version == 6
+    frames = []
+    for seq in range(flow.count):
+        if v6:
+            l3 = IPv6(src=flow.src, dst=flow.dst)
+        else:
+            l3 = IP(src=flow.src, dst=flow.dst, id=seq & 0xFFFF, options=flow.ip_options or [])
+        if flow.proto == "udp":
+            l3 = l3 / UDP(sport=flow.sport, dport=flow.dport)
+        elif flow.proto == "tcp":
+            l3 = l3 / TCP(sport=flow.sport, dport=flow.dport, flags="PA", seq=seq * 1000)
+        head_len = len(_l2(flow, src_mac, dst_mac) / l3)
+        pad = max(0, flow.size - head_len - Marker.LEN)
+        l3 = l3 / (marker.encode(flow.name, seq) + b"\0" * pad)
+        pieces = fragment(l3, fragsize=flow.fragment) if flow.fragment else [l3]
+        frames += [bytes(_l2(flow, src_mac, dst_mac) / piece) for piece in pieces]
+    return frames
+
+
+def build(flows, marker, src_mac, dst_mac, interleave=True) -> list[bytes]:
+    """All frames of all flows; interleaved round-robin so no flow goes first."""
+    per_flow = [flow_frames(f, marker, src_mac, dst_mac) for f in flows]
+    if not interleave:
+        return [fr for frames in per_flow for fr in frames]
+    out = []
+    for i in range(max((len(p) for p in per_flow), default=0)):
+        out += [p[i] for p in per_flow if i < len(p)]
+    return out
+
+
+@dataclass
+class SendReport:
+    packets: int
+    bytes: int
+    seconds: float
+
+    @property
+    def pps(self):
+        return self.packets / self.seconds if self.seconds else 0.0
+
+
+def packet_socket(ns, ifname, proto=0):
+    """An AF_PACKET socket made inside a lab namespace, bound to ifname."""
+    with netns.entered(ns):
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto))
+        s.bind((ifname, proto))
+    return s
+
+
+def send_frames(ns, ifname, frames, rate_pps=None, max_seconds=MAX_SECONDS) -> SendReport:
+    """Send every frame once from ns/ifname, optionally paced to rate_pps.
+    Bounded: stops at max_seconds even if frames remain. Reports what was sent."""
+    if len(frames) > MAX_PACKETS:
+        raise ValueError(f"{len(frames)} frames is over the lab's bound of {MAX_PACKETS}")
+    sent = nbytes = 0
+    with packet_socket(ns, ifname) as s:
+        start = time.monotonic()
+        deadline = start + max_seconds
+        for i, frame in enumerate(frames):
+            if rate_pps:
+                due = start + i / rate_pps
+                now = time.monotonic()
+                if due > now:
+                    time.sleep(due - now)
+            if time.monotonic() > deadline:
+                break
+            while True:
+                try:
+                    nbytes += s.send(frame)
+                    break
+                except OSError as e:  # ENOBUFS: the device queue is full; wait, do not lose it
+                    if e.errno != 105 or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.0005)
+            sent += 1
+        seconds = time.monotonic() - start
+    return SendReport(sent, nbytes, seconds)
+
+
+class _Aux(ctypes.Structure):
+    _fields_ = [("tp_status", ctypes.c_uint32), ("tp_len", ctypes.c_uint32), ("tp_snaplen", ctypes.c_uint32),
+                ("tp_mac", ctypes.c_uint16), ("tp_net", ctypes.c_uint16),
+                ("tp_vlan_tci", ctypes.c_uint16), ("tp_vlan_tpid", ctypes.c_uint16)]
+
+
+class Capture:
+    """Counts classified frames arriving on (or leaving, direction="out") one
+    interface of a lab namespace, in a background thread.
+
+    A VLAN tag the kernel moved into packet metadata is put back into the frame
+    (as libpcap does), so frames are seen as they were on the wire. `counts` maps
+    classifier results to counts; `frames` keeps the raw frames if keep=True.
+    """
+
+    def __init__(self, ns, ifname, classify, direction="in", keep=False):
+        self.ns, self.ifname, self.classify = ns, ifname, classify
+        self.direction, self.keep = direction, keep
+        self.counts = Counter()
+        self.frames = []
+        self.kernel_drops = 0
+        self._stop = threading.Event()
+        self._last = time.monotonic()
+
+    def __enter__(self):
+        self.sock = packet_socket(self.ns, self.ifname, ETH_P_ALL)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)  # SO_RCVBUFFORCE: room for bursts
+        except OSError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+        self.sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+        self.sock.settimeout(0.05)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        size = ctypes.sizeof(_Aux)
+        while not self._stop.is_set():
+            try:
+                data, anc, _, addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(size))
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            outgoing = addr[2] == PACKET_OUTGOING
+            if (self.direction == "in" and outgoing) or (self.direction == "out" and not outgoing):
+                continue
+            for level, kind, payload in anc:
+                if level == SOL_PACKET and kind == PACKET_AUXDATA and len(payload) >= size:
+                    aux = _Aux.from_buffer_copy(payload[:size])
+                    if aux.tp_status & TP_STATUS_VLAN_VALID:
+                        tpid = aux.tp_vlan_tpid if aux.tp_status & TP_STATUS_VLAN_TPID_VALID else 0x8100
+                        data = data[:12] + struct.pack("!HH", tpid, aux.tp_vlan_tci) + data[12:]
+            key = self.classify(data)
+            if key is None:
+                continue
+            self.counts[key] += 1
+            self._last = time.monotonic()
+            if self.keep:
+                self.frames.append(data)
+
+    def wait_quiet(self, quiet=0.3, timeout=5.0):
+        """Wait until no classified frame has arrived for `quiet` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and time.monotonic() - self._last < quiet:
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        self.wait_quiet()
+        self._stop.set()
+        self._thread.join()
+        stats = self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
+        self.kernel_drops = struct.unpack("II", stats)[1]
+        self.sock.close()
+        return False

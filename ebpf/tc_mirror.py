@@ -171,6 +171,11 @@ class TcMirror(BpfProgram):
             found = ip.get_links(peer)
             return {found[0].get_attr("IFLA_IFNAME")} if found else set()
 
+    def monitor_is_up(self):
+        with tc.ipr(self.netns) as ip:
+            found = ip.get_links(self._monitor_ifindex)
+            return bool(found) and bool(found[0]["flags"] & 1)  # IFF_UP
+
     def check_iface(self, ifname):
         """Fail now, before anything is attached, if ifname cannot be tapped."""
         if ifname == self._monitor:

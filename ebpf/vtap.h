@@ -28,7 +28,8 @@ struct vtap_stats {
 	__u64 matched;      /* on the watch-list (or every frame, with no watch-list) */
 	__u64 sampled_out;  /* matched, but skipped by 1-in-N sampling */
 	__u64 cloned;       /* copies handed to the monitor */
-	__u64 failed;       /* bpf_clone_redirect() refused (monitor gone or down, no memory) */
+	__u64 failed;       /* bpf_clone_redirect() refused (monitor gone, no memory); a monitor
+	                     * that is only down drops copies without an error */
 	__u64 cloned_bytes; /* bytes of those copies, Ethernet header included */
 };
 

@@ -53,10 +53,13 @@ class Flow:
 
 
 class Marker:
-    """Tags frames of one run: b"VTL" + 4-byte token + flow number + sequence."""
+    """Tags frames of one run: b"VTL", a 4-byte run token, flow number, sequence
+    number and the frame's own length. The length tells a frame from a copy of it
+    quoted inside another packet (an ICMP error carries the original), which
+    would otherwise count twice."""
 
     HEAD = b"VTL"
-    LEN = 3 + 4 + 2 + 4
+    LEN = 3 + 4 + 2 + 4 + 2
 
     def __init__(self):
         self.token = secrets.token_bytes(4)
@@ -67,16 +70,18 @@ class Marker:
             self.names.append(name)
         return self.names.index(name)
 
-    def encode(self, name, seq) -> bytes:
-        return self.HEAD + self.token + struct.pack("!HI", self.flow_id(name), seq)
+    def encode(self, name, seq, frame_len) -> bytes:
+        return self.HEAD + self.token + struct.pack("!HIH", self.flow_id(name), seq, frame_len & 0xFFFF)
 
     def __call__(self, frame: bytes):
         """Flow name of a marked frame of this run, else None."""
         i = frame.find(self.HEAD + self.token)
         if i < 0 or i + self.LEN > len(frame):
             return None
-        fid = struct.unpack_from("!H", frame, i + 7)[0]
-        return self.names[fid] if fid < len(self.names) else None
+        fid, _, length = struct.unpack_from("!HIH", frame, i + 7)
+        if length != len(frame) & 0xFFFF or fid >= len(self.names):
+            return None
+        return self.names[fid]
 
 
 class ExactFrames:
@@ -119,7 +124,7 @@ def flow_frames(flow: Flow, marker: Marker, src_mac: str, dst_mac: str) -> list[
             l3 = l3 / TCP(sport=flow.sport, dport=flow.dport, flags="PA", seq=seq * 1000)
         head_len = len(_l2(flow, src_mac, dst_mac) / l3)
         pad = max(0, flow.size - head_len - Marker.LEN)
-        l3 = l3 / (marker.encode(flow.name, seq) + b"\0" * pad)
+        l3 = l3 / (marker.encode(flow.name, seq, head_len + Marker.LEN + pad) + b"\0" * pad)
         pieces = fragment(l3, fragsize=flow.fragment) if flow.fragment else [l3]
         frames += [bytes(_l2(flow, src_mac, dst_mac) / piece) for piece in pieces]
     return frames

@@ -18,7 +18,7 @@ command -v dpkg >/dev/null || die "this set-up needs a Debian-based system (dpkg
 packages=(
   python3-bpfcc bpfcc-tools linux-headers-amd64   # BCC and the kernel headers it compiles against
   python3-venv python3-dev                        # the project's .venv, made from the system Python
-  iproute2 nftables tcpdump ethtool procps        # the lab's plumbing and the user's debugging tools
+  iproute2 iputils-ping nftables tcpdump ethtool procps  # plumbing and debugging tools
   bpftool libbpf1                                 # program inspection; libbpf for BPF_PROG_TEST_RUN
 )
 missing=()

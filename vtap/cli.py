@@ -167,6 +167,9 @@ def run(a):
         tap.load_program()
         tap.attach_many(ifaces, a.direction)
         printer.header(tap, ifaces, a.direction)
+        if not tap.monitor_is_up():
+            print(f"vtap: warning: monitor {tap.monitor} is down: the kernel drops the copies without an error",
+                  file=sys.stderr)
         printer.sample(tap.counters())
         deadline = time.monotonic() + a.duration if a.duration else None
         try:

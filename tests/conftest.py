@@ -1,0 +1,59 @@
+"""Shared fixtures. Every test runs for real, as root: real namespaces, real BPF
+programs, real packets. Outside CI a test may skip for a missing kernel feature or
+tool; under CI=true that is a failure (see require())."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lab import netns  # noqa: E402
+from lab.testbeds import testbed1, testbed2  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition, what):
+    """Skip when `what` is missing, except under CI, where it fails the test."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is missing, and under CI=true nothing may be skipped")
+    pytest.skip(f"{what} is missing")
+
+
+def require_tool(name):
+    require(shutil.which(name), f"tool {name!r}")
+
+
+def pytest_sessionstart(session):
+    if os.geteuid() != 0:
+        pytest.exit("the test suite runs real namespaces and BPF programs: run it as root (make test)", returncode=4)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    """Every test must leave no lab namespace behind (its own teardown's job)."""
+    before = set(netns.lab_namespaces())
+    yield
+    left = set(netns.lab_namespaces()) - before
+    for name in left:
+        netns.remove(name)
+    assert not left, f"test left namespaces behind: {sorted(left)}"
+
+
+@pytest.fixture
+def tb1():
+    with testbed1() as tb:
+        yield tb
+
+
+@pytest.fixture
+def tb2():
+    with testbed2() as tb:
+        yield tb

@@ -1,0 +1,191 @@
+"""TcMirror on real veths in the paper's testbeds: exact mirror counts."""
+
+import pytest
+
+from ebpf import TcMirror
+from lab import netns
+from lab.traffic import Capture, ExactFrames, Flow, Marker, build, flow_frames, send_frames
+from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_SRC4, WATCHED_SRC6,
+                     invariant, run_flows)
+
+N = 500
+
+
+def tap_for(tb, **kw):
+    return TcMirror(monitor=tb.monitor_iface, netns=tb.ns(tb.tap_host), **kw)
+
+
+@pytest.mark.parametrize("match, want", [
+    ("src", {"src-watched": N, "dst-watched": 0, "none": 0}),
+    ("dst", {"src-watched": 0, "dst-watched": N, "none": 0}),
+    ("any", {"src-watched": N, "dst-watched": N, "none": 0}),
+])
+def test_match_modes_mirror_exact_counts(tb1, match, want):
+    flows = [Flow("src-watched", WATCHED_SRC4, RX4, count=N),
+             Flow("dst-watched", UNWATCHED_SRC4, RX4_ALT, count=N),
+             Flow("none", UNWATCHED_SRC4, RX4, count=N)]
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32", f"{RX4_ALT}/32"], match=match) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, flows)
+        c = tap.counters()
+    assert dict(rx) == {f.name: N for f in flows}, "the vTAP must not disturb the original traffic"
+    assert {k: mon[k] for k in want} == want
+    assert c["cloned"] == sum(want.values()) and c["failed"] == 0 and invariant(c)
+
+
+def test_ipv6_prefixes_and_tcp(tb1):
+    flows = [Flow("w6-udp", WATCHED_SRC6, RX6, count=N),
+             Flow("w6-tcp", WATCHED_SRC6, RX6, "tcp", count=N),
+             Flow("u6", UNWATCHED_SRC6, RX6, count=N),
+             Flow("u4", UNWATCHED_SRC4, RX4, "tcp", count=N)]
+    with tap_for(tb1, watch=["2001:2:0:1::8/125"], match="src") as tap:   # ::8 .. ::f, not ::10
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, flows)
+    assert sum(mon.values()) == 0  # the prefix length is honoured
+    with tap_for(tb1, watch=["2001:2:0:1::10/124"], match="src") as tap:  # ::10 .. ::1f
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, flows)
+    assert dict(mon) == {"w6-udp": N, "w6-tcp": N}
+    assert dict(rx) == {f.name: N for f in flows}
+
+
+@pytest.mark.parametrize("vlans", [((0x8100, 100),), ((0x88A8, 10), (0x8100, 20))], ids=["802.1Q", "QinQ"])
+def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans):
+    marker = Marker()
+    watched = flow_frames(Flow("w", WATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
+    unwatched = flow_frames(Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
+    exact = ExactFrames({"w": watched, "u": unwatched})
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
+            send_frames(tb1.ns("sender"), "eth0", [f for pair in zip(watched, unwatched) for f in pair], rate_pps=20000)
+        c = tap.counters()
+    # Byte-exact: the copies carry every tag the sender put on the wire.
+    assert dict(mon.counts) == {"w": N}
+    assert c["cloned"] == N and invariant(c)
+
+
+def test_arp_and_other_non_ip(tb1):
+    from scapy.layers.l2 import ARP, Ether
+    arp = [bytes(Ether(src=tb1.sender_mac, dst="ff:ff:ff:ff:ff:ff") /
+                 ARP(psrc=WATCHED_SRC4, pdst=RX4, hwsrc=tb1.sender_mac)) + bytes([i % 256]) for i in range(50)]
+    exact = ExactFrames({"arp": arp})
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:  # a watch-list cannot match ARP: not mirrored
+        tap.attach(tb1.tap_iface, "ingress")
+        with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
+            send_frames(tb1.ns("sender"), "eth0", arp)
+        c = tap.counters()
+    assert mon.counts["arp"] == 0 and c["non_ip"] >= 50
+    with tap_for(tb1, watch=None) as tap:  # no watch-list: everything, ARP included
+        tap.attach(tb1.tap_iface, "ingress")
+        with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
+            send_frames(tb1.ns("sender"), "eth0", arp)
+    assert mon.counts["arp"] == 50
+
+
+def test_empty_watch_list_mirrors_nothing(tb1):
+    with tap_for(tb1, watch=[]) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
+        c = tap.counters()
+    assert rx["a"] == N and mon["a"] == 0 and c["matched"] == 0
+
+
+def test_egress_direction(tb1):
+    """Frames the receiver sends are seen on its eth0 egress hook."""
+    flows = [Flow("w", RX4, WATCHED_SRC4, count=N), Flow("u", RX4, UNWATCHED_SRC4, count=N)]
+    marker = Marker()
+    frames = build(flows, marker, tb1.topo.mac("receiver", "eth0"), tb1.sender_mac)
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], match="dst") as tap:
+        tap.attach("eth0", "egress")
+        with Capture(tb1.ns("sender"), "eth0", marker) as at_sender, Capture(tb1.ns("monitor"), "eth0", marker) as mon:
+            send_frames(tb1.ns("receiver"), "eth0", frames, rate_pps=20000)
+    assert dict(at_sender.counts) == {"w": N, "u": N}
+    assert dict(mon.counts) == {"w": N}
+
+
+def test_both_directions_on_several_interfaces(tb2):
+    """Testbed 2: the tap node taps both bridge ports in both directions, so a
+    frame crossing the bridge is cloned twice (in at one port, out at the other)."""
+    with tap_for(tb2, watch=[f"{WATCHED_SRC4}/32"], match="src") as tap:  # not the ICMP errors coming back
+        tap.attach_many(["eth0", "eth1"], "both")
+        assert len(tap.tc_filters) == 4
+        _, rx, mon = run_flows(tb2, [Flow("fwd", WATCHED_SRC4, RX4, count=N)])
+        c = tap.counters()
+    assert rx["fwd"] == N
+    assert mon["fwd"] == 2 * N and c["cloned"] == 2 * N and invariant(c)
+
+
+def test_sampling_ratio_within_tolerance(tb1):
+    n, rate = 4000, 4
+    with tap_for(tb1, watch=None, sample=rate) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, [Flow("s", WATCHED_SRC4, RX4, count=n)])
+        c = tap.counters()
+    # Random 1-in-4 sampling: expected 1000, sd = sqrt(n p (1-p)) = 27.4; accept +-5 sd.
+    assert rx["s"] == n
+    assert 1000 - 137 <= mon["s"] <= 1000 + 137
+    assert invariant(c) and c["sampled_out"] > 0
+
+
+def test_live_changes_take_effect_without_reload(tb1):
+    flows = [Flow("a", WATCHED_SRC4, RX4, count=N), Flow("b", UNWATCHED_SRC4, RX4, count=N)]
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        prog_id = tap.load(tap.FUNCTION, "SCHED_CLS").fd
+        _, _, mon = run_flows(tb1, flows)
+        assert dict(mon) == {"a": N}
+        tap.set_watch([f"{UNWATCHED_SRC4}/32"])
+        _, _, mon = run_flows(tb1, flows)
+        assert dict(mon) == {"b": N}
+        tap.set_watch(None)
+        tap.set_sample(1_000_000)
+        tap.reset_counters()
+        _, _, mon = run_flows(tb1, flows)
+        c = tap.counters()
+        assert mon["a"] + mon["b"] <= 2  # 1 in a million of 1000 packets
+        assert c["matched"] >= 2 * N and invariant(c)
+        assert tap.load(tap.FUNCTION, "SCHED_CLS").fd == prog_id  # same program all along
+
+
+def test_live_monitor_change():
+    from lab.topology import Topology
+    t = Topology("two-monitors")
+    for h in ("sender", "receiver", "monitor"):
+        t.add_host(h)
+    t.add_link("sender", "receiver")
+    t.add_link("receiver", "monitor", a_if="mon0", b_if="m0", a_addrs=[], b_addrs=[])
+    t.add_link("receiver", "monitor", a_if="mon1", b_if="m1", a_addrs=[], b_addrs=[])
+    with t:
+        marker = Marker()
+        src, dst = t.addr("sender", "eth0"), t.addr("receiver", "eth0")
+
+        def send(name):
+            frames = build([Flow(name, src, dst, count=N)], marker, t.mac("sender", "eth0"), t.mac("receiver", "eth0"))
+            send_frames(t.ns("sender"), "eth0", frames, rate_pps=20000)
+
+        with TcMirror(monitor="mon0", netns=t.ns("receiver")) as tap, \
+                Capture(t.ns("monitor"), "m0", marker) as m0, Capture(t.ns("monitor"), "m1", marker) as m1:
+            tap.attach("eth0", "ingress")
+            send("first")
+            tap.monitor = "mon1"
+            send("second")
+    assert dict(m0.counts) == {"first": N}
+    assert dict(m1.counts) == {"second": N}
+
+
+def test_clone_failure_is_counted(tb1):
+    """A monitor that disappears refuses clones: counted as failed, originals pass.
+    (A monitor that is merely down takes them and drops them in its noop qdisc
+    without an error; `vtap` warns about that case when it starts.)"""
+    marker = Marker()
+    frames = build([Flow("a", WATCHED_SRC4, RX4, count=N)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    with tap_for(tb1) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        with netns.ipr(tb1.ns("receiver")) as ip:
+            ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
+        with Capture(tb1.ns("receiver"), "eth0", marker) as rx:
+            send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+        c = tap.counters()
+    assert rx.counts["a"] == N
+    assert c["failed"] >= N and c["cloned"] == 0 and invariant(c)

@@ -5,8 +5,12 @@ Rules, so that attach/detach and a later cleanup after SIGKILL agree:
 - A filter we add is named "<owner>:<prog>", or "<owner>+clsact:<prog>" when the
   clsact qdisc on that device was created by us. The kernel keeps the name, so
   the marker survives the process that set it; no state file is needed.
-- We take a priority no other filter on the hook uses, before the existing ones
-  when there is room, so an observer sees frames before others act on them.
+- An observer must see frames before other filters act on them, so we go first:
+  at a priority below every existing one when there is room; else, when the
+  first priority holds cls_bpf filters for all protocols, inside it (the kernel
+  runs a newly added cls_bpf program before the older ones of its priority, and
+  our TC_ACT_UNSPEC hands the frame on to them). Otherwise we go last and say so
+  (TcFilter.runs_after).
 - Detach removes only our filter; the clsact qdisc goes too only if we created it
   and no filter (ours or anybody's) is left on either of its hooks.
 """
@@ -35,6 +39,7 @@ class TcFilter:
     prio: int
     handle: int
     name: str
+    runs_after: int = 0   # priorities of other filters that see frames before ours (and may stop them)
 
     @property
     def where(self):
@@ -56,16 +61,37 @@ def ifindex_of(ip, ifname, netns=None):
     return found[0]
 
 
+def _filter_msgs(ip, ifindex, parent):
+    for msg in ip.get_filters(index=ifindex, parent=parent):
+        if msg["handle"]:  # handle 0: the per-priority header entry, not a filter
+            yield msg
+
+
 def _filters(ip, ifindex, parent):
     """(prio, handle, name) of every filter on one clsact hook."""
     out = []
-    for msg in ip.get_filters(index=ifindex, parent=parent):
-        if not msg["handle"]:
-            continue  # the per-priority header entry, not a filter
+    for msg in _filter_msgs(ip, ifindex, parent):
         opts = msg.get_attr("TCA_OPTIONS")
         name = opts.get_attr("TCA_BPF_NAME") if opts is not None and msg.get_attr("TCA_KIND") == "bpf" else None
         out.append((msg["info"] >> 16, msg["handle"], name or ""))
     return out
+
+
+def _place(ip, ifindex, parent):
+    """(prio, handle, runs_after) for a new filter that should see frames first."""
+    msgs = list(_filter_msgs(ip, ifindex, parent))
+    if not msgs:
+        return 1, 1, 0
+    prios = {m["info"] >> 16 for m in msgs}
+    lowest = min(prios)
+    if lowest > 1:
+        return lowest - 1, 1, 0
+    first = [m for m in msgs if m["info"] >> 16 == lowest]
+    all_protocols = (ETH_P_ALL << 8) & 0xFFFF  # htons(ETH_P_ALL), as it sits in tcm_info
+    if all(m.get_attr("TCA_KIND") == "bpf" and m["info"] & 0xFFFF == all_protocols for m in first):
+        return lowest, max(m["handle"] for m in first) + 1, 0
+    prio = next(p for p in range(1, 0xFFFF) if p not in prios)
+    return prio, 1, sum(1 for p in prios if p < prio)  # priorities, not entries: u32 lists its hash table too
 
 
 def _has_clsact(ip, ifindex):
@@ -74,15 +100,6 @@ def _has_clsact(ip, ifindex):
 
 def _ours(name, owner):
     return name.startswith(owner + ":") or name.startswith(owner + CREATED_MARK + ":")
-
-
-def _free_prio(used):
-    if not used:
-        return 1
-    lowest = min(used)
-    if lowest > 1:
-        return lowest - 1
-    return next(p for p in range(1, 0xFFFF) if p not in used)
 
 
 def attach(netns, ifname, direction, prog_fd, prog_name, owner) -> TcFilter:
@@ -101,15 +118,15 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner) -> TcFilter:
                 # whichever of our filters goes last also removes the qdisc.
                 created = any(_ours(n, owner) and CREATED_MARK in n
                               for p in PARENTS.values() for _, _, n in _filters(ip, ifindex, p))
-            prio = _free_prio({p for p, _, _ in _filters(ip, ifindex, parent)})
+            prio, handle, runs_after = _place(ip, ifindex, parent)
             name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
-            ip.tc("add-filter", "bpf", index=ifindex, handle=1, parent=parent, prio=prio,
+            ip.tc("add-filter", "bpf", index=ifindex, handle=handle, parent=parent, prio=prio,
                   protocol=ETH_P_ALL, fd=prog_fd, name=name, classid=1, direct_action=True)
         except NetlinkError as e:
             if created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
                 ip.tc("del", "clsact", index=ifindex)
             raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {e.args[1] if len(e.args) > 1 else e}") from None
-    return TcFilter(netns, ifname, ifindex, direction, prio, 1, name)
+    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after)
 
 
 def _delete(ip, ifindex, parent, prio, handle):

@@ -167,6 +167,10 @@ def run(a):
         tap.load_program()
         tap.attach_many(ifaces, a.direction)
         printer.header(tap, ifaces, a.direction)
+        for f in tap.tc_filters:
+            if f.runs_after:
+                print(f"vtap: warning: {f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the "
+                      "vTAP; frames they stop are not mirrored", file=sys.stderr)
         if not tap.monitor_is_up():
             print(f"vtap: warning: monitor {tap.monitor} is down: the kernel drops the copies without an error",
                   file=sys.stderr)

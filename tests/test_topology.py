@@ -1,0 +1,129 @@
+"""Namespace testbeds: built right, isolated from the root namespace, always torn down."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyroute2 import IPRoute
+
+from ebpf import TcMirror
+from lab import netns
+from lab.testbeds import testbed1, testbed2
+from lab.topology import Topology
+from conftest import require_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def root_state():
+    """Links, addresses and routes of the root namespace."""
+    with IPRoute() as ip:
+        links = sorted(l.get_attr("IFLA_IFNAME") for l in ip.get_links())
+        addrs = sorted(a.get_attr("IFA_ADDRESS") for a in ip.get_addr())
+        routes = sorted(str(r.get_attr("RTA_DST")) for r in ip.get_routes(family=2))
+    return links, addrs, routes
+
+
+@pytest.mark.parametrize("make", [testbed1, testbed2], ids=["testbed1", "testbed2"])
+def test_testbed_reachable_and_root_namespace_untouched(make):
+    require_tool("ping")
+    before = root_state()
+    with make() as tb:
+        assert root_state() == before, "the lab changed the root namespace"
+        for dst in ("198.18.1.2", "2001:2:0:1::2"):
+            r = tb.topo.run("sender", ["ping", "-c", "1", "-W", "2", dst], check=False, capture_output=True)
+            assert r.returncode == 0, r.stdout
+        assert all(not a.startswith("198.18.") for a in root_state()[1])
+    assert root_state() == before
+
+
+def test_teardown_leaves_no_namespace_link_or_program():
+    before = set(netns.lab_namespaces())
+    tb = testbed1()
+    with tb:
+        names = [h.ns for h in tb.topo.hosts.values()]
+        tap = TcMirror(monitor="mon0", netns=tb.ns("receiver"))
+        tap.attach("eth0", "both")
+        prog_id = _prog_ids()
+        assert prog_id
+    # the namespace, its veths and the filters holding the program are gone
+    assert not any(netns.exists(n) for n in names)
+    assert set(netns.lab_namespaces()) == before
+    tap.close()  # detaching after the namespace went is quiet
+    assert not (_prog_ids() & prog_id)
+
+
+def _prog_ids():
+    require_tool("bpftool")
+    import json
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return {p["id"] for p in json.loads(out) if p.get("name") == "tc_mirror"}
+
+
+def test_teardown_on_error():
+    t = Topology("err")
+    t.add_host("a")
+    t.add_host("b")
+    t.add_link("a", "b")
+    with pytest.raises(RuntimeError):
+        with t:
+            names = [h.ns for h in t.hosts.values()]
+            raise RuntimeError("boom")
+    assert not any(netns.exists(n) for n in names)
+
+
+def test_failed_build_tears_down_what_it_made():
+    t = Topology("bad")
+    t.add_host("a")
+    t.add_host("b")
+    t.add_link("a", "b")
+    t.add_route("a", "203.0.113.0/24", via="198.18.99.1")  # unreachable gateway: netlink refuses
+    with pytest.raises(Exception):
+        t.build()
+    assert not any(netns.exists(h.ns) for h in t.hosts.values())
+
+
+def test_two_runs_never_collide():
+    with testbed1() as a, testbed1() as b:
+        assert a.topo.prefix != b.topo.prefix
+        assert set(a.topo.hosts) == set(b.topo.hosts)
+        assert not {h.ns for h in a.topo.hosts.values()} & {h.ns for h in b.topo.hosts.values()}
+
+
+def test_lab_cleanup_removes_a_crashed_run_and_spares_a_live_one():
+    code = ("import time, sys; sys.path.insert(0, %r)\n"
+            "from lab.testbeds import testbed1\n"
+            "tb = testbed1(); tb.topo.build(); print(tb.topo.prefix, flush=True); time.sleep(60)\n") % str(ROOT)
+    crashed = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    prefix = crashed.stdout.readline().strip()
+    crashed.send_signal(signal.SIGKILL)
+    crashed.wait()
+    assert any(n.startswith(prefix) for n in netns.lab_namespaces()), "SIGKILL leaves the namespaces"
+    with testbed1() as live:
+        r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        assert f"removed namespace {prefix}sender" in r.stdout
+        assert not any(n.startswith(prefix) for n in netns.lab_namespaces())
+        # a run whose owner is alive (this test process) is left alone
+        assert all(netns.exists(h.ns) for h in live.topo.hosts.values())
+        assert "left run" in r.stdout
+
+
+def test_static_neighbours_no_arp_needed(tb1):
+    with netns.ipr(tb1.ns("sender")) as ip:
+        neigh = {n.get_attr("NDA_DST"): (n.get_attr("NDA_LLADDR"), n["state"]) for n in ip.get_neighbours()}
+    assert neigh["198.18.1.2"] == (tb1.next_hop_mac, 0x80)
+    assert neigh["2001:2:0:1::2"] == (tb1.next_hop_mac, 0x80)
+
+
+def test_demo_runs_and_passes():
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "lab", "demo", "--count", "200"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "unwatched packets that reached the monitor: 0 (must be 0)" in r.stdout
+    assert "PASS" in r.stdout and "WRONG" not in r.stdout
+    assert time.monotonic() - t0 < 60

@@ -10,7 +10,6 @@ and detaches everything on close() or at the end of a `with` block.
     ...     print(prog.counters())
 """
 
-import ctypes
 import os
 import re
 import sys
@@ -100,7 +99,7 @@ class BpfProgram:
         log = []
         try:
             with _stderr_to(log):
-                self.bpf = BPF(text=text, cflags=self.cflags)
+                self.bpf = BPF(text=text.encode(), cflags=self.cflags)
         except Exception as e:
             diag = "".join(log)
             first = next((ln for ln in diag.splitlines() if "error:" in ln), str(e))
@@ -117,7 +116,7 @@ class BpfProgram:
         log = []
         try:
             with _stderr_to(log):
-                fn = bpf.load_func(function, getattr(type(bpf), prog_type))
+                fn = bpf.load_func(function.encode(), getattr(type(bpf), prog_type))
         except Exception as e:
             text = "".join(log)
             if "Failed to load program" in text or "Permission denied" in str(e) or text.strip():
@@ -133,7 +132,7 @@ class BpfProgram:
         """Attach `function` as a direct-action cls_bpf filter on ifname's clsact
         ingress or egress hook, next to whatever filters are already there."""
         fn = self.load(function, "SCHED_CLS")
-        f = tc.attach(netns, ifname, direction, fn.fd, fn.name.decode() if isinstance(fn.name, bytes) else fn.name, owner)
+        f = tc.attach(netns, ifname, direction, fn.fd, function, owner)
         self._tc_filters.append(f)
         return f
 
@@ -147,7 +146,7 @@ class BpfProgram:
 
     # --- maps ---------------------------------------------------------------
     def table(self, name: str):
-        return self.compile()[name]
+        return self.compile()[name.encode()]  # BCC wants bytes; str is deprecated
 
     def percpu_totals(self, map_name: str, index: int = 0) -> dict:
         """Sum one entry of a per-CPU array of counter structs over all CPUs."""
@@ -185,7 +184,3 @@ class BpfProgram:
         self.close()
         return False
 
-
-def c_u32_be(packed: bytes) -> int:
-    """The integer whose in-memory bytes are `packed` (a network-order field)."""
-    return ctypes.c_uint32.from_buffer_copy(packed).value

@@ -59,13 +59,11 @@ class TcMirror(BpfProgram):
         self.netns = netns
         self.match = match
         self.watch_max = watch_max
-        self._watch = None      # None: mirror everything
-        self._sample = 1
-        self._monitor = None
-        self._monitor_ifindex = 0
-        self._watch = parse_watch_list(watch) if watch is not None else None
+        self._watch = parse_watch_list(watch) if watch is not None else None  # None: mirror everything
         self._check_sample(sample)
         self._sample = sample
+        self._monitor = None
+        self._monitor_ifindex = 0
         self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
 
     # --- configuration (live) -------------------------------------------------

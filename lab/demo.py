@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from . import netns
 from .testbeds import testbed1
 from .traffic import Capture, Flow, Marker, build, send_frames
 
@@ -42,7 +43,7 @@ def start_vtap(tb, args, timeout=30):
         if json.loads(line).get("event") == "attached":
             return proc
     proc.kill()
-    raise RuntimeError("vtap did not attach within {timeout} s")
+    raise RuntimeError(f"vtap did not attach within {timeout} s")
 
 
 def stop_vtap(proc, timeout=10):
@@ -88,5 +89,8 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
     inv = counters["matched"] == counters["cloned"] + counters["sampled_out"] + counters["failed"]
     ok &= inv and unwatched_at_monitor == 0
     say(f"matched == cloned + sampled_out + failed: {'yes' if inv else 'NO'}")
-    say(f"\n{'PASS' if ok else 'FAIL'}: demo finished in {time.monotonic() - t0:.1f} s; all lab namespaces removed")
+    left = [n for n in netns.lab_namespaces() if n.startswith(tb.topo.prefix)]
+    ok &= not left
+    say(f"lab namespaces left behind: {len(left)} (must be 0)")
+    say(f"\n{'PASS' if ok else 'FAIL'}: demo finished in {time.monotonic() - t0:.1f} s")
     return 0 if ok else 1

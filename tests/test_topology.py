@@ -11,7 +11,7 @@ from pyroute2 import IPRoute
 
 from ebpf import TcMirror
 from lab import netns
-from lab.testbeds import testbed1, testbed2
+from lab import testbeds  # not the functions: pytest would collect test*-named imports
 from lab.topology import Topology
 from conftest import require_tool
 
@@ -27,7 +27,7 @@ def root_state():
     return links, addrs, routes
 
 
-@pytest.mark.parametrize("make", [testbed1, testbed2], ids=["testbed1", "testbed2"])
+@pytest.mark.parametrize("make", [testbeds.testbed1, testbeds.testbed2], ids=["testbed1", "testbed2"])
 def test_testbed_reachable_and_root_namespace_untouched(make):
     require_tool("ping")
     before = root_state()
@@ -42,7 +42,7 @@ def test_testbed_reachable_and_root_namespace_untouched(make):
 
 def test_teardown_leaves_no_namespace_link_or_program():
     before = set(netns.lab_namespaces())
-    tb = testbed1()
+    tb = testbeds.testbed1()
     with tb:
         names = [h.ns for h in tb.topo.hosts.values()]
         tap = TcMirror(monitor="mon0", netns=tb.ns("receiver"))
@@ -87,7 +87,7 @@ def test_failed_build_tears_down_what_it_made():
 
 
 def test_two_runs_never_collide():
-    with testbed1() as a, testbed1() as b:
+    with testbeds.testbed1() as a, testbeds.testbed1() as b:
         assert a.topo.prefix != b.topo.prefix
         assert set(a.topo.hosts) == set(b.topo.hosts)
         assert not {h.ns for h in a.topo.hosts.values()} & {h.ns for h in b.topo.hosts.values()}
@@ -102,7 +102,7 @@ def test_lab_cleanup_removes_a_crashed_run_and_spares_a_live_one():
     crashed.send_signal(signal.SIGKILL)
     crashed.wait()
     assert any(n.startswith(prefix) for n in netns.lab_namespaces()), "SIGKILL leaves the namespaces"
-    with testbed1() as live:
+    with testbeds.testbed1() as live:
         r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 0, r.stderr
         assert f"removed namespace {prefix}sender" in r.stdout

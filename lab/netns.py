@@ -38,7 +38,23 @@ def create(name):
     _check_ours(name)
     if exists(name):
         raise LabError(f"namespace {name} already exists")
-    _netns.create(name)
+    # pyroute2 makes the namespace in a forked helper; on a loaded machine it has
+    # been seen to return with nothing in place, so check, and try again.
+    for _ in range(3):
+        _netns.create(name)
+        if _is_netns(name):
+            return
+        time.sleep(0.1)
+    raise LabError(f"creating namespace {name}: {NETNS_DIR / name} did not appear")
+
+
+def _is_netns(name):
+    """True when /run/netns/<name> is a bound network namespace, not an empty file."""
+    try:
+        with open(NETNS_DIR / name) as f:
+            return os.fstat(f.fileno()).st_dev != os.stat(NETNS_DIR).st_dev
+    except FileNotFoundError:
+        return False
 
 
 def lab_namespaces():

@@ -26,8 +26,7 @@ HERE = Path(__file__).resolve().parent
 def import_bcc():
     """Import BCC, or fail with a message that says how to get it."""
     try:
-        import bcc  # noqa: F401  (Debian's python3-bpfcc, not PyPI's "bcc")
-        from bcc import BPF
+        from bcc import BPF  # Debian's python3-bpfcc, not PyPI's "bcc"
     except ImportError as e:
         raise BpfError(
             f"BCC is not importable ({e}); run `make setup` as root, then use .venv/bin/python "
@@ -118,12 +117,11 @@ class BpfProgram:
             with _stderr_to(log):
                 fn = bpf.load_func(function.encode(), getattr(type(bpf), prog_type))
         except Exception as e:
-            text = "".join(log)
-            if "Failed to load program" in text or "Permission denied" in str(e) or text.strip():
-                reason = _verifier_summary(text) if text.strip() else str(e)
-                tail = "\n".join(text.strip().splitlines()[-25:])
-                raise VerifierError(f"verifier rejected {function}: {reason}", tail) from None
-            raise BpfError(f"loading {function}: {e}") from None
+            text = "".join(log).strip()
+            if not text:  # no verifier log: the load failed before the verifier ran
+                raise BpfError(f"loading {function}: {e}") from None
+            tail = "\n".join(text.splitlines()[-25:])
+            raise VerifierError(f"verifier rejected {function}: {_verifier_summary(text)}", tail) from None
         self._functions[function] = fn
         return fn
 

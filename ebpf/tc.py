@@ -134,9 +134,11 @@ def _delete(ip, ifindex, parent, prio, handle):
           protocol=ETH_P_ALL)
 
 
-def _drop_clsact_if_unused(ip, ifindex):
+def _drop_clsact_if_unused(ip, ifindex) -> bool:
     if _has_clsact(ip, ifindex) and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
         ip.tc("del", "clsact", index=ifindex)
+        return True
+    return False
 
 
 def detach(f: TcFilter):
@@ -174,8 +176,7 @@ def cleanup(owner, netns=None) -> list[str]:
                         _delete(ip, ifindex, parent, prio, handle)
                         we_created |= CREATED_MARK in name
                         removed.append(f"filter {name} on {ifname} {direction}")
-            if we_created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
-                ip.tc("del", "clsact", index=ifindex)
+            if we_created and _drop_clsact_if_unused(ip, ifindex):
                 removed.append(f"clsact qdisc on {ifname}")
     return removed
 
@@ -187,8 +188,9 @@ def hook_snapshot(netns=None):
     with ipr(netns) as ip:
         for link in ip.get_links():
             ifindex = link["index"]
+            has = _has_clsact(ip, ifindex)
             filters = sorted((d, p, h, n) for d, par in PARENTS.items() for p, h, n in _filters(ip, ifindex, par)) \
-                if _has_clsact(ip, ifindex) else []
-            snap[link.get_attr("IFLA_IFNAME")] = (_has_clsact(ip, ifindex), filters)
+                if has else []
+            snap[link.get_attr("IFLA_IFNAME")] = (has, filters)
     return snap
 

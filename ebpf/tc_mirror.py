@@ -149,10 +149,14 @@ class TcMirror(BpfProgram):
 
     # --- attach / detach --------------------------------------------------------
     def load_program(self):
-        """Compile, fill the maps and pass the verifier, before touching any hook."""
-        self.compile()
-        self.set_watch(self.watch)
-        self._write_config()
+        """Compile, fill the maps and pass the verifier, before touching any hook.
+        The maps are filled once, when the program is first compiled; after that
+        set_watch()/set_sample()/monitor keep them current."""
+        if self.bpf is None:
+            self.compile()
+            for n in self._watch or []:
+                self._trie(n)[self._key(n)] = ctypes.c_uint8(1)
+            self._write_config()
         return self.load(self.FUNCTION, "SCHED_CLS")
 
     def loop_peers(self):
@@ -160,14 +164,17 @@ class TcMirror(BpfProgram):
         monitor's veth pair when it is in this namespace too. Tapping it would clone
         the clones, a loop that runs at full speed until detached."""
         with tc.ipr(self.netns) as ip:
-            link = ip.get_links(self._monitor_ifindex)[0]
-            info = link.get_attr("IFLA_LINKINFO")
-            kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
-            peer = link.get_attr("IFLA_LINK")
-            if kind != "veth" or not peer or link.get_attr("IFLA_LINK_NETNSID") is not None:
-                return set()
-            found = ip.get_links(peer)
-            return {found[0].get_attr("IFLA_IFNAME")} if found else set()
+            return self._loop_peers(ip)
+
+    def _loop_peers(self, ip):
+        link = ip.get_links(self._monitor_ifindex)[0]
+        info = link.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+        peer = link.get_attr("IFLA_LINK")
+        if kind != "veth" or not peer or link.get_attr("IFLA_LINK_NETNSID") is not None:
+            return set()
+        found = ip.get_links(peer)
+        return {found[0].get_attr("IFLA_IFNAME")} if found else set()
 
     def monitor_is_up(self):
         with tc.ipr(self.netns) as ip:
@@ -180,7 +187,8 @@ class TcMirror(BpfProgram):
             raise BpfError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
         with tc.ipr(self.netns) as ip:
             tc.ifindex_of(ip, ifname, self.netns)
-        if ifname in self.loop_peers():
+            looping = ifname in self._loop_peers(ip)
+        if looping:
             raise BpfError(f"{ifname} is the other end of monitor {self._monitor}'s veth pair: "
                            "the clones would come back in and be cloned again")
 

@@ -62,7 +62,7 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
     tb = testbed1()
     with tb:
         say(f"Testbed 1 (namespaces {tb.topo.prefix}*): sender 198.18.1.0/24 -> receiver (vTAP on eth0 ingress) -> mon0 -> monitor")
-        say(f"vtap --monitor mon0 --iface eth0 " + " ".join(f"--watch {w}" for w in WATCH))
+        say("vtap --monitor mon0 --iface eth0 " + " ".join(f"--watch {w}" for w in WATCH))
         vtap = start_vtap(tb, [a for w in WATCH for a in ("--watch", w)])
         flows = demo_flows(count)
         marker = Marker()

@@ -75,7 +75,7 @@ def entered(name):
     were made in, so a socket opened here can be used after the block ends.
     """
     _check_ours(name)
-    with open(f"/proc/thread-self/ns/net") as home, open(NETNS_DIR / name) as target:
+    with open("/proc/thread-self/ns/net") as home, open(NETNS_DIR / name) as target:
         if _libc.setns(target.fileno(), CLONE_NEWNET) != 0:
             raise LabError(f"entering namespace {name}: {os.strerror(ctypes.get_errno())}")
         try:

@@ -112,7 +112,9 @@ class Topology:
         """Next /24 of 198.18.0.0/15 and /64 of 2001:2::/48 (segment 1, 2, ...)."""
         self._segments += 1
         n = self._segments
-        v4 = list(V4_POOL.subnets(new_prefix=24))[n]
+        if n >= 2 ** (24 - V4_POOL.prefixlen):
+            raise LabError(f"out of /24 segments in {V4_POOL}")
+        v4 = ipaddress.ip_network(f"{V4_POOL.network_address + (n << 8)}/24")
         v6 = ipaddress.ip_network(f"{V6_POOL.network_address + (n << 64)}/64")
         return v4, v6
 
@@ -128,10 +130,10 @@ class Topology:
         return link
 
     def add_bridge(self, host, name, ports, addrs=()):
-        br = Bridge(self._iface(host, name, addrs, 1500), list(ports))
         for p in ports:
             if p not in self.hosts[host].ifaces:
                 raise LabError(f"bridge {name}: {host} has no interface {p}")
+        br = Bridge(self._iface(host, name, addrs, 1500), list(ports))
         self.bridges.append(br)
         return br
 

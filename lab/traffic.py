@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import netns
 

@@ -2,7 +2,7 @@
 
 A subclass names its C file (kept beside it) and the functions it loads; the base
 compiles the C with BCC, turns clang and verifier failures into one-line
-exceptions that keep the log, attaches to TC clsact hooks, sums per-CPU counters,
+exceptions that keep the log, attaches to TC clsact and XDP hooks, sums per-CPU counters,
 and detaches everything on close() or at the end of a `with` block.
 
     >>> with SomeProgram(...) as prog:          # doctest: +SKIP
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BpfError, CompileError, VerifierError
-from . import tc
+from . import tc, xdp
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,6 +81,7 @@ class BpfProgram:
         self.bpf = None
         self._functions = {}
         self._tc_filters = []
+        self._xdp = []
 
     # --- building -----------------------------------------------------------
     def c_text(self) -> str:
@@ -142,6 +143,17 @@ class BpfProgram:
     def tc_filters(self):
         return list(self._tc_filters)
 
+    def attach_xdp(self, function: str, ifname: str, netns=None, mode="native"):
+        """Attach `function` to ifname's XDP hook (refused if a program is there)."""
+        fn = self.load(function, "XDP")
+        a = xdp.attach(netns, ifname, fn.fd, mode)
+        self._xdp.append(a)
+        return a
+
+    def detach_xdp(self, a):
+        xdp.detach(a)
+        self._xdp.remove(a)
+
     # --- maps ---------------------------------------------------------------
     def table(self, name: str):
         return self.compile()[name.encode()]  # BCC wants bytes; str is deprecated
@@ -168,6 +180,12 @@ class BpfProgram:
             except Exception as e:  # keep going: leaving the rest attached is worse
                 errors.append(f"{f.where}: {e}")
         self._tc_filters.clear()
+        for a in reversed(self._xdp):
+            try:
+                xdp.detach(a)
+            except Exception as e:
+                errors.append(f"{a.where}: {e}")
+        self._xdp.clear()
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None

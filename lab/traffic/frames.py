@@ -1,4 +1,4 @@
-"""Bounded traffic for the lab: crafted frames out of one namespace, exact counts
+"""Crafted frames for the lab: frames out of one namespace, exact counts
 of them wherever they arrive.
 
 Every frame of a Flow carries a marker in its payload (run token, flow number,
@@ -22,7 +22,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from . import netns
+from .. import netns
+from .report import SendReport
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -31,8 +32,7 @@ PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
 TP_STATUS_VLAN_VALID = 0x10
 TP_STATUS_VLAN_TPID_VALID = 0x40
-MAX_SECONDS = 30.0  # no single send in the lab runs longer than this
-MAX_PACKETS = 10_000_000
+from .report import MAX_PACKETS, MAX_SECONDS
 
 
 @dataclass
@@ -139,17 +139,6 @@ def build(flows, marker, src_mac, dst_mac, interleave=True) -> list[bytes]:
     for i in range(max((len(p) for p in per_flow), default=0)):
         out += [p[i] for p in per_flow if i < len(p)]
     return out
-
-
-@dataclass
-class SendReport:
-    packets: int
-    bytes: int
-    seconds: float
-
-    @property
-    def pps(self):
-        return self.packets / self.seconds if self.seconds else 0.0
 
 
 def packet_socket(ns, ifname, proto=0):

@@ -1,0 +1,248 @@
+"""What a run measured: CPU per core (mpstat's columns), interface and BPF
+counters, and results written as CSV with a JSON sidecar saying where they came from.
+
+    >>> with CpuSampler(interval=1.0) as cpu:              # doctest: +SKIP
+    ...     run_the_load()
+    >>> cpu.summary()                 # one row per core and "all": %usr ... %idle, busy_ns
+    >>> cpu.busy_ns(core=1) / packets # the DUT's CPU cost per packet
+
+Why busy time rather than %soft: threaded NAPI, which the lab uses to keep the
+device under test on its own core, is accounted as %sys, and on this VM packets
+per second move with steal time far more than nanoseconds of busy CPU per
+packet do.
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from . import netns
+
+# mpstat's columns, from /proc/stat's fields (user and nice include guest time).
+CPU_COLUMNS = ["usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle"]
+_STAT_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"]
+USER_HZ = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "datasets" / "results"
+
+
+def read_proc_stat(path="/proc/stat") -> dict:
+    """{"all": fields, 0: fields, 1: fields, ...}, each a dict of jiffies."""
+    cpus = {}
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("cpu"):
+                break
+            name, *vals = line.split()
+            vals = [int(v) for v in vals[:len(_STAT_FIELDS)]]
+            vals += [0] * (len(_STAT_FIELDS) - len(vals))
+            key = "all" if name == "cpu" else int(name[3:])
+            cpus[key] = dict(zip(_STAT_FIELDS, vals))
+    return cpus
+
+
+def cpu_percent(before: dict, after: dict) -> dict:
+    """mpstat's columns (percent) between two readings of one CPU, plus busy_ns:
+    the time it was neither idle nor waiting for I/O."""
+    d = {k: after[k] - before[k] for k in _STAT_FIELDS}
+    total = sum(d[k] for k in _STAT_FIELDS if k not in ("guest", "guest_nice"))
+    cols = {
+        "usr": d["user"] - d["guest"], "nice": d["nice"] - d["guest_nice"], "sys": d["system"],
+        "iowait": d["iowait"], "irq": d["irq"], "soft": d["softirq"], "steal": d["steal"],
+        "guest": d["guest"], "gnice": d["guest_nice"], "idle": d["idle"],
+    }
+    pct = {k: (100.0 * v / total if total else 0.0) for k, v in cols.items()}
+    pct["busy_ns"] = (total - d["idle"] - d["iowait"]) * 1e9 / USER_HZ
+    pct["total_ns"] = total * 1e9 / USER_HZ
+    return pct
+
+
+class CpuSampler:
+    """Reads /proc/stat every `interval` seconds in a thread until stopped.
+
+    samples() gives one row per core per interval (like `mpstat -P ALL 1`);
+    summary() one row per core over the whole window.
+    """
+
+    def __init__(self, interval=1.0):
+        self.interval = interval
+        self._readings = []  # (monotonic time, read_proc_stat())
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self):
+        self._readings = [(time.monotonic(), read_proc_stat())]
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            self._readings.append((time.monotonic(), read_proc_stat()))
+
+    def stop(self):
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        self._readings.append((time.monotonic(), read_proc_stat()))
+        return self
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    @property
+    def seconds(self):
+        return self._readings[-1][0] - self._readings[0][0] if len(self._readings) > 1 else 0.0
+
+    def samples(self) -> pd.DataFrame:
+        rows = []
+        for (t0, a), (t1, b) in zip(self._readings, self._readings[1:]):
+            for cpu in b:
+                rows.append({"t": round(t1 - self._readings[0][0], 3), "cpu": cpu, **cpu_percent(a[cpu], b[cpu])})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> pd.DataFrame:
+        first, last = self._readings[0][1], self._readings[-1][1]
+        return pd.DataFrame([{"cpu": cpu, **cpu_percent(first[cpu], last[cpu])} for cpu in last]).set_index("cpu")
+
+    def busy_ns(self, core) -> float:
+        """Busy nanoseconds of one core (or "all") over the whole window."""
+        return float(self.summary().loc[core, "busy_ns"])
+
+
+# --- interface counters ----------------------------------------------------
+
+IFACE_FIELDS = ["rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped"]
+
+
+def iface_counters(ns, ifname) -> dict:
+    """rx/tx packets, bytes and drops of one interface in a lab namespace (netlink)."""
+    with netns.ipr(ns) as ip:
+        idx = ip.link_lookup(ifname=ifname)
+        if not idx:
+            raise netns.LabError(f"no interface {ifname} in {ns}")
+        stats = ip.get_links(idx[0])[0].get_attr("IFLA_STATS64")
+    return {k: stats[k] for k in IFACE_FIELDS}
+
+
+class IfaceCounters:
+    """Counters of several (namespace, interface) pairs, read together; delta()
+    gives what happened since the last mark()."""
+
+    def __init__(self, where: dict):
+        self.where = where  # label -> (ns, ifname)
+        self._base = {}
+
+    def read(self) -> dict:
+        return {label: iface_counters(ns, ifn) for label, (ns, ifn) in self.where.items()}
+
+    def mark(self):
+        self._base = self.read()
+
+    def delta(self) -> dict:
+        now = self.read()
+        return {label: {k: now[label][k] - self._base[label][k] for k in IFACE_FIELDS} for label in now}
+
+
+# --- results ---------------------------------------------------------------
+
+def _version(argv, pattern=r"(\d+(?:\.\d+)+)"):
+    if not shutil.which(argv[0]):
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(pattern, out.stdout + out.stderr)
+    return m.group(1) if m else None
+
+
+def _module_version(name):
+    try:
+        mod = __import__(name)
+    except ImportError:
+        return None
+    return getattr(mod, "__version__", None)
+
+
+def git_commit():
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return None
+    return (rev + ("-dirty" if dirty else "")) or None
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def machine_metadata() -> dict:
+    """Where a result came from: kernel, CPU, commit, date and tool versions."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "kernel": platform.release(),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "commit": git_commit(),
+        "host": platform.node(),
+        "tools": {
+            "python": platform.python_version(),
+            "bcc": _module_version("bcc"),
+            "pyroute2": _module_version("pyroute2"),
+            "scapy": _module_version("scapy"),
+            "pandas": pd.__version__,
+            "trafgen": _version(["trafgen", "-v"]),
+            "iperf3": _version(["iperf3", "--version"]),
+            "nft": _version(["nft", "--version"]),
+            "ovs-vswitchd": _version(["ovs-vswitchd", "--version"]),
+        },
+    }
+
+
+def write_results(df: pd.DataFrame, name: str, params: dict, out_dir=None, extra=None) -> Path:
+    """Write df as <out_dir>/<name>-<UTC time>.csv beside a .json sidecar holding
+    the machine metadata and the exact parameters. Returns the CSV path."""
+    out = Path(out_dir) if out_dir else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = out / f"{name}-{stamp}.csv"
+    n = 1
+    while path.exists():
+        n += 1
+        path = out / f"{name}-{stamp}-{n}.csv"
+    df.to_csv(path, index=False)
+    meta = {"name": name, "csv": path.name, "rows": len(df), "columns": list(df.columns),
+            "parameters": params, **machine_metadata(), **(extra or {})}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return path
+
+
+def read_results(path) -> tuple[pd.DataFrame, dict]:
+    """A results CSV and its sidecar."""
+    path = Path(path)
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return pd.read_csv(path), meta

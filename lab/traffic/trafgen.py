@@ -1,0 +1,98 @@
+"""TrafgenGenerator: the same frames sent by netsniff-ng's trafgen (packet mmap).
+
+    >>> with TrafgenGenerator(ns, "eth0", frames) as gen:    # doctest: +SKIP
+    ...     gen.send(count=1_000_000, seconds=10)
+
+trafgen gets the frames as a byte-array config, one worker (-P 1), and is told
+not to retune socket memory or IRQ affinity (--no-sock-mem --notouch-irq): those
+are machine-wide settings outside the lab's namespaces. Its worker binds itself
+to CPU 0, whatever affinity it was started with, so the generator's CPU is 0.
+The seconds bound is enforced by SIGINT, after which trafgen prints its totals.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .. import netns
+from ..metrics import iface_counters
+from .report import SendReport, check_bounds
+
+
+def trafgen_config(frames) -> str:
+    return "".join("{ " + ", ".join(f"0x{b:02x}" for b in f) + " }\n" for f in frames)
+
+
+class TrafgenGenerator:
+    name = "trafgen"
+
+    def __init__(self, ns, ifname, frames, cpu=0):
+        if not shutil.which("trafgen"):
+            raise netns.LabError("trafgen not found (Debian package netsniff-ng; run `make setup`)")
+        if cpu not in (None, 0):
+            raise ValueError("trafgen binds its single worker to CPU 0; use cpu=0")
+        if not frames:
+            raise ValueError("TrafgenGenerator needs at least one frame")
+        self.ns, self.ifname, self.cpu = ns, ifname, 0
+        self.frames = [bytes(f) for f in frames]
+        self._dir = None
+
+    def open(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="vtl-trafgen-")
+        self.config = Path(self._dir.name) / "frames.cfg"
+        self.config.write_text(trafgen_config(self.frames))
+        return self
+
+    def close(self):
+        if self._dir:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def send(self, count=None, seconds=10.0, rate_pps=None) -> SendReport:
+        limit = check_bounds(count, seconds)
+        if self._dir is None:
+            self.open()
+        argv = ["trafgen", "--dev", self.ifname, "--in", str(self.config), "--num", str(limit),
+                "--cpus", "1", "--no-sock-mem", "--notouch-irq"]
+        if rate_pps:
+            argv += ["--rate", f"{int(rate_pps)}pps"]
+        before = iface_counters(self.ns, self.ifname)
+        start = time.monotonic()
+        # Its own process group: trafgen forks a worker, and SIGINT must reach both
+        # (signalled alone, the parent exits and the worker sends on and on).
+        proc = netns.popen(self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=seconds)
+        except BaseException as e:
+            os.killpg(proc.pid, signal.SIGINT)  # trafgen prints its totals on SIGINT
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+        elapsed = time.monotonic() - start
+        after = iface_counters(self.ns, self.ifname)
+        packets = re.search(r"(\d+) packets outgoing", out)
+        nbytes = re.search(r"(\d+) bytes outgoing", out)
+        if proc.returncode not in (0, -signal.SIGINT, 130) or not packets:
+            last = out.strip().splitlines()[-1] if out.strip() else f"exit {proc.returncode}"
+            raise netns.LabError(f"trafgen failed: {last}")
+        took = re.search(r"(\d+) sec, (\d+) usec on CPU", out)
+        secs = int(took.group(1)) + int(took.group(2)) / 1e6 if took else elapsed
+        return SendReport(int(packets.group(1)), int(nbytes.group(1)), secs or elapsed, self.name,
+                          dropped=after["tx_dropped"] - before["tx_dropped"])

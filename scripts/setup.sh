@@ -20,6 +20,9 @@ packages=(
   python3-venv python3-dev                        # the project's .venv, made from the system Python
   iproute2 iputils-ping nftables tcpdump ethtool procps  # plumbing and debugging tools
   bpftool libbpf1                                 # program inspection; libbpf for BPF_PROG_TEST_RUN
+  python3-nftables                                # nftables' JSON API, for the nft dup peer
+  openvswitch-switch                              # OVS port mirroring peer (userspace datapath)
+  netsniff-ng iperf3                              # traffic: trafgen, iperf3
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -66,14 +66,17 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
 
 
 def detach(a: XdpAttachment):
-    with tc.ipr(a.netns) as ip:
-        if not ip.link_lookup(index=a.ifindex):
-            return  # the device is gone, and our program with it
-        try:
+    """Remove our program; quietly done if the device or its namespace is gone."""
+    try:
+        with tc.ipr(a.netns) as ip:
+            if not ip.link_lookup(index=a.ifindex):
+                return  # the device is gone, and our program with it
             ip.link("set", index=a.ifindex, xdp={"attrs": [
                 ("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", MODES[a.mode])]})
-        except NetlinkError as e:
-            raise AttachError(f"detaching XDP from {a.where}: {os.strerror(e.code)}") from None
+    except FileNotFoundError:
+        return  # the namespace is gone, and everything in it
+    except NetlinkError as e:
+        raise AttachError(f"detaching XDP from {a.where}: {os.strerror(e.code)}") from None
 
 
 # --- BPF_PROG_TEST_RUN ------------------------------------------------------

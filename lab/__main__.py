@@ -1,9 +1,31 @@
-"""python -m lab {demo,cleanup}: the lab's command line."""
+"""python -m lab {demo,bench,cleanup}: the lab's command line.
+
+    python -m lab demo
+    python -m lab bench vtap-throughput --testbed 1,2 --trials 5
+    python -m lab bench generators --sizes 64,1518
+    python -m lab cleanup
+"""
 
 import argparse
 import os
 import signal
 import sys
+
+from ebpf.errors import BpfError
+
+from .netns import LabError
+
+
+_MAIN_PID = os.getpid()
+
+
+def _exit_on_sigterm(signum, frame):
+    # pyroute2 forks short-lived helpers (sockets in other namespaces) and stops
+    # them with SIGTERM; in such a child this handler must not unwind a copy of
+    # our stack, whose `with` blocks would tear the whole lab down.
+    if os.getpid() != _MAIN_PID:
+        os._exit(143)
+    sys.exit(143)
 
 
 def main(argv=None):
@@ -12,6 +34,13 @@ def main(argv=None):
     d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows")
     d.add_argument("--count", type=int, default=1000, help="packets per flow (default 1000)")
     d.add_argument("--rate", type=int, default=20000, help="packets per second, all flows together (default 20000)")
+    b = sub.add_parser("bench", help="benchmarks that write CSV + sidecar to datasets/results")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    from .bench import generators, vtap_throughput
+    vtap_throughput.add_arguments(bsub.add_parser(
+        "vtap-throughput", help="vTAP paper Tables 1-2: PPS, Mbps and CPU per size and mirror"))
+    generators.add_arguments(bsub.add_parser(
+        "generators", help="our XDP generator against trafgen at the ceiling, per frame size"))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
@@ -20,7 +49,7 @@ def main(argv=None):
         print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)
         return 2
     # SIGTERM unwinds like Ctrl-C, so every `with` block tears its testbed down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     if a.cmd == "cleanup":
         from .cleanup import cleanup, live_runs
@@ -32,11 +61,44 @@ def main(argv=None):
         if not removed:
             print("lab: nothing to clean up")
         return 0
+    if a.cmd == "bench":
+        try:
+            return run_bench(a)
+        except (ValueError, LabError, BpfError) as e:
+            print(f"lab bench: error: {e}", file=sys.stderr)
+            return 1
     if a.cmd == "demo":
         from .demo import run
         if not 1 <= a.count <= 100_000:
             p.error("--count must be between 1 and 100000")
         return run(count=a.count, rate_pps=a.rate)
+    return 2
+
+
+def run_bench(a):
+    from .bench.common import parse_list
+    if a.bench == "vtap-throughput":
+        from .bench import vtap_throughput as vt
+        tbs = parse_list(a.testbed, int, [1, 2], "testbed")
+        sizes = parse_list(a.sizes, int, what="size")
+        mirrors = parse_list(a.mirrors, str, vt.MIRROR_ORDER, "mirror")
+        cpus = tuple(parse_list(a.cpus, int, what="cpu"))
+        if len(cpus) != 2:
+            raise ValueError("--cpus takes two CPUs: generator,DUT")
+        if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60:
+            raise ValueError("--trials must be 1..100 and --duration 0.5..60 s")
+        df, path = vt.run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out)
+        vt.print_summary(df)
+        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+        return 0
+    if a.bench == "generators":
+        from .bench import generators as g
+        sizes = parse_list(a.sizes, int, what="size")
+        gens = parse_list(a.generators, str, sorted(g.GENERATORS), "generator")
+        df, path = g.run(sizes, gens, a.trials, a.duration, a.out)
+        g.print_summary(df)
+        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+        return 0
     return 2
 
 

@@ -40,6 +40,7 @@ class Testbed:
     sender_iface: str = "eth0"
     receiver_iface: str = "eth0"
     monitor_capture_iface: str = "eth0"   # where copies arrive, on the monitor host
+    bridge: tuple | None = None           # (name, ports) when the tap host bridges sender and receiver
 
     def __enter__(self):
         self.topo.build()
@@ -79,7 +80,8 @@ def testbed2() -> Testbed:
     t.add_link("tapnode", "receiver", a_if="eth1", a_addrs=[], b_addrs=RECEIVER_V4 + RECEIVER_V6)
     t.add_bridge("tapnode", "br0", ["eth0", "eth1"])
     t.add_link("tapnode", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
-    return Testbed(t, 2, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0")
+    return Testbed(t, 2, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
+                   bridge=("br0", ["eth0", "eth1"]))
 
 
 TESTBEDS = {1: testbed1, 2: testbed2}

@@ -150,7 +150,8 @@ class Topology:
         self._built = True
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         (RUN_DIR / f"{self.run_id}.pid").write_text(f"{os.getpid()}\n")
-        atexit.register(self.teardown)
+        self._owner_pid = os.getpid()
+        atexit.register(self._teardown_at_exit)
         try:
             self._build()
         except BaseException:
@@ -264,6 +265,12 @@ class Topology:
         return p
 
     # --- teardown ------------------------------------------------------------------
+    def _teardown_at_exit(self):
+        # A forked child (a library's helper) that exits through the interpreter
+        # runs atexit handlers too; only the process that built the lab tears it down.
+        if os.getpid() == self._owner_pid:
+            self.teardown()
+
     def teardown(self):
         """Stop our processes, delete our namespaces (and so their links, qdiscs and
         programs). Idempotent; called on exit, on error and by __exit__."""
@@ -286,7 +293,7 @@ class Topology:
             except (LabError, OSError, NetlinkError) as e:
                 errors.append(f"{h.ns}: {e}")
         (RUN_DIR / f"{self.run_id}.pid").unlink(missing_ok=True)
-        atexit.unregister(self.teardown)
+        atexit.unregister(self._teardown_at_exit)
         if errors:
             raise LabError("teardown left: " + "; ".join(errors))
 

@@ -133,7 +133,15 @@ class Stop(Exception):
     """SIGTERM/SIGHUP: leave the loop and detach, as Ctrl-C does."""
 
 
+_MAIN_PID = os.getpid()
+
+
 def _raise_stop(signum, frame):
+    # pyroute2 forks short-lived helpers to open sockets in other namespaces and
+    # stops them with SIGTERM. They inherit this handler, and must die quietly
+    # rather than unwind a copy of our stack (which would detach the vTAP).
+    if os.getpid() != _MAIN_PID:
+        os._exit(128 + signum)
     raise Stop(signal.Signals(signum).name)
 
 

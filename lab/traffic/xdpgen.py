@@ -24,6 +24,7 @@ The receiving veth must have NAPI: a native XDP program or GRO on.
 """
 
 import os
+import secrets
 import time
 
 from ebpf.xdp_gen import XdpGen
@@ -33,7 +34,7 @@ from ..metrics import iface_counters
 from .report import SendReport, check_bounds
 
 CEILING_BURST = 4096
-HOLDER = ("xdpgen0", "xdpgen1")  # the veth pair that keeps the program in the XDP dispatcher
+HOLDER_PREFIX = "xgen"  # the veth pair that keeps the program in the XDP dispatcher: xgen<id>a/b
 
 
 class XdpGenerator:
@@ -46,18 +47,19 @@ class XdpGenerator:
         self.frames = [bytes(f) for f in frames]
         self._prog = XdpGen()
         self._live = None
-        self._holder = False
+        self._holder = None
 
     def open(self):
         with netns.ipr(self.ns) as ip:
             found = ip.link_lookup(ifname=self.ifname)
         if not found:
             raise netns.LabError(f"no interface {self.ifname} in {self.ns}")
+        holder = f"{HOLDER_PREFIX}{secrets.token_hex(3)}"
         try:
             with netns.ipr(self.ns) as ip:
-                ip.link("add", ifname=HOLDER[0], kind="veth", peer=HOLDER[1])
-            self._holder = True
-            self._prog.attach_xdp(self._prog.FUNCTION, HOLDER[0], self.ns)
+                ip.link("add", ifname=holder + "a", kind="veth", peer=holder + "b")
+            self._holder = holder + "a"
+            self._prog.attach_xdp(self._prog.FUNCTION, self._holder, self.ns)
             self._live = self._prog.frames(self.frames, found[0])
         except BaseException:
             self.close()
@@ -68,12 +70,12 @@ class XdpGenerator:
         try:
             self._prog.close()
         finally:
-            if self._holder:
+            if self._holder and netns.exists(self.ns):
                 with netns.ipr(self.ns) as ip:
-                    found = ip.link_lookup(ifname=HOLDER[0])
+                    found = ip.link_lookup(ifname=self._holder)
                     if found:
                         ip.link("del", index=found[0])
-                self._holder = False
+            self._holder = None
 
     def __enter__(self):
         return self.open()

@@ -1,0 +1,57 @@
+"""python -m lab bench generators: how fast each packet source pushes frames of
+each size into a veth whose peer drops them with XDP (so the sink never limits
+it). Interleaved trials; the sink's count is the rate."""
+
+import sys
+
+import pandas as pd
+
+from ..metrics import write_results
+from ..topology import Topology
+from ..traffic import GENERATORS
+from ebpf.xdp_sink import XdpSink
+from .common import FCS, Progress, interleaved, summarize, udp_frames
+
+
+def add_arguments(p):
+    p.add_argument("--sizes", default="64,512,1518", help="frame sizes with FCS (default 64,512,1518)")
+    p.add_argument("--generators", default="xdp,trafgen", help="which (default xdp,trafgen)")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument("--out")
+
+
+def run(sizes, gens, trials, duration, out=None, cpu=0, progress=True):
+    t = Topology("genbench")
+    t.add_host("tx")
+    t.add_host("rx")
+    t.add_link("tx", "rx")
+    rows = []
+    bar = Progress(trials * len(sizes) * len(gens)) if progress else None
+    with t, XdpSink("drop") as sink:
+        sink.attach("eth0", netns=t.ns("rx"))
+        for trial, size, name in interleaved(trials, sizes, gens):
+            frames = udp_frames(t.addr("tx", "eth0"), t.addr("rx", "eth0"), t.mac("tx", "eth0"),
+                                t.mac("rx", "eth0"), size)
+            with GENERATORS[name](t.ns("tx"), "eth0", frames, cpu=cpu) as g:
+                sink.reset_counters()
+                rep = g.send(seconds=duration)
+                got = sink.counters()["packets"]
+            rows.append({"generator": name, "size": size, "trial": trial, "duration_s": rep.seconds,
+                         "sent_packets": rep.packets, "received_packets": got, "sent_pps": rep.pps,
+                         "received_pps": got / rep.seconds,
+                         "received_mbps": got * size * 8 / rep.seconds / 1e6})
+            if bar:
+                bar.step(f"{name} {size}B trial {trial + 1}")
+    df = pd.DataFrame(rows)
+    path = write_results(df, "generators", {"sizes": sizes, "generators": gens, "trials": trials,
+                                            "duration_s": duration, "cpu": cpu, "fcs_bytes": FCS}, out)
+    return df, path
+
+
+def print_summary(df, stream=sys.stdout):
+    s = summarize(df, ["size", "generator"], ["received_pps"])
+    stream.write("\nreceived kpps, median [min..max]\n")
+    for _, r in s.iterrows():
+        stream.write(f"{r['size']:>5} {r['generator']:<8} {r['received_pps_median'] / 1e3:9.0f} "
+                     f"[{r['received_pps_min'] / 1e3:.0f}..{r['received_pps_max'] / 1e3:.0f}]\n")

@@ -1,0 +1,124 @@
+"""python -m lab bench vtap-throughput: the vTAP paper's experiment (seed 003,
+Tables 1-2, Figures 5-6) against every mirror we have.
+
+For each testbed x mirror x frame size x trial: the generator offers its ceiling
+for `duration` seconds from the sender; the rig counts what arrived at the
+receiver and at the monitor, and samples the CPUs. Runs of different mirrors
+interleave (see common.interleaved). One CSV row per run.
+"""
+
+import sys
+
+import pandas as pd
+
+from .. import testbeds
+from ..metrics import CPU_COLUMNS, write_results
+from ..mirrors import MIRRORS
+from ..rig import ThroughputRig
+from ..traffic import GENERATORS
+from .common import FCS, SIZES, Progress, interleaved, summarize, udp_frames
+
+NAME = "vtap-throughput"
+MIRROR_ORDER = ["none", "ebpf", "tc-mirred", "nft-dup", "ovs"]
+COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "receiver_pps", "monitor_pps",
+           "receiver_mbps", "monitor_mbps", "receiver_loss", "monitor_loss", "cpu_usr", "cpu_sys", "cpu_soft",
+           "cpu_steal", "cpu_idle", "dut_ns_per_pkt"]
+
+
+def add_arguments(p):
+    p.add_argument("--testbed", default="1", help="1, 2 or 1,2 (default 1)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="frame sizes in bytes with FCS (default: the paper's)")
+    p.add_argument("--mirrors", default=",".join(MIRROR_ORDER), help=f"any of {','.join(MIRROR_ORDER)} (default: all)")
+    p.add_argument("--trials", type=int, default=5, help="trials per testbed, mirror and size (paper: 20; default 5)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of load per run (default 5)")
+    p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS), help="packet source (default xdp)")
+    p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default 4)")
+    p.add_argument("--cpus", default="0,1", help="generator CPU,DUT CPU (default 0,1)")
+    p.add_argument("--out", help="directory for the CSV and sidecar (default datasets/results)")
+
+
+def row(tb_no, mirror, size, trial, m, dut_cpu):
+    rep, counts, cpu = m["report"], m["counts"], m["cpu"]
+    secs = rep.seconds
+    rx = counts["receiver"] if "receiver" in counts else counts["dut"]
+    mon = counts["monitor"]
+    core = cpu.summary().loc[dut_cpu]
+    busy = float(core["busy_ns"])
+    r = {
+        "testbed": tb_no, "mirror": mirror.name, "size": size, "trial": trial, "duration_s": round(secs, 3),
+        "sender_pps": rep.pps, "receiver_pps": rx["packets"] / secs, "monitor_pps": mon["packets"] / secs,
+        # Mbps of frames with FCS, as the sizes are given
+        "receiver_mbps": (rx["bytes"] + FCS * rx["packets"]) * 8 / secs / 1e6,
+        "monitor_mbps": (mon["bytes"] + FCS * mon["packets"]) * 8 / secs / 1e6,
+        "receiver_loss": 1 - rx["packets"] / rep.packets if rep.packets else 0.0,
+        "monitor_loss": (1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none" else None,
+        **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
+        "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
+        "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
+        "dut_cpu": dut_cpu, "generator": rep.generator, "sent_packets": rep.packets,
+        "sender_dropped": rep.dropped, "dut_packets": counts["dut"]["packets"],
+        "receiver_packets": rx["packets"], "monitor_packets": mon["packets"],
+        "mirrored_by_peer": m["mirrored"].get("mirrored"),
+    }
+    for k in ("seen", "matched", "cloned", "failed"):
+        if k in m["mirrored"]:
+            r[f"vtap_{k}"] = m["mirrored"][k]
+    return r
+
+
+def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
+        out=None, progress=True, stream=sys.stdout):
+    """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
+    gen_cpu, dut_cpu = cpus
+    rows = []
+    total = len(testbed_nos) * trials * len(sizes) * len(mirrors)
+    bar = Progress(total) if progress else None
+    for tb_no in testbed_nos:
+        tb = testbeds.TESTBEDS[tb_no]()
+        with ThroughputRig(tb, gen_cpu, dut_cpu) as rig:
+            dut_ns = tb.ns(tb.tap_host)
+            bridge = tb.bridge
+            peers = {name: MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu)
+                     for name in mirrors}
+            try:
+                gens = {}
+                for trial, size, name in interleaved(trials, sizes, mirrors):
+                    if size not in gens:
+                        frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, size, flows)
+                        gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
+                        gens[size].open()
+                    m = rig.run(gens[size], peers[name], seconds=duration)
+                    rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu))
+                    if bar:
+                        bar.step(f"tb{tb_no} {name} {size}B trial {trial + 1}")
+            finally:
+                for g in gens.values():
+                    g.close()
+                for p in peers.values():
+                    p.close()
+    df = pd.DataFrame(rows)
+    df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+    params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
+              "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
+              "dut_cpu": dut_cpu}
+    path = write_results(df, "vtap_throughput", params, out)
+    return df, path
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    return summarize(df, ["testbed", "size", "mirror"],
+                     ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
+
+
+def print_summary(df, stream=sys.stdout):
+    s = summary(df)
+    stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
+    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<10} {'receiver kpps':>22} {'monitor kpps':>22} "
+                 f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
+    for _, r in s.iterrows():
+        def span(col, scale=1e3, fmt="{:.0f}"):
+            return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
+                    fmt.format(r[f'{col}_max'] / scale) + "]")
+        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['mirror']:<10} {span('receiver_pps'):>22} "
+                     f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
+                     f"{span('dut_ns_per_pkt', 1):>18}\n")

@@ -1,0 +1,133 @@
+"""ThroughputRig: a testbed made ready for load runs, the way this machine needs.
+
+    >>> with ThroughputRig(testbeds.testbed2(), gen_cpu=0, dut_cpu=1) as rig:   # doctest: +SKIP
+    ...     rig.run(generator, mirror, seconds=5)      # -> dict of measurements
+
+What it sets up, and why (all inside lab namespaces):
+- XDP sinks (ebpf.XdpSink) count frames where they arrive: a pass sink on the
+  DUT's receiving veth (it still hands frames on to tc and the stack; a native
+  XDP program is also what gives a veth the NAPI that the XDP generator's frames
+  and threaded NAPI need), drop sinks on the monitor and, when the receiver is
+  a separate host, on the receiver.
+- Threaded NAPI on the DUT's receiving veth, its kthread pinned to `dut_cpu`,
+  the generator pinned to `gen_cpu`: the device under test owns one core, and
+  its busy time per packet is the cost we compare. Threaded NAPI is accounted
+  as %sys, so compare busy time, not %soft.
+- TSO off on every veth that forwards into a sink: veth hands an skb to the
+  peer's NAPI only when TSO is off on the sending side; otherwise the receive
+  work silently runs in the sender's context.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from ebpf.xdp_sink import XdpSink
+
+from . import netns
+from .metrics import CpuSampler
+
+
+def napi_threads():
+    """{pid: comm} of every threaded-NAPI kthread ("napi/<dev>-<id>")."""
+    found = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                comm = (p / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith("napi/"):
+                found[int(p.name)] = comm
+    return found
+
+
+class ThroughputRig:
+    def __init__(self, testbed, gen_cpu=0, dut_cpu=1):
+        ncpu = os.cpu_count()
+        if gen_cpu == dut_cpu or max(gen_cpu, dut_cpu) >= ncpu:
+            raise ValueError(f"generator and DUT need two different CPUs of 0..{ncpu - 1}")
+        self.tb, self.gen_cpu, self.dut_cpu = testbed, gen_cpu, dut_cpu
+        self.sinks = {}
+        self.napi_pids = []
+        self.dut_ns = testbed.ns(testbed.tap_host)
+        self.dut_iface = testbed.tap_iface
+
+    # --- set-up ------------------------------------------------------------
+    def __enter__(self):
+        self.tb.__enter__()
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _setup(self):
+        tb = self.tb
+        # arrivals at the DUT: counted, then on to tc and the stack
+        self._sink("dut", "pass", self.dut_ns, self.dut_iface)
+        if tb.receiver != tb.tap_host:
+            self._sink("receiver", "drop", tb.ns(tb.receiver), tb.receiver_iface)
+        self._sink("monitor", "drop", tb.ns(tb.monitor), tb.monitor_capture_iface)
+        for link in tb.topo.links:
+            for end in (link.a, link.b):
+                if end.host == tb.tap_host and end.name != self.dut_iface:
+                    netns.run(self.dut_ns, ["ethtool", "-K", end.name, "tso", "off"], capture_output=True)
+        before = set(napi_threads())
+        netns.run(self.dut_ns, ["sh", "-c", f"echo 1 > /sys/class/net/{self.dut_iface}/threaded"])
+        deadline = time.monotonic() + 5
+        while not self.napi_pids and time.monotonic() < deadline:
+            self.napi_pids = sorted(set(napi_threads()) - before)
+            time.sleep(0.02)
+        if not self.napi_pids:
+            raise netns.LabError(f"threaded NAPI on {self.dut_iface}: no napi kthread appeared")
+        self.pin_napi(self.dut_cpu)
+
+    def _sink(self, label, verdict, ns, ifname):
+        s = XdpSink(verdict)
+        self.sinks[label] = s  # registered first, so close() frees it even if attach fails
+        s.attach(ifname, netns=ns)
+
+    def pin_napi(self, cpu):
+        for pid in self.napi_pids:
+            os.sched_setaffinity(pid, {cpu})
+
+    def close(self):
+        for s in self.sinks.values():
+            s.close()
+        self.sinks.clear()
+        self.tb.__exit__(None, None, None)
+
+    # --- one run -------------------------------------------------------------
+    @property
+    def receiver_label(self):
+        return "receiver" if "receiver" in self.sinks else "dut"
+
+    def run(self, generator, mirror, seconds, count=None, rate_pps=None, settle=0.3):
+        """One bounded load run with `mirror` attached. Returns raw measurements."""
+        mirror.attach()
+        try:
+            if mirror.name == "ovs":
+                # ovs-vswitchd gets the DUT core to itself; the kernel's receive
+                # work moves to the generator's core for this run.
+                self.pin_napi(self.gen_cpu)
+                time.sleep(1.0)  # let OVS finish configuring its ports
+            for s in self.sinks.values():
+                s.reset_counters()
+            base = mirror.counters()
+            with CpuSampler(interval=1.0) as cpu:
+                report = generator.send(count=count, seconds=seconds, rate_pps=rate_pps)
+                time.sleep(settle)  # let queues drain into the sinks
+            counts = {k: s.counters() for k, s in self.sinks.items()}
+            mirrored = mirror.counters()
+        finally:
+            if mirror.name == "ovs":
+                self.pin_napi(self.dut_cpu)
+            mirror.detach()
+        return {"report": report, "counts": counts, "cpu": cpu,
+                "mirrored": {k: v - base.get(k, 0) for k, v in mirrored.items() if isinstance(v, int)}}

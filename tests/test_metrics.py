@@ -1,0 +1,72 @@
+"""CPU sampling (mpstat's columns), interface counters and result files."""
+
+import json
+import threading
+import time
+
+import pandas as pd
+
+from lab.metrics import (CPU_COLUMNS, CpuSampler, IfaceCounters, cpu_percent, read_proc_stat,
+                         read_results, write_results)
+from lab.traffic import Flow, Marker, build, send_frames
+
+
+def test_cpu_columns_add_up_to_100_per_core_under_load():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        with CpuSampler(interval=0.2) as cpu:
+            time.sleep(1.1)
+    finally:
+        stop.set()
+        t.join()
+    samples = cpu.samples()
+    assert len(samples) >= 5 * 3  # per interval: every core and "all"
+    sums = samples[CPU_COLUMNS].sum(axis=1)
+    assert ((sums - 100).abs() <= 1).all(), sums.describe()
+    summary = cpu.summary()
+    assert ((summary[CPU_COLUMNS].sum(axis=1) - 100).abs() <= 1).all()
+    assert summary.loc["all", "busy_ns"] > 0.3e9  # the spinning thread was seen
+
+
+def test_cpu_percent_follows_mpstat_definitions(tmp_path):
+    # user and nice include guest time; mpstat shows them without it
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.write_text("cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\nintr 1\n")
+    b.write_text("cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 30 10 20 25 5 4 6 10 10 5\nintr 1\n")
+    p = cpu_percent(read_proc_stat(a)[0], read_proc_stat(b)[0])
+    total = 30 + 10 + 20 + 25 + 5 + 4 + 6 + 10  # guest fields are inside user and nice
+    assert p["usr"] == 100 * (30 - 10) / total and p["nice"] == 100 * (10 - 5) / total
+    assert p["sys"] == 100 * 20 / total and p["idle"] == 100 * 25 / total and p["steal"] == 100 * 10 / total
+    assert abs(sum(p[c] for c in CPU_COLUMNS) - 100) < 1e-9
+
+
+def test_interface_counters_count_what_was_sent(tb1):
+    marker = Marker()
+    frames = build([Flow("x", "198.18.1.10", "198.18.1.2", count=500)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    c = IfaceCounters({"tx": (tb1.ns("sender"), "eth0"), "rx": (tb1.ns("receiver"), "eth0")})
+    c.mark()
+    report = send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20_000)
+    time.sleep(0.2)
+    d = c.delta()
+    assert d["tx"]["tx_packets"] == report.packets == 500
+    assert d["rx"]["rx_packets"] == 500
+    assert d["tx"]["tx_bytes"] == sum(map(len, frames))
+
+
+def test_results_have_a_sidecar_with_machine_and_parameters(tmp_path):
+    df = pd.DataFrame([{"size": 64, "pps": 1.0}])
+    path = write_results(df, "unit", {"sizes": [64]}, tmp_path)
+    back, meta = read_results(path)
+    assert back.to_dict("records") == [{"size": 64, "pps": 1.0}]
+    assert meta["parameters"] == {"sizes": [64]}
+    for key in ("kernel", "cpu_model", "cores", "commit", "date", "tools"):
+        assert meta[key], key
+    assert json.loads(path.with_suffix(".json").read_text())["csv"] == path.name

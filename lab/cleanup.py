@@ -1,11 +1,13 @@
 """Remove what crashed lab runs left behind: their namespaces (and with them every
-link, qdisc, program and process inside) and their run files.
+link, qdisc, program and process inside, OVS daemons included) and their run
+files and OVS run directories.
 
 A run whose owning process is still alive is left alone unless all_runs=True, so
 `python -m lab cleanup` in one terminal cannot break a run in another.
 """
 
 import os
+import shutil
 
 from . import netns
 from .topology import RUN_DIR
@@ -39,6 +41,12 @@ def cleanup(all_runs=False) -> list[str]:
             removed.append(f"namespace {name}")
         (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
     if RUN_DIR.exists():
+        # OVS run directories (lab.mirrors.OvsMirror) of namespaces that are gone;
+        # their daemons ran inside the namespace and died with it.
+        for ovs_dir in RUN_DIR.glob("*.ovs"):
+            if not netns.exists(ovs_dir.stem):
+                shutil.rmtree(ovs_dir, ignore_errors=True)
+                removed.append(f"OVS run directory {ovs_dir}")
         for pidfile in RUN_DIR.glob("*.pid"):
             if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
                 pidfile.unlink(missing_ok=True)

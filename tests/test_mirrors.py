@@ -1,6 +1,7 @@
 """Every mirror peer copies exactly N of N packets at a modest rate, in both
 testbeds, and detaching leaves nothing behind."""
 
+import importlib.util
 import os
 import time
 
@@ -30,10 +31,7 @@ def _peer(tb, name):
     if name == "ovs":
         require_tool("ovs-vswitchd")
     if name == "nft-dup":
-        try:
-            import nftables  # noqa: F401
-        except ImportError:
-            require(False, "python3-nftables")
+        require(importlib.util.find_spec("nftables"), "python3-nftables")
     return MIRRORS[name](tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, bridge=tb.bridge, cpu=1)
 
 

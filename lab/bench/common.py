@@ -62,7 +62,7 @@ class Progress:
         bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
         self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<36.36} eta {eta:4.0f}s")
         if self.done == self.total:
-            self.stream.write(f"\n")
+            self.stream.write("\n")
         self.stream.flush()
 
 

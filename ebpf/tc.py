@@ -94,7 +94,7 @@ def _place(ip, ifindex, parent):
     return prio, 1, sum(1 for p in prios if p < prio)  # priorities, not entries: u32 lists its hash table too
 
 
-def _has_clsact(ip, ifindex):
+def has_clsact(ip, ifindex):
     return any(q.get_attr("TCA_KIND") == "clsact" for q in ip.get_qdiscs(index=ifindex))
 
 
@@ -110,7 +110,7 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner) -> TcFilter:
         ifindex = ifindex_of(ip, ifname, netns)
         created = False
         try:
-            if not _has_clsact(ip, ifindex):
+            if not has_clsact(ip, ifindex):
                 ip.tc("add", "clsact", index=ifindex)
                 created = True
             else:
@@ -134,8 +134,8 @@ def _delete(ip, ifindex, parent, prio, handle):
           protocol=ETH_P_ALL)
 
 
-def _drop_clsact_if_unused(ip, ifindex) -> bool:
-    if _has_clsact(ip, ifindex) and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
+def drop_clsact_if_unused(ip, ifindex) -> bool:
+    if has_clsact(ip, ifindex) and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
         ip.tc("del", "clsact", index=ifindex)
         return True
     return False
@@ -152,7 +152,7 @@ def detach(f: TcFilter):
             if any(p == f.prio and h == f.handle and n == f.name for p, h, n in _filters(ip, f.ifindex, parent)):
                 _delete(ip, f.ifindex, parent, f.prio, f.handle)
             if CREATED_MARK in f.name:
-                _drop_clsact_if_unused(ip, f.ifindex)
+                drop_clsact_if_unused(ip, f.ifindex)
     except FileNotFoundError:
         return  # the namespace itself is gone, and everything in it
     except NetlinkError as e:
@@ -167,7 +167,7 @@ def cleanup(owner, netns=None) -> list[str]:
     with ipr(netns) as ip:
         for link in ip.get_links():
             ifindex, ifname = link["index"], link.get_attr("IFLA_IFNAME")
-            if not _has_clsact(ip, ifindex):
+            if not has_clsact(ip, ifindex):
                 continue
             we_created = False
             for direction, parent in PARENTS.items():
@@ -176,7 +176,7 @@ def cleanup(owner, netns=None) -> list[str]:
                         _delete(ip, ifindex, parent, prio, handle)
                         we_created |= CREATED_MARK in name
                         removed.append(f"filter {name} on {ifname} {direction}")
-            if we_created and _drop_clsact_if_unused(ip, ifindex):
+            if we_created and drop_clsact_if_unused(ip, ifindex):
                 removed.append(f"clsact qdisc on {ifname}")
     return removed
 
@@ -188,7 +188,7 @@ def hook_snapshot(netns=None):
     with ipr(netns) as ip:
         for link in ip.get_links():
             ifindex = link["index"]
-            has = _has_clsact(ip, ifindex)
+            has = has_clsact(ip, ifindex)
             filters = sorted((d, p, h, n) for d, par in PARENTS.items() for p, h, n in _filters(ip, ifindex, par)) \
                 if has else []
             snap[link.get_attr("IFLA_IFNAME")] = (has, filters)

@@ -95,7 +95,6 @@ class EbpfMirror(Mirror):
         self._filters = []
 
     def attach(self):
-        self.tap.reset_counters() if self.tap.bpf is not None else None
         self._filters = self.tap.attach(self.tap_iface, "ingress")
         self.tap.reset_counters()
         self.attached = True
@@ -124,7 +123,7 @@ class TcMirred(Mirror):
     def attach(self):
         ifindex, mon = self._ifindex(self.tap_iface), self._ifindex(self.monitor_iface)
         with netns.ipr(self.ns) as ip:
-            self._created = not ebpf_tc._has_clsact(ip, ifindex)
+            self._created = not ebpf_tc.has_clsact(ip, ifindex)
             if self._created:
                 ip.tc("add", "clsact", index=ifindex)
             try:
@@ -164,7 +163,7 @@ class TcMirred(Mirror):
                 except NetlinkError:
                     pass  # already gone
                 if self._created:
-                    ebpf_tc._drop_clsact_if_unused(ip, self._ifidx)
+                    ebpf_tc.drop_clsact_if_unused(ip, self._ifidx)
         self.attached = False
 
 

@@ -104,10 +104,6 @@ class ThroughputRig:
         self.tb.__exit__(None, None, None)
 
     # --- one run -------------------------------------------------------------
-    @property
-    def receiver_label(self):
-        return "receiver" if "receiver" in self.sinks else "dut"
-
     def run(self, generator, mirror, seconds, count=None, rate_pps=None, settle=0.3):
         """One bounded load run with `mirror` attached. Returns raw measurements."""
         mirror.attach()

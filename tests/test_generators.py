@@ -75,7 +75,9 @@ def test_xdp_generator_ceiling_is_bounded_by_seconds_and_accounted(pair):
         assert report.seconds < 0.7
         assert report.packets > 10_000
         assert counted["packets"] == report.packets  # the XDP program's own count agrees
-        assert sink.counters()["packets"] == report.packets - report.dropped
+        # the sink counts every frame, and the kernel's own IPv6 (MLD) may add one;
+        # the paced test above counts the generator's frames exactly, by marker
+        assert 0 <= sink.counters()["packets"] - (report.packets - report.dropped) <= 2
     with netns.ipr(pair.ns("tx")) as ip:  # the dispatcher-holder veth pair is gone
         names = [link.get_attr("IFLA_IFNAME") for link in ip.get_links()]
     assert not [n for n in names if n.startswith("xgen")], names

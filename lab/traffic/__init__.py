@@ -5,6 +5,7 @@
     trafgen.py     TrafgenGenerator: the same frames through netsniff-ng's trafgen
     iperf.py       iperf3 client and server (TCP or UDP)
     filetransfer.py  a UDP file transfer with sequence numbers and a digest, client and server
+    generator.py   Generator: the lifecycle, bounds and drop accounting every generator shares
     report.py      SendReport (what a generator actually sent) and the bounds
 
 Every packet generator has send(count=None, seconds=..., rate_pps=None) -> SendReport.

@@ -20,15 +20,14 @@ import time
 from pathlib import Path
 
 from .. import netns
-from ..metrics import iface_counters
-from .report import SendReport, check_bounds
+from .generator import Generator
 
 
 def trafgen_config(frames) -> str:
     return "".join("{ " + ", ".join(f"0x{b:02x}" for b in f) + " }\n" for f in frames)
 
 
-class TrafgenGenerator:
+class TrafgenGenerator(Generator):
     name = "trafgen"
 
     def __init__(self, ns, ifname, frames, cpu=0):
@@ -36,39 +35,24 @@ class TrafgenGenerator:
             raise netns.LabError("trafgen not found (Debian package netsniff-ng; run `make setup`)")
         if cpu not in (None, 0):
             raise ValueError("trafgen binds its single worker to CPU 0; use cpu=0")
-        if not frames:
-            raise ValueError("TrafgenGenerator needs at least one frame")
-        self.ns, self.ifname, self.cpu = ns, ifname, 0
-        self.frames = [bytes(f) for f in frames]
+        super().__init__(ns, ifname, frames, 0)
         self._dir = None
 
-    def open(self):
+    def _open(self):
         self._dir = tempfile.TemporaryDirectory(prefix="vtl-trafgen-")
         self.config = Path(self._dir.name) / "frames.cfg"
         self.config.write_text(trafgen_config(self.frames))
-        return self
 
-    def close(self):
+    def _close(self):
         if self._dir:
             self._dir.cleanup()
             self._dir = None
 
-    def __enter__(self):
-        return self.open()
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def send(self, count=None, seconds=10.0, rate_pps=None) -> SendReport:
-        limit = check_bounds(count, seconds)
-        if self._dir is None:
-            self.open()
+    def _send(self, limit, seconds, rate_pps):
         argv = ["trafgen", "--dev", self.ifname, "--in", str(self.config), "--num", str(limit),
                 "--cpus", "1", "--no-sock-mem", "--notouch-irq"]
         if rate_pps:
             argv += ["--rate", f"{int(rate_pps)}pps"]
-        before = iface_counters(self.ns, self.ifname)
         start = time.monotonic()
         # Its own process group: trafgen forks a worker, and SIGINT must reach both
         # (signalled alone, the parent exits and the worker sends on and on).
@@ -86,7 +70,6 @@ class TrafgenGenerator:
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
         elapsed = time.monotonic() - start
-        after = iface_counters(self.ns, self.ifname)
         packets = re.search(r"(\d+) packets outgoing", out)
         nbytes = re.search(r"(\d+) bytes outgoing", out)
         if proc.returncode not in (0, -signal.SIGINT, 130) or not packets:
@@ -94,5 +77,4 @@ class TrafgenGenerator:
             raise netns.LabError(f"trafgen failed: {last}")
         # trafgen's own "N sec, M usec on CPU0" is CPU time, not wall time; the
         # wall time includes its start-up (tens of ms), so short runs look slower.
-        return SendReport(int(packets.group(1)), int(nbytes.group(1)), elapsed, self.name,
-                          dropped=after["tx_dropped"] - before["tx_dropped"])
+        return int(packets.group(1)), int(nbytes.group(1)), elapsed

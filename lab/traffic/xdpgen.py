@@ -30,71 +30,46 @@ import time
 from ebpf.xdp_gen import XdpGen
 
 from .. import netns
-from ..metrics import iface_counters
-from .report import SendReport, check_bounds
+from .generator import Generator
 
 CEILING_BURST = 4096
 HOLDER_PREFIX = "xgen"  # the veth pair that keeps the program in the XDP dispatcher: xgen<id>a/b
 
 
-class XdpGenerator:
+class XdpGenerator(Generator):
     name = "xdp"
 
     def __init__(self, ns, ifname, frames, cpu=None, burst=CEILING_BURST):
-        if not frames:
-            raise ValueError("XdpGenerator needs at least one frame")
-        self.ns, self.ifname, self.cpu, self.burst = ns, ifname, cpu, burst
-        self.frames = [bytes(f) for f in frames]
+        super().__init__(ns, ifname, frames, cpu)
+        self.burst = burst
         self._prog = XdpGen()
         self._live = None
         self._holder = None
 
-    def open(self):
-        with netns.ipr(self.ns) as ip:
-            found = ip.link_lookup(ifname=self.ifname)
-        if not found:
-            raise netns.LabError(f"no interface {self.ifname} in {self.ns}")
+    def _open(self):
         holder = f"{HOLDER_PREFIX}{secrets.token_hex(3)}"
-        try:
-            with netns.ipr(self.ns) as ip:
-                ip.link("add", ifname=holder + "a", kind="veth", peer=holder + "b")
-            self._holder = holder + "a"
-            self._prog.attach_xdp(self._prog.FUNCTION, self._holder, self.ns)
-            self._live = self._prog.frames(self.frames, found[0])
-        except BaseException:
-            self.close()
-            raise
-        return self
+        with netns.ipr(self.ns) as ip:
+            ip.link("add", ifname=holder + "a", kind="veth", peer=holder + "b")
+            ingress = ip.link_lookup(ifname=self.ifname)[0]
+        self._holder = holder + "a"
+        self._prog.attach_xdp(self._prog.FUNCTION, self._holder, self.ns)
+        self._live = self._prog.frames(self.frames, ingress)
 
-    def close(self):
+    def _close(self):
         try:
             self._prog.close()
         finally:
             if self._holder and netns.exists(self.ns):
                 with netns.ipr(self.ns) as ip:
-                    found = ip.link_lookup(ifname=self._holder)
-                    if found:
-                        ip.link("del", index=found[0])
+                    for idx in ip.link_lookup(ifname=self._holder):
+                        ip.link("del", index=idx)  # its peer goes with it
             self._holder = None
 
-    def __enter__(self):
-        return self.open()
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def send(self, count=None, seconds=10.0, rate_pps=None) -> SendReport:
-        """Send until `count` packets or `seconds` have gone, at `rate_pps` or as
-        fast as the machine allows. Reports packets handed to the device."""
-        limit = check_bounds(count, seconds)
-        if self._live is None:
-            self.open()
+    def _send(self, limit, seconds, rate_pps):
         burst = self.burst
         if rate_pps:
             burst = max(1, min(burst, int(rate_pps / 1000)))
         live = self._live
-        before = iface_counters(self.ns, self.ifname)
         saved = os.sched_getaffinity(0)
         sent = nbytes = i = 0
         try:
@@ -120,6 +95,4 @@ class XdpGenerator:
                 seconds_sent = now - start
         finally:
             os.sched_setaffinity(0, saved)
-        after = iface_counters(self.ns, self.ifname)
-        return SendReport(sent, nbytes, seconds_sent, self.name,
-                          dropped=after["tx_dropped"] - before["tx_dropped"])
+        return sent, nbytes, seconds_sent

@@ -127,11 +127,14 @@ class BpfProgram:
         return fn
 
     # --- attaching ----------------------------------------------------------
-    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf"):
-        """Attach `function` as a direct-action cls_bpf filter on ifname's clsact
-        ingress or egress hook, next to whatever filters are already there."""
+    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf",
+                  mirror_ifindex=0):
+        """Attach `function` as a cls_bpf filter on ifname's clsact ingress or
+        egress hook, next to whatever filters are already there: direct-action,
+        or with mirror_ifindex a classifier whose matches a mirred action copies
+        to that interface (see tc._bpf_filter)."""
         fn = self.load(function, "SCHED_CLS")
-        f = tc.attach(netns, ifname, direction, fn.fd, function, owner)
+        f = tc.attach(netns, ifname, direction, fn.fd, function, owner, mirror_ifindex)
         self._tc_filters.append(f)
         return f
 

@@ -15,10 +15,14 @@ Rules, so that attach/detach and a later cleanup after SIGKILL agree:
   and no filter (ours or anybody's) is left on either of its hooks.
 """
 
+import socket
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWTFILTER
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from .errors import AttachError
 
@@ -28,6 +32,9 @@ PARENTS = {INGRESS: 0xFFFFFFF2, EGRESS: 0xFFFFFFF3}  # TC_H_MAKE(TC_H_CLSACT, TC
 CLSACT_HANDLE = 0xFFFF0000
 ETH_P_ALL = 0x0003  # host order: pyroute2 applies htons
 CREATED_MARK = "+clsact"
+TCA_BPF_FLAG_ACT_DIRECT = 1
+TC_ACT_UNSPEC = -1          # an action control of "continue": on to the next filter
+TCA_EGRESS_MIRROR = 2       # tc_mirred.h eaction
 
 
 @dataclass
@@ -40,6 +47,8 @@ class TcFilter:
     handle: int
     name: str
     runs_after: int = 0   # priorities of other filters that see frames before ours (and may stop them)
+    mirror_ifindex: int = 0  # classifier filters: where the filter's mirred action copies to
+    failed_base: int = 0     # the action's failure count at the owner's last counter reset
 
     @property
     def where(self):
@@ -102,7 +111,38 @@ def _ours(name, owner):
     return name.startswith(owner + ":") or name.startswith(owner + CREATED_MARK + ":")
 
 
-def attach(netns, ifname, direction, prog_fd, prog_name, owner) -> TcFilter:
+def _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex=0, replace=False):
+    """Add (or replace) one cls_bpf filter. mirror_ifindex=0: direct-action, the
+    program's return value is the verdict. Otherwise the program is a classifier
+    (0 = no match, -1 = match) and a match runs a mirred action that copies the
+    frame to mirror_ifindex's egress, with control `continue` so that the frame
+    then goes on to the next filter, as after a direct-action TC_ACT_UNSPEC.
+    Built by hand because pyroute2 fixes a mirror's control to `pipe`, which
+    would end classification after our filter."""
+    opts = [["TCA_BPF_FD", prog_fd], ["TCA_BPF_NAME", name], ["TCA_BPF_CLASSID", 1]]
+    if mirror_ifindex:
+        parms = {"index": 0, "capab": 0, "action": TC_ACT_UNSPEC, "refcnt": 0, "bindcnt": 0,
+                 "eaction": TCA_EGRESS_MIRROR, "ifindex": mirror_ifindex}
+        act = {"attrs": [["TCA_ACT_KIND", "mirred"],
+                         ["TCA_ACT_OPTIONS", {"attrs": [["TCA_MIRRED_PARMS", parms]]}]]}
+        opts += [["TCA_BPF_FLAGS", 0], ["TCA_BPF_ACT", {"attrs": [["TCA_ACT_PRIO_1", act]]}]]
+    else:
+        opts.append(["TCA_BPF_FLAGS", TCA_BPF_FLAG_ACT_DIRECT])
+    msg = tcmsg()
+    msg["family"] = socket.AF_UNSPEC
+    msg["index"], msg["handle"], msg["parent"] = ifindex, handle, parent
+    msg["info"] = (prio << 16) | socket.htons(ETH_P_ALL)
+    msg["attrs"] = [["TCA_KIND", "bpf"], ["TCA_OPTIONS", {"attrs": opts}]]
+    flags = NLM_F_REQUEST | NLM_F_ACK | (NLM_F_REPLACE if replace else NLM_F_CREATE | NLM_F_EXCL)
+    # pyroute2 0.9's synchronous nlm_request reads status["nlm_generator"], which
+    # its constructor never sets (KeyError): set it to "return a tuple".
+    ip.status.setdefault("nlm_generator", False)
+    ip.nlm_request(msg, msg_type=RTM_NEWTFILTER, msg_flags=flags)
+
+
+def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0) -> TcFilter:
+    """Attach a cls_bpf filter (direct-action, or with a mirred action when
+    mirror_ifindex is given, see _bpf_filter) where it sees frames first."""
     if direction not in DIRECTIONS:
         raise AttachError(f"unknown direction {direction!r} (ingress or egress)")
     parent = PARENTS[direction]
@@ -120,13 +160,42 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner) -> TcFilter:
                               for p in PARENTS.values() for _, _, n in _filters(ip, ifindex, p))
             prio, handle, runs_after = _place(ip, ifindex, parent)
             name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
-            ip.tc("add-filter", "bpf", index=ifindex, handle=handle, parent=parent, prio=prio,
-                  protocol=ETH_P_ALL, fd=prog_fd, name=name, classid=1, direct_action=True)
+            _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex)
         except NetlinkError as e:
             if created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
                 ip.tc("del", "clsact", index=ifindex)
             raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {e.args[1] if len(e.args) > 1 else e}") from None
-    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after)
+    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex)
+
+
+def retarget(f: TcFilter, prog_fd, mirror_ifindex):
+    """Point a classifier filter's mirred action at another interface, in place:
+    the kernel swaps the filter atomically, so no frame misses the tap."""
+    with ipr(f.netns) as ip:
+        try:
+            _bpf_filter(ip, f.ifindex, PARENTS[f.direction], f.prio, f.handle, prog_fd, f.name,
+                        mirror_ifindex, replace=True)
+        except NetlinkError as e:
+            raise AttachError(f"retargeting the mirror on {f.where}: {e}") from None
+    f.mirror_ifindex = mirror_ifindex
+
+
+def action_stats(f: TcFilter) -> dict:
+    """The mirred action's counters on one classifier filter: packets it ran on,
+    and failures (overlimits: the monitor is gone or refused the copy; drops)."""
+    with ipr(f.netns) as ip:
+        for msg in _filter_msgs(ip, f.ifindex, PARENTS[f.direction]):
+            if msg["info"] >> 16 != f.prio or msg["handle"] != f.handle:
+                continue
+            opts = msg.get_attr("TCA_OPTIONS")
+            acts = opts.get_attr("TCA_BPF_ACT") if opts is not None else None
+            for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
+                stats = act.get_attr("TCA_ACT_STATS")
+                basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+                queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
+                return {"packets": basic["packets"] if basic else 0,
+                        "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
+    return {"packets": 0, "failed": 0}
 
 
 def _delete(ip, ifindex, parent, prio, handle):

@@ -7,8 +7,16 @@
     {'seen': ..., 'matched': ..., 'cloned': ..., ...}
 
 What stays fixed for the life of the object (compiled into the C text): which
-address is matched (src, dst or any) and the watch-list capacity. What can change
-while attached (written to maps): the watch-list, the sampling rate, the monitor.
+address is matched (src, dst or any), the watch-list capacity and who copies the
+frame. What can change while attached (written to maps, or for the monitor of
+the action path, by swapping the filter in place): the watch-list, the sampling
+rate, the monitor.
+
+Who copies (clone=):
+  "action"  the program classifies and the filter's tc mirred action copies
+            (default: the cheapest copy the kernel has, see tc_mirror.bpf.c)
+  "helper"  the program copies with bpf_clone_redirect(), which also un-clones
+            the original (a head allocation and copy per frame)
 """
 
 import ctypes
@@ -21,6 +29,7 @@ from .program import BpfProgram
 from . import tc
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
+CLONE_MODES = ("action", "helper")
 VTAP_F_MIRROR_ALL = 1  # vtap.h
 FILTER_OWNER = "vtap"  # TC filter names start with this; `vtap --cleanup` looks for it
 
@@ -50,14 +59,19 @@ class TcMirror(BpfProgram):
     FUNCTION = "tc_mirror"
 
     def __init__(self, monitor, watch=None, match="any", sample=1, netns=None,
-                 watch_max=1024, source=None, cflags=()):
+                 watch_max=1024, clone="action", source=None, cflags=()):
         if match not in MATCH_MODES:
             raise BpfError(f"unknown match mode {match!r} (src, dst or any)")
+        if clone not in CLONE_MODES:
+            raise BpfError(f"unknown clone mode {clone!r} (action or helper)")
         src, dst = MATCH_MODES[match]
         super().__init__([f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}",
-                          f"-DVTAP_WATCH_MAX={watch_max}", *cflags], source)
+                          f"-DVTAP_WATCH_MAX={watch_max}",
+                          f"-DVTAP_CLONE_BY_ACTION={int(clone == 'action')}", *cflags], source)
         self.netns = netns
         self.match = match
+        self.clone = clone
+        self._action_failed = 0  # mirred failures of filters detached since the last reset
         self.watch_max = watch_max
         self._watch = parse_watch_list(watch) if watch is not None else None  # None: mirror everything
         self._check_sample(sample)
@@ -80,6 +94,10 @@ class TcMirror(BpfProgram):
         self._monitor = ifname
         if self.bpf is not None:
             self._write_config()
+        if self.clone == "action":
+            fd = self.load(self.FUNCTION, "SCHED_CLS").fd if self.tc_filters else None
+            for f in self.tc_filters:
+                tc.retarget(f, fd, self._monitor_ifindex)
 
     @staticmethod
     def _check_sample(n):
@@ -203,7 +221,8 @@ class TcMirror(BpfProgram):
         done = []
         try:
             for d in directions:
-                done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER))
+                done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER,
+                                           self._monitor_ifindex if self.clone == "action" else 0))
         except (AttachError, NetlinkError):
             for f in done:
                 self.detach_tc(f)
@@ -223,10 +242,26 @@ class TcMirror(BpfProgram):
             raise
         return done
 
+    def detach_tc(self, f):
+        if f.mirror_ifindex:
+            self._action_failed += tc.action_stats(f)["failed"]
+        super().detach_tc(f)
+
     # --- counters ---------------------------------------------------------------
     def counters(self) -> dict:
-        """Totals over all CPUs since load (or the last reset)."""
-        return self.percpu_totals("stats")
+        """Totals over all CPUs since load (or the last reset). On the action
+        path the program counts what it handed to mirred as cloned; the copies
+        mirred could not send are moved to failed here."""
+        c = self.percpu_totals("stats")
+        if self.clone == "action":
+            failed = self._action_failed + sum(tc.action_stats(f)["failed"] - f.failed_base
+                                               for f in self.tc_filters)
+            c["cloned"] -= failed
+            c["failed"] += failed
+        return c
 
     def reset_counters(self):
         self.zero_percpu("stats")
+        self._action_failed = 0
+        for f in self.tc_filters:
+            f.failed_base = tc.action_stats(f)["failed"] if f.mirror_ifindex else 0

@@ -5,7 +5,9 @@ all driven the same way, so experiments can swap them:
     >>> m.attach(); ...; m.counters(); m.detach()
 
     none       nothing: the ceiling every mirror is compared with
-    ebpf       the vTAP (ebpf.TcMirror) on the clsact ingress hook
+    ebpf       the vTAP (ebpf.TcMirror) on the clsact ingress hook: the program
+               classifies, the filter's mirred action copies (the vTAP's default)
+    ebpf-helper  the vTAP copying with bpf_clone_redirect() instead (`vtap --clone helper`)
     tc-mirred  tc u32 match-all filter with a mirred egress mirror action (pyroute2)
     nft-dup    nftables netdev-family ingress chain with `dup to` (nftables' JSON API)
     ovs        Open vSwitch port mirroring, userspace (netdev) datapath, daemons of our own
@@ -88,10 +90,11 @@ class NoMirror(Mirror):
 class EbpfMirror(Mirror):
     """The vTAP. Compiled once; attach/detach only add and remove the filter."""
     name = "ebpf"
+    clone = "action"
 
     def __init__(self, *a, watch=None, **kw):
         super().__init__(*a, **kw)
-        self.tap = TcMirror(self.monitor_iface, watch=watch, netns=self.ns)
+        self.tap = TcMirror(self.monitor_iface, watch=watch, netns=self.ns, clone=self.clone)
         self._filters = []
 
     def attach(self):
@@ -112,6 +115,12 @@ class EbpfMirror(Mirror):
     def close(self):
         super().close()
         self.tap.close()
+
+
+class EbpfHelperMirror(EbpfMirror):
+    """The vTAP with bpf_clone_redirect(): what the copy costs when BPF makes it."""
+    name = "ebpf-helper"
+    clone = "helper"
 
 
 class TcMirred(Mirror):
@@ -337,4 +346,4 @@ class OvsMirror(Mirror):
         return [p.pid for p in self.procs if p.poll() is None]
 
 
-MIRRORS = {m.name: m for m in (NoMirror, EbpfMirror, TcMirred, NftDup, OvsMirror)}
+MIRRORS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, TcMirred, NftDup, OvsMirror)}

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 PAPER_DIR = Path(__file__).resolve().parent.parent / "datasets" / "paper"
-MIRROR_ORDER = ["none", "ebpf", "tc-mirred", "nft-dup", "ovs"]
+MIRROR_ORDER = ["none", "ebpf", "ebpf-helper", "tc-mirred", "nft-dup", "ovs"]  # lab.mirrors.MIRRORS, in display order
 
 
 def paper_table(testbed: int) -> pd.DataFrame:

@@ -41,7 +41,8 @@ def _send(tb, n):
     return mon.counts["a"]
 
 
-def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path):
+@pytest.mark.parametrize("clone", ["action", "helper"])
+def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path, clone):
     src = tmp_path / "other.c"
     src.write_text(OTHER_FILTER)
     ns = tb1.ns("receiver")
@@ -50,7 +51,7 @@ def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path):
     with OtherFilter(cflags=[f"-DSIZE={SIZE}"], source=src) as other:
         other.attach_tc("count_frames", "eth0", "ingress", netns=ns, owner="other")
         before = tc.hook_snapshot(ns)
-        with TcMirror(monitor="mon0", netns=ns) as tap:
+        with TcMirror(monitor="mon0", netns=ns, clone=clone) as tap:
             tap.attach("eth0", "ingress")
             during = tc.hook_snapshot(ns)["eth0"]
             assert sorted(n for _, _, _, n in during[1]) == ["other:count_frames", "vtap:tc_mirror"]

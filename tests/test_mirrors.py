@@ -36,7 +36,7 @@ def _peer(tb, name):
 
 
 @pytest.mark.parametrize("testbed", [1, 2])
-@pytest.mark.parametrize("name", ["none", "ebpf", "tc-mirred", "nft-dup", "ovs"])
+@pytest.mark.parametrize("name", list(MIRRORS))
 def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
     tb = request.getfixturevalue(f"tb{testbed}")
     before = _state(tb)

@@ -9,22 +9,24 @@ from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_
                      invariant, run_flows)
 
 N = 500
+CLONES = ["action", "helper"]  # who copies: the filter's mirred action, or bpf_clone_redirect()
 
 
 def tap_for(tb, **kw):
     return TcMirror(monitor=tb.monitor_iface, netns=tb.ns(tb.tap_host), **kw)
 
 
+@pytest.mark.parametrize("clone", CLONES)
 @pytest.mark.parametrize("match, want", [
     ("src", {"src-watched": N, "dst-watched": 0, "none": 0}),
     ("dst", {"src-watched": 0, "dst-watched": N, "none": 0}),
     ("any", {"src-watched": N, "dst-watched": N, "none": 0}),
 ])
-def test_match_modes_mirror_exact_counts(tb1, match, want):
+def test_match_modes_mirror_exact_counts(tb1, match, want, clone):
     flows = [Flow("src-watched", WATCHED_SRC4, RX4, count=N),
              Flow("dst-watched", UNWATCHED_SRC4, RX4_ALT, count=N),
              Flow("none", UNWATCHED_SRC4, RX4, count=N)]
-    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32", f"{RX4_ALT}/32"], match=match) as tap:
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32", f"{RX4_ALT}/32"], match=match, clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         _, rx, mon = run_flows(tb1, flows)
         c = tap.counters()
@@ -49,13 +51,14 @@ def test_ipv6_prefixes_and_tcp(tb1):
     assert dict(rx) == {f.name: N for f in flows}
 
 
+@pytest.mark.parametrize("clone", CLONES)
 @pytest.mark.parametrize("vlans", [((0x8100, 100),), ((0x88A8, 10), (0x8100, 20))], ids=["802.1Q", "QinQ"])
-def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans):
+def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
     marker = Marker()
     watched = flow_frames(Flow("w", WATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
     unwatched = flow_frames(Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
     exact = ExactFrames({"w": watched, "u": unwatched})
-    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
             send_frames(tb1.ns("sender"), "eth0", [f for pair in zip(watched, unwatched) for f in pair], rate_pps=20000)
@@ -148,7 +151,8 @@ def test_live_changes_take_effect_without_reload(tb1):
         assert tap.load(tap.FUNCTION, "SCHED_CLS").fd == prog_id  # same program all along
 
 
-def test_live_monitor_change():
+@pytest.mark.parametrize("clone", CLONES)
+def test_live_monitor_change(clone):
     from lab.topology import Topology
     t = Topology("two-monitors")
     for h in ("sender", "receiver", "monitor"):
@@ -164,7 +168,7 @@ def test_live_monitor_change():
             frames = build([Flow(name, src, dst, count=N)], marker, t.mac("sender", "eth0"), t.mac("receiver", "eth0"))
             send_frames(t.ns("sender"), "eth0", frames, rate_pps=20000)
 
-        with TcMirror(monitor="mon0", netns=t.ns("receiver")) as tap, \
+        with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap, \
                 Capture(t.ns("monitor"), "m0", marker) as m0, Capture(t.ns("monitor"), "m1", marker) as m1:
             tap.attach("eth0", "ingress")
             send("first")
@@ -174,13 +178,14 @@ def test_live_monitor_change():
     assert dict(m1.counts) == {"second": N}
 
 
-def test_clone_failure_is_counted(tb1):
+@pytest.mark.parametrize("clone", CLONES)
+def test_clone_failure_is_counted(tb1, clone):
     """A monitor that disappears refuses clones: counted as failed, originals pass.
     (A monitor that is merely down takes them and drops them in its noop qdisc
     without an error; `vtap` warns about that case when it starts.)"""
     marker = Marker()
     frames = build([Flow("a", WATCHED_SRC4, RX4, count=N)], marker, tb1.sender_mac, tb1.next_hop_mac)
-    with tap_for(tb1) as tap:
+    with tap_for(tb1, clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         with netns.ipr(tb1.ns("receiver")) as ip:
             ip.link("del", index=ip.link_lookup(ifname="mon0")[0])

@@ -44,6 +44,9 @@ def parse_args(argv):
     p.add_argument("--match", default="any", help="which address must be watched: src, dst or any (default any)")
     p.add_argument("--direction", default="ingress", help="ingress, egress or both (default ingress)")
     p.add_argument("--sample", type=int, default=1, metavar="N", help="mirror 1 in N matched packets (default 1: all)")
+    p.add_argument("--clone", default="action", choices=("action", "helper"),
+                   help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
+                        "or the program itself with bpf_clone_redirect()")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between counter lines (default 1)")
     p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
@@ -98,7 +101,7 @@ class Printer:
     def header(self, tap, ifaces, direction):
         watch = ", ".join(tap.watch) if tap.watch is not None else "everything"
         msg = dict(event="attached", monitor=tap.monitor, ifaces=ifaces, direction=direction,
-                   watch=tap.watch, match=tap.match, sample=tap.sample)
+                   watch=tap.watch, match=tap.match, sample=tap.sample, clone=tap.clone)
         if self.json:
             self._emit(msg)
         else:
@@ -157,7 +160,8 @@ def run(a):
             print("vtap: nothing to clean up in this namespace")
         return 0
 
-    tap = TcMirror(monitor=a.monitor, watch=a.watch, match=a.match, sample=a.sample, source=a.program)
+    tap = TcMirror(monitor=a.monitor, watch=a.watch, match=a.match, sample=a.sample, clone=a.clone,
+                   source=a.program)
     ifaces = a.iface or default_ifaces(tap)
     if not ifaces:
         raise UsageError("no interface to tap: none is UP besides lo and the monitor (use --iface)")

@@ -19,7 +19,7 @@ from ..traffic import GENERATORS
 from .common import FCS, SIZES, Progress, interleaved, summarize, udp_frames
 
 NAME = "vtap-throughput"
-MIRROR_ORDER = ["none", "ebpf", "tc-mirred", "nft-dup", "ovs"]
+MIRROR_ORDER = list(MIRRORS)
 COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "receiver_pps", "monitor_pps",
            "receiver_mbps", "monitor_mbps", "receiver_loss", "monitor_loss", "cpu_usr", "cpu_sys", "cpu_soft",
            "cpu_steal", "cpu_idle", "dut_ns_per_pkt"]
@@ -106,19 +106,21 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    return summarize(df, ["testbed", "size", "mirror"],
-                     ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
+    s = summarize(df, ["testbed", "size", "mirror"],
+                  ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
+    s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
+    return s.sort_values(["testbed", "size", "order"]).drop(columns="order").reset_index(drop=True)
 
 
 def print_summary(df, stream=sys.stdout):
     s = summary(df)
     stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
-    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<10} {'receiver kpps':>22} {'monitor kpps':>22} "
+    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<11} {'receiver kpps':>22} {'monitor kpps':>22} "
                  f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
     for _, r in s.iterrows():
         def span(col, scale=1e3, fmt="{:.0f}"):
             return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
                     fmt.format(r[f'{col}_max'] / scale) + "]")
-        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['mirror']:<10} {span('receiver_pps'):>22} "
+        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['mirror']:<11} {span('receiver_pps'):>22} "
                      f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
                      f"{span('dut_ns_per_pkt', 1):>18}\n")

@@ -11,6 +11,15 @@ import shutil
 
 from . import netns
 from .topology import RUN_DIR
+from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _owner_alive(run_id):
@@ -18,13 +27,7 @@ def _owner_alive(run_id):
         pid = int((RUN_DIR / f"{run_id}.pid").read_text())
     except (FileNotFoundError, ValueError):
         return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return pid != os.getpid() and _pid_alive(pid)
 
 
 def cleanup(all_runs=False) -> list[str]:
@@ -50,6 +53,12 @@ def cleanup(all_runs=False) -> list[str]:
         for pidfile in RUN_DIR.glob("*.pid"):
             if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
                 pidfile.unlink(missing_ok=True)
+    # files a killed file-transfer server was receiving into
+    for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
+        pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            spool.unlink(missing_ok=True)
+            removed.append(f"file-transfer spool file {spool}")
     return removed
 
 

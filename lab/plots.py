@@ -89,7 +89,7 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
         by = g.set_index("mirror")
         r = {"testbed": tb, "size": size}
         if "ebpf" in by.index:
-            for peer in ("ovs", "tc-mirred", "nft-dup"):
+            for peer in ("ovs", "tc-mirred", "nft-dup", "ebpf-helper"):
                 if peer in by.index and by.loc[peer, "monitor_pps"]:
                     r[f"ebpf/{peer} pps"] = by.loc["ebpf", "monitor_pps"] / by.loc[peer, "monitor_pps"]
                     r[f"ebpf/{peer} ns"] = by.loc["ebpf", "dut_ns_per_pkt"] / by.loc[peer, "dut_ns_per_pkt"]

@@ -10,17 +10,14 @@ to CPU 0, whatever affinity it was started with, so the generator's CPU is 0.
 The seconds bound is enforced by SIGINT, after which trafgen prints its totals.
 """
 
-import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from .. import netns
-from .generator import Generator
+from .generator import Generator, run_bounded
 
 
 def trafgen_config(frames) -> str:
@@ -53,27 +50,13 @@ class TrafgenGenerator(Generator):
                 "--cpus", "1", "--no-sock-mem", "--notouch-irq"]
         if rate_pps:
             argv += ["--rate", f"{int(rate_pps)}pps"]
-        start = time.monotonic()
-        # Its own process group: trafgen forks a worker, and SIGINT must reach both
-        # (signalled alone, the parent exits and the worker sends on and on).
-        proc = netns.popen(self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=seconds)
-        except BaseException as e:
-            os.killpg(proc.pid, signal.SIGINT)  # trafgen prints its totals on SIGINT
-            try:
-                out, _ = proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-        elapsed = time.monotonic() - start
+        # Its own process group (run_bounded): trafgen forks a worker, and SIGINT
+        # must reach both (signalled alone, the parent exits and the worker sends on).
+        rc, out, elapsed = run_bounded(self.ns, argv, seconds)
         packets = re.search(r"(\d+) packets outgoing", out)
         nbytes = re.search(r"(\d+) bytes outgoing", out)
-        if proc.returncode not in (0, -signal.SIGINT, 130) or not packets:
-            last = out.strip().splitlines()[-1] if out.strip() else f"exit {proc.returncode}"
+        if rc not in (0, -signal.SIGINT, 130) or not packets:
+            last = out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"
             raise netns.LabError(f"trafgen failed: {last}")
         # trafgen's own "N sec, M usec on CPU0" is CPU time, not wall time; the
         # wall time includes its start-up (tens of ms), so short runs look slower.

@@ -1,0 +1,132 @@
+"""Iperf3: iperf3 as a lab traffic source, server and client in lab namespaces.
+
+    >>> with Iperf3(client_ns, "eth0", server_ns, "198.18.1.2", proto="udp") as ip3:  # doctest: +SKIP
+    ...     r = ip3.send(count=10_000, seconds=5, rate_pps=20_000)
+    ...     r.packets, r.extra["received_packets"], r.extra["lost_packets"]
+
+The server (`iperf3 -s`) runs in its namespace for the object's life; each send()
+is one client run (`iperf3 -c ... -J`) bounded like every load in the lab: with a
+count, `-k count` and at most `seconds` (then SIGINT); without, `-t seconds`.
+
+What is reported as sent:
+  UDP  packets: the datagrams the client's JSON says it sent (exactly `count` when
+       one is given); bytes: those datagrams as Ethernet frames (payload + UDP +
+       IP + Ethernet headers), like every other generator
+  TCP  packets and bytes: the client interface's transmit counters over the run,
+       i.e. segments on the wire, the control connection's included. `count`
+       is in blocks of `length` bytes (iperf3's -k), not packets.
+extra holds iperf3's own summary: bytes and packets received by the server, loss,
+jitter, retransmits, and both ends' CPU use.
+"""
+
+import ipaddress
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+from .. import netns
+from ..metrics import iface_counters
+from .generator import Generator, run_bounded
+from .report import MAX_LOAD_PACKETS
+
+ETH_HLEN = 14
+UDP_HLEN = 8
+
+
+class Iperf3(Generator):
+    name = "iperf3"
+    needs_frames = False
+
+    def __init__(self, ns, ifname, server_ns, server_addr, proto="tcp", port=5201, length=None,
+                 mtu=1500, cpu=None, server_cpu=None, parallel=1):
+        if not shutil.which("iperf3"):
+            raise netns.LabError("iperf3 not found (Debian package iperf3; run `make setup`)")
+        if proto not in ("tcp", "udp"):
+            raise ValueError(f"iperf3 protocol is tcp or udp, not {proto!r}")
+        super().__init__(ns, ifname, cpu=cpu)
+        self.server_ns, self.server_cpu = server_ns, server_cpu
+        self.addr = ipaddress.ip_address(server_addr)
+        self.proto, self.port, self.parallel = proto, port, parallel
+        self.ip_hlen = 20 if self.addr.version == 4 else 40
+        # UDP: one datagram per frame unless told otherwise (no IP fragments).
+        # TCP: iperf3's own default write size (128 KiB).
+        self.length = length or (mtu - self.ip_hlen - UDP_HLEN if proto == "udp" else 128 * 1024)
+        self.server = None
+
+    # --- the server ----------------------------------------------------------
+    def _open(self):
+        argv = ["iperf3", "-s", "-B", str(self.addr), "-p", str(self.port)]
+        if self.server_cpu is not None:
+            argv += ["-A", str(self.server_cpu)]
+        self.server = netns.popen(self.server_ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        deadline = time.monotonic() + 5
+        while not self._listening():
+            if self.server.poll() is not None:
+                raise netns.LabError(f"iperf3 server in {self.server_ns} exited: {self.server.stderr.read().strip()}")
+            if time.monotonic() > deadline:
+                raise netns.LabError(f"iperf3 server in {self.server_ns} is not listening on port {self.port}")
+            time.sleep(0.02)
+
+    def _listening(self):
+        out = netns.run(self.server_ns, ["ss", "-Hltn", f"sport = :{self.port}"], capture_output=True, text=True)
+        return bool(out.stdout.strip())
+
+    def _close(self):
+        if self.server is not None:
+            if self.server.poll() is None:
+                self.server.send_signal(signal.SIGTERM)
+                try:
+                    self.server.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.server.kill()
+                    self.server.wait()
+            self.server.stderr.close()
+            self.server = None
+
+    # --- one client run ------------------------------------------------------
+    def _send(self, limit, seconds, rate_pps):
+        argv = ["iperf3", "-c", str(self.addr), "-p", str(self.port), "-J", "-l", str(self.length),
+                "-P", str(self.parallel)]
+        if self.cpu is not None:
+            argv += ["-A", str(self.cpu)]
+        if self.proto == "udp":
+            # -b is application bits per second; 0 = as fast as it can
+            argv += ["-u", "-b", str(int(rate_pps * self.length * 8)) if rate_pps else "0"]
+        elif rate_pps:
+            raise ValueError("iperf3 paces TCP by bitrate, not packets; send TCP at the ceiling")
+        counted = limit < MAX_LOAD_PACKETS
+        # iperf3 takes one end condition: a count (then `seconds` is enforced by
+        # SIGINT, after which iperf3 still prints its JSON) or a duration.
+        argv += ["-k", str(limit)] if counted else ["-t", f"{seconds:g}"]
+        before = iface_counters(self.ns, self.ifname)
+        rc, out, elapsed = run_bounded(self.ns, argv, seconds + 2 if not counted else seconds)
+        after = iface_counters(self.ns, self.ifname)
+        try:
+            res = json.loads(out[out.index("{"):])
+        except ValueError:
+            raise netns.LabError(f"iperf3 client failed (exit {rc}): {out.strip()[-200:]}") from None
+        if "error" in res and not res.get("end", {}).get("sum_sent", res.get("end", {}).get("sum")):
+            raise netns.LabError(f"iperf3 client: {res['error']}")
+        end = res["end"]
+        extra = {"proto": self.proto, "length": self.length,
+                 "cpu_client_pct": end.get("cpu_utilization_percent", {}).get("host_total"),
+                 "cpu_server_pct": end.get("cpu_utilization_percent", {}).get("remote_total")}
+        if self.proto == "udp":
+            s = end["sum"]
+            # sum: what the client sent; the server's side comes back in the same summary
+            received = end.get("sum_received", {})
+            packets = s["packets"]
+            lost = s.get("lost_packets", 0)
+            extra.update(received_packets=packets - lost, lost_packets=lost, jitter_ms=s.get("jitter_ms"),
+                         received_bytes=received.get("bytes", (packets - lost) * self.length))
+            nbytes = packets * (self.length + UDP_HLEN + self.ip_hlen + ETH_HLEN)
+        else:
+            sent, received = end["sum_sent"], end["sum_received"]
+            packets = after["tx_packets"] - before["tx_packets"]
+            nbytes = after["tx_bytes"] - before["tx_bytes"]
+            extra.update(sent_bytes=sent["bytes"], received_bytes=received["bytes"],
+                         retransmits=sent.get("retransmits"))
+        return packets, nbytes, elapsed, extra

@@ -97,6 +97,7 @@ class TcMirror(BpfProgram):
         if self.clone == "action":
             fd = self.load(self.FUNCTION, "SCHED_CLS").fd if self.tc_filters else None
             for f in self.tc_filters:
+                self._keep_action_failures(f)  # the replaced filter brings a new action, counting from 0
                 tc.retarget(f, fd, self._monitor_ifindex)
 
     @staticmethod
@@ -243,9 +244,14 @@ class TcMirror(BpfProgram):
         return done
 
     def detach_tc(self, f):
-        if f.mirror_ifindex:
-            self._action_failed += tc.action_stats(f)["failed"]
+        self._keep_action_failures(f)
         super().detach_tc(f)
+
+    def _keep_action_failures(self, f):
+        """Before a filter's mirred action goes away, keep what it failed to copy."""
+        if f.mirror_ifindex:
+            self._action_failed += tc.action_stats(f)["failed"] - f.failed_base
+            f.failed_base = 0
 
     # --- counters ---------------------------------------------------------------
     def counters(self) -> dict:

@@ -174,7 +174,9 @@ def test_live_monitor_change(clone):
             send("first")
             tap.monitor = "mon1"
             send("second")
+            c = tap.counters()
     assert dict(m0.counts) == {"first": N}
+    assert c["cloned"] >= 2 * N and c["failed"] == 0 and invariant(c)
     assert dict(m1.counts) == {"second": N}
 
 

@@ -191,6 +191,11 @@ def git_commit():
     return (rev + ("-dirty" if dirty else "")) or None
 
 
+# The commit of the code this process runs: read once, when the lab is imported,
+# so that a long sweep is not credited to commits made while it ran.
+RUN_COMMIT = git_commit()
+
+
 def cpu_model():
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -206,7 +211,7 @@ def machine_metadata() -> dict:
         "kernel": platform.release(),
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
-        "commit": git_commit(),
+        "commit": RUN_COMMIT,
         "host": platform.node(),
         "tools": {
             "python": platform.python_version(),

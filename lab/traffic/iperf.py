@@ -13,8 +13,10 @@ What is reported as sent:
        one is given); bytes: those datagrams as Ethernet frames (payload + UDP +
        IP + Ethernet headers), like every other generator
   TCP  packets and bytes: the client interface's transmit counters over the run,
-       i.e. segments on the wire, the control connection's included. `count`
-       is in blocks of `length` bytes (iperf3's -k), not packets.
+       read once they stop moving (segments on the wire, the control
+       connection's included). `count` is in blocks of `length` bytes (iperf3's
+       -k), not packets. iperf3's own sent_bytes is what it wrote to the socket:
+       its server closes with data unread, so some of that may never be sent.
 extra holds iperf3's own summary: bytes and packets received by the server, loss,
 jitter, retransmits, and both ends' CPU use.
 """
@@ -86,6 +88,19 @@ class Iperf3(Generator):
             self.server.stderr.close()
             self.server = None
 
+    def _settled_counters(self, quiet=0.05, limit=2.0):
+        """The client interface's counters once they stop moving: when iperf3
+        exits, TCP may still hold written data in the socket, and the kernel
+        sends it afterwards."""
+        last, deadline = iface_counters(self.ns, self.ifname), time.monotonic() + limit
+        while time.monotonic() < deadline:
+            time.sleep(quiet)
+            now = iface_counters(self.ns, self.ifname)
+            if now["tx_packets"] == last["tx_packets"]:
+                return now
+            last = now
+        return last
+
     # --- one client run ------------------------------------------------------
     def _send(self, limit, seconds, rate_pps):
         argv = ["iperf3", "-c", str(self.addr), "-p", str(self.port), "-J", "-l", str(self.length),
@@ -103,7 +118,7 @@ class Iperf3(Generator):
         argv += ["-k", str(limit)] if counted else ["-t", f"{seconds:g}"]
         before = iface_counters(self.ns, self.ifname)
         rc, out, elapsed = run_bounded(self.ns, argv, seconds + 2 if not counted else seconds)
-        after = iface_counters(self.ns, self.ifname)
+        after = self._settled_counters()
         try:
             res = json.loads(out[out.index("{"):])
         except ValueError:

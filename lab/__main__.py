@@ -87,7 +87,10 @@ def run_bench(a):
             raise ValueError("--cpus takes two CPUs: generator,DUT")
         if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60:
             raise ValueError("--trials must be 1..100 and --duration 0.5..60 s")
-        df, path = vt.run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out)
+        if a.rate is not None and a.rate <= 0:
+            raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
+        df, path = vt.run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out,
+                          rate_pps=a.rate)
         vt.print_summary(df)
         print(f"\nwrote {path} and {path.with_suffix('.json').name}")
         return 0

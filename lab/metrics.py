@@ -10,6 +10,15 @@ Why busy time rather than %soft: threaded NAPI, which the lab uses to keep the
 device under test on its own core, is accounted as %sys, and on this VM packets
 per second move with steal time far more than nanoseconds of busy CPU per
 packet do.
+
+Why busy time is wall time minus idle, not the sum of the busy columns: /proc/stat's
+user/system/softirq/... are sampled by the timer tick, and a tickless kernel stops
+the tick while a core idles. A load that comes in bursts (a paced generator sends
+one every millisecond) then aliases with the tick: at 300 kpps the DUT's busy
+columns summed to anything from 170 to 2010 ms per 2.3 s, while its NAPI thread
+ran 690 ms. Idle and iowait are measured exactly on entry and exit of idle, so
+busy = elapsed - idle - iowait is right (to /proc/stat's 10 ms) at any load. The
+mpstat columns keep the tick's split of that busy time.
 """
 
 import json
@@ -50,19 +59,34 @@ def read_proc_stat(path="/proc/stat") -> dict:
     return cpus
 
 
-def cpu_percent(before: dict, after: dict) -> dict:
+def cpu_percent(before: dict, after: dict, elapsed_ns=None) -> dict:
     """mpstat's columns (percent) between two readings of one CPU, plus busy_ns:
-    the time it was neither idle nor waiting for I/O."""
+    the time it was neither idle nor waiting for I/O. With elapsed_ns (the wall
+    time between the readings, times the cores for "all"), busy is elapsed minus
+    idle and iowait, and the busy columns share it in the tick's proportions (see
+    the module's docstring); without, everything comes from the tick's counts."""
     d = {k: after[k] - before[k] for k in _STAT_FIELDS}
-    total = sum(d[k] for k in _STAT_FIELDS if k not in ("guest", "guest_nice"))
     cols = {
         "usr": d["user"] - d["guest"], "nice": d["nice"] - d["guest_nice"], "sys": d["system"],
         "iowait": d["iowait"], "irq": d["irq"], "soft": d["softirq"], "steal": d["steal"],
         "guest": d["guest"], "gnice": d["guest_nice"], "idle": d["idle"],
     }
-    pct = {k: (100.0 * v / total if total else 0.0) for k, v in cols.items()}
-    pct["busy_ns"] = (total - d["idle"] - d["iowait"]) * 1e9 / USER_HZ
-    pct["total_ns"] = total * 1e9 / USER_HZ
+    ticks = sum(d[k] for k in _STAT_FIELDS if k not in ("guest", "guest_nice"))
+    tick_ns = 1e9 / USER_HZ
+    if elapsed_ns is None:
+        total_ns = ticks * tick_ns
+        ns = {k: v * tick_ns for k, v in cols.items()}
+    else:
+        total_ns = max(elapsed_ns, (d["idle"] + d["iowait"]) * tick_ns)
+        busy = total_ns - (d["idle"] + d["iowait"]) * tick_ns
+        sampled = ticks - d["idle"] - d["iowait"]
+        ns = {k: (v / sampled * busy if sampled else 0.0) for k, v in cols.items()}
+        if not sampled:
+            ns["sys"] = busy  # busy between ticks only: kernel work, the tick never saw it
+        ns["idle"], ns["iowait"] = d["idle"] * tick_ns, d["iowait"] * tick_ns
+    pct = {k: (100.0 * v / total_ns if total_ns else 0.0) for k, v in ns.items()}
+    pct["busy_ns"] = total_ns - ns["idle"] - ns["iowait"]
+    pct["total_ns"] = total_ns
     return pct
 
 
@@ -109,16 +133,21 @@ class CpuSampler:
     def seconds(self):
         return self._readings[-1][0] - self._readings[0][0] if len(self._readings) > 1 else 0.0
 
+    @staticmethod
+    def _between(t0, a, t1, b):
+        cores = len(b) - 1  # every key but "all"
+        return [{"cpu": cpu, **cpu_percent(a[cpu], b[cpu], (t1 - t0) * 1e9 * (cores if cpu == "all" else 1))}
+                for cpu in b]
+
     def samples(self) -> pd.DataFrame:
         rows = []
         for (t0, a), (t1, b) in zip(self._readings, self._readings[1:]):
-            for cpu in b:
-                rows.append({"t": round(t1 - self._readings[0][0], 3), "cpu": cpu, **cpu_percent(a[cpu], b[cpu])})
+            rows += [{"t": round(t1 - self._readings[0][0], 3), **r} for r in self._between(t0, a, t1, b)]
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        first, last = self._readings[0][1], self._readings[-1][1]
-        return pd.DataFrame([{"cpu": cpu, **cpu_percent(first[cpu], last[cpu])} for cpu in last]).set_index("cpu")
+        (t0, first), (t1, last) = self._readings[0], self._readings[-1]
+        return pd.DataFrame(self._between(t0, first, t1, last)).set_index("cpu")
 
     def busy_ns(self, core) -> float:
         """Busy nanoseconds of one core (or "all") over the whole window."""

@@ -34,14 +34,20 @@ def test_tiny_sweep_writes_documented_columns_and_sidecar(tmp_path):
 
 def test_bench_command_line(tmp_path):
     cmd = [sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "2", "--sizes", "128",
-           "--mirrors", "tc-mirred", "--trials", "1", "--duration", "0.5", "--out", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+           "--mirrors", "tc-mirred", "--trials", "1", "--duration", "1", "--out", str(tmp_path)]
+    r = subprocess.run(cmd + ["--rate", "20000"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "tc-mirred" in r.stdout and "wrote" in r.stdout
-    assert len(list(tmp_path.glob("vtap_throughput-*.csv"))) == 1
-    bad = subprocess.run(cmd[:5] + ["--mirrors", "bogus"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0
-    assert "unknown mirror 'bogus'" in bad.stderr
+    csvs = list(tmp_path.glob("vtap_throughput-*.csv"))
+    assert len(csvs) == 1
+    run = pd.read_csv(csvs[0]).iloc[0]
+    # paced at a modest rate: what was offered arrived, at the receiver and at the monitor
+    assert run["offered_pps"] == 20000 and run["sender_dropped"] == 0
+    assert run["receiver_packets"] == run["sent_packets"] == run["monitor_packets"] > 0
+    for args, msg in ((["--mirrors", "bogus"], "unknown mirror 'bogus'"), (["--rate", "0"], "--rate must be")):
+        bad = subprocess.run(cmd[:5] + args, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0
+        assert msg in bad.stderr
 
 
 def test_notebook_executes_and_writes_figures(tmp_path):

@@ -70,3 +70,19 @@ def test_results_have_a_sidecar_with_machine_and_parameters(tmp_path):
     for key in ("kernel", "cpu_model", "cores", "commit", "date", "tools"):
         assert meta[key], key
     assert json.loads(path.with_suffix(".json").read_text())["csv"] == path.name
+
+
+def test_busy_time_is_wall_time_minus_idle(tmp_path):
+    """The tick may miss bursty work; idle is measured exactly. Over 1 s with 50
+    ticks idle and only 10 sampled busy, the core was busy 0.5 s, split as the
+    tick saw it."""
+    from lab.metrics import USER_HZ
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.write_text("cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\nintr 1\n")
+    idle, usr, sys_ = USER_HZ // 2, USER_HZ // 20, USER_HZ // 20
+    b.write_text(f"cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 {usr} 0 {sys_} {idle} 0 0 0 0 0 0\nintr 1\n")
+    p = cpu_percent(read_proc_stat(a)[0], read_proc_stat(b)[0], elapsed_ns=1e9)
+    assert p["busy_ns"] == 0.5e9 and p["total_ns"] == 1e9
+    assert p["idle"] == 50 and p["usr"] == 25 and p["sys"] == 25
+    assert abs(sum(p[c] for c in CPU_COLUMNS) - 100) < 1e-9

@@ -34,10 +34,12 @@ def add_arguments(p):
     p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS), help="packet source (default xdp)")
     p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default 4)")
     p.add_argument("--cpus", default="0,1", help="generator CPU,DUT CPU (default 0,1)")
+    p.add_argument("--rate", type=int, metavar="PPS",
+                   help="offered load in packets/s (default: the generator's ceiling)")
     p.add_argument("--out", help="directory for the CSV and sidecar (default datasets/results)")
 
 
-def row(tb_no, mirror, size, trial, m, dut_cpu):
+def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
     rep, counts, cpu = m["report"], m["counts"], m["cpu"]
     secs = rep.seconds
     rx = counts["receiver"] if "receiver" in counts else counts["dut"]
@@ -55,7 +57,7 @@ def row(tb_no, mirror, size, trial, m, dut_cpu):
         **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
         "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
         "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
-        "dut_cpu": dut_cpu, "generator": rep.generator, "sent_packets": rep.packets,
+        "dut_cpu": dut_cpu, "offered_pps": rate_pps or 0, "generator": rep.generator, "sent_packets": rep.packets,
         "sender_dropped": rep.dropped, "dut_packets": counts["dut"]["packets"],
         "receiver_packets": rx["packets"], "monitor_packets": mon["packets"],
         "mirrored_by_peer": m["mirrored"].get("mirrored"),
@@ -67,7 +69,7 @@ def row(tb_no, mirror, size, trial, m, dut_cpu):
 
 
 def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
-        out=None, progress=True, stream=sys.stdout):
+        out=None, progress=True, stream=sys.stdout, rate_pps=None):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
     gen_cpu, dut_cpu = cpus
     rows = []
@@ -87,8 +89,8 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                         frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, size, flows)
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
-                    m = rig.run(gens[size], peers[name], seconds=duration)
-                    rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu))
+                    m = rig.run(gens[size], peers[name], seconds=duration, rate_pps=rate_pps)
+                    rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu, rate_pps))
                     if bar:
                         bar.step(f"tb{tb_no} {name} {size}B trial {trial + 1}")
             finally:
@@ -100,7 +102,7 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
     df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
     params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
               "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
-              "dut_cpu": dut_cpu}
+              "dut_cpu": dut_cpu, "rate_pps": rate_pps}
     path = write_results(df, "vtap_throughput", params, out)
     return df, path
 

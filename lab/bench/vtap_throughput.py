@@ -86,7 +86,8 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                 gens = {}
                 for trial, size, name in interleaved(trials, sizes, mirrors):
                     if size not in gens:
-                        frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, size, flows)
+                        frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, size, flows,
+                                            dport=rig.udp_port)  # the port of the receiving DUT's socket
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
                     m = rig.run(gens[size], peers[name], seconds=duration, rate_pps=rate_pps)

@@ -12,7 +12,7 @@ from lab import netns
 from lab.mirrors import MIRRORS, NftDup, OvsMirror
 from lab.traffic import Flow
 from tests.conftest import require, require_tool
-from tests.helpers import RX4, WATCHED_SRC4, run_flows
+from tests.helpers import RATE, RX4, WATCHED_SRC4, run_flows
 
 N = 2000
 
@@ -46,7 +46,10 @@ def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
         if name == "ovs":
             time.sleep(1.0)  # OVS configures its ports after ovs-vsctl returns
         flows = [Flow("w", WATCHED_SRC4, RX4, count=N, size=200)]
-        _, rx, mon = run_flows(tb, flows)
+        # OVS's userspace datapath reads its ports through AF_PACKET sockets, which
+        # overflow whenever ovs-vswitchd is descheduled for a few ms on this 2-vCPU
+        # VM: in testbed 2 it once lost 171 of 2000 frames at 20 kpps in a full suite run.
+        _, rx, mon = run_flows(tb, flows, rate=RATE // 4 if name == "ovs" else RATE)
         assert rx.get("w", 0) == N
         expected = 0 if name == "none" else N
         assert mon.get("w", 0) == expected

@@ -41,9 +41,13 @@ def test_bench_command_line(tmp_path):
     csvs = list(tmp_path.glob("vtap_throughput-*.csv"))
     assert len(csvs) == 1
     run = pd.read_csv(csvs[0]).iloc[0]
-    # paced at a modest rate: what was offered arrived, at the receiver and at the monitor
-    assert run["offered_pps"] == 20000 and run["sender_dropped"] == 0
-    assert run["receiver_packets"] == run["sent_packets"] == run["monitor_packets"] > 0
+    # Paced at a modest rate: every frame the sending veth took arrived at the receiver
+    # and at the monitor. The sender itself may refuse a few (counted): its 256-frame
+    # ring fills when the DUT's core is taken for ~13 ms, as by the kernel still tearing
+    # down the previous test's namespaces (4 of 20000 once in a full suite, 0 of 120000
+    # in six runs alone).
+    assert run["offered_pps"] == 20000 and run["sender_dropped"] <= 0.001 * run["sent_packets"]
+    assert run["receiver_packets"] == run["sent_packets"] - run["sender_dropped"] == run["monitor_packets"] > 0
     for args, msg in ((["--mirrors", "bogus"], "unknown mirror 'bogus'"), (["--rate", "0"], "--rate must be")):
         bad = subprocess.run(cmd[:5] + args, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0

@@ -180,22 +180,33 @@ def retarget(f: TcFilter, prog_fd, mirror_ifindex):
     f.mirror_ifindex = mirror_ifindex
 
 
+NO_ACTION_STATS = {"packets": 0, "bytes": 0, "failed": 0}
+
+
+def first_action_stats(msg) -> dict | None:
+    """Counters of the first action on a dumped filter (cls_bpf or u32): packets
+    and bytes it ran on, and failures (overlimits: for mirred, the monitor is
+    gone or refused the copy; drops). None when the filter has no action."""
+    opts = msg.get_attr("TCA_OPTIONS")
+    if opts is None:
+        return None
+    acts = opts.get_attr("TCA_BPF_ACT") or opts.get_attr("TCA_U32_ACT")
+    for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
+        stats = act.get_attr("TCA_ACT_STATS")
+        basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+        queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
+        return {"packets": basic["packets"] if basic else 0, "bytes": basic["bytes"] if basic else 0,
+                "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
+    return None
+
+
 def action_stats(f: TcFilter) -> dict:
-    """The mirred action's counters on one classifier filter: packets it ran on,
-    and failures (overlimits: the monitor is gone or refused the copy; drops)."""
+    """first_action_stats() of one filter we attached."""
     with ipr(f.netns) as ip:
         for msg in _filter_msgs(ip, f.ifindex, PARENTS[f.direction]):
-            if msg["info"] >> 16 != f.prio or msg["handle"] != f.handle:
-                continue
-            opts = msg.get_attr("TCA_OPTIONS")
-            acts = opts.get_attr("TCA_BPF_ACT") if opts is not None else None
-            for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
-                stats = act.get_attr("TCA_ACT_STATS")
-                basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
-                queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
-                return {"packets": basic["packets"] if basic else 0,
-                        "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
-    return {"packets": 0, "failed": 0}
+            if msg["info"] >> 16 == f.prio and msg["handle"] == f.handle:
+                return first_action_stats(msg) or NO_ACTION_STATS
+    return NO_ACTION_STATS
 
 
 def _delete(ip, ifindex, parent, prio, handle):

@@ -14,20 +14,12 @@ from .topology import RUN_DIR
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _owner_alive(run_id):
     try:
         pid = int((RUN_DIR / f"{run_id}.pid").read_text())
     except (FileNotFoundError, ValueError):
         return False
-    return pid != os.getpid() and _pid_alive(pid)
+    return pid != os.getpid() and netns.alive(pid)
 
 
 def cleanup(all_runs=False) -> list[str]:
@@ -56,7 +48,7 @@ def cleanup(all_runs=False) -> list[str]:
     # files a killed file-transfer server was receiving into
     for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
         pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not netns.alive(int(pid)):
             spool.unlink(missing_ok=True)
             removed.append(f"file-transfer spool file {spool}")
     return removed

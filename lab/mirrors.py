@@ -25,7 +25,6 @@ the run, and gives them back on detach.
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -149,15 +148,9 @@ class TcMirred(Mirror):
     def _action_stats(self):
         with netns.ipr(self.ns) as ip:
             for msg in ip.get_filters(index=self._ifidx, parent=ebpf_tc.PARENTS["ingress"]):
-                opts = msg.get_attr("TCA_OPTIONS")
-                acts = opts.get_attr("TCA_U32_ACT") if opts is not None else None
-                if not acts:
-                    continue
-                for act in acts.get_attrs("TCA_ACT_PRIO_1") or []:
-                    stats = act.get_attr("TCA_ACT_STATS")
-                    basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
-                    if basic:
-                        return {"mirrored": basic["packets"], "mirrored_bytes": basic["bytes"]}
+                s = ebpf_tc.first_action_stats(msg)
+                if s is not None:
+                    return {"mirrored": s["packets"], "mirrored_bytes": s["bytes"]}
         return {"mirrored": 0, "mirrored_bytes": 0}
 
     def counters(self):
@@ -314,15 +307,8 @@ class OvsMirror(Mirror):
 
     def detach(self):
         if self.attached and netns.exists(self.ns):
-            for p in reversed(self.procs):
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in self.procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            for p in reversed(self.procs):  # ovs-vswitchd before its database
+                netns.stop(p, grace=10)
             with netns.ipr(self.ns) as ip:
                 # the bridge's and the datapath's internal ports (tap devices)
                 # outlive ovs-vswitchd

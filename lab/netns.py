@@ -141,18 +141,40 @@ def kill_all(name, grace=2.0):
                 pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            victims = [p for p in victims if Path(f"/proc/{p}").exists() and _alive(p)]
+            victims = [p for p in victims if alive(p)]
             if not victims:
                 return
             time.sleep(0.05)
 
 
-def _alive(pid):
+def alive(pid) -> bool:
+    """The process exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def stop(proc, grace=5.0):
+    """Stop a child we started: SIGTERM (to its whole process group when it leads
+    one, so forked helpers go too), SIGKILL after `grace` seconds, then reap it."""
+    def send(sig):
+        try:
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is not None:
+        return
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait()
 
 
 def remove(name):

@@ -284,13 +284,7 @@ class Topology:
         self._built = False
         errors = []
         for p in self._procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=3)
-                except Exception:
-                    p.kill()
-                    p.wait()
+            netns.stop(p, grace=3)
         self._procs.clear()
         for h in self.hosts.values():
             try:

@@ -1,5 +1,6 @@
 """Small pieces the tests share: send flows through a testbed and count them."""
 
+from lab import netns
 from lab.traffic import Capture, Marker, build, send_frames
 
 WATCHED_SRC4 = "198.18.1.10"
@@ -25,6 +26,13 @@ def run_flows(tb, flows, rate=RATE, sender=None, sender_iface="eth0", dst_mac=No
     assert report.packets == len(frames)
     assert rx.kernel_drops == 0 and mon.kernel_drops == 0, "the capture itself lost frames"
     return report, rx.counts, mon.counts
+
+
+def snmp(ns, proto, field):
+    """One counter of a namespace's IPv4 MIBs (/proc/net/snmp): proto "Udp", "Icmp", ..."""
+    text = netns.run(ns, ["cat", "/proc/net/snmp"], capture_output=True, text=True).stdout
+    names, values = [line.split() for line in text.splitlines() if line.startswith(proto + ":")]
+    return int(values[names.index(field)])
 
 
 def invariant(c):

@@ -8,11 +8,12 @@ import pandas as pd
 
 from lab.metrics import (CPU_COLUMNS, CpuSampler, IfaceCounters, cpu_percent, read_proc_stat,
                          read_results, write_results)
-from lab import netns, testbeds
+from lab import testbeds
 from lab.bench.common import udp_frames
 from lab.mirrors import NoMirror
 from lab.rig import ThroughputRig
 from lab.traffic import Flow, Marker, XdpGenerator, build, send_frames
+from helpers import snmp
 
 
 def test_cpu_columns_add_up_to_100_per_core_under_load():
@@ -92,12 +93,6 @@ def test_busy_time_is_wall_time_minus_idle(tmp_path):
     assert abs(sum(p[c] for c in CPU_COLUMNS) - 100) < 1e-9
 
 
-def _snmp(ns, proto, field):
-    text = netns.run(ns, ["cat", "/proc/net/snmp"], capture_output=True, text=True).stdout
-    rows = [line.split() for line in text.splitlines() if line.startswith(proto + ":")]
-    return int(rows[1][rows[0].index(field)])
-
-
 def test_rig_gives_a_receiving_dut_a_socket_so_frames_cost_no_icmp():
     """In testbed 1 the load ends at the DUT: its rig socket takes it (and drops it
     when full), so the DUT never spends time on port-unreachable replies."""
@@ -105,10 +100,10 @@ def test_rig_gives_a_receiving_dut_a_socket_so_frames_cost_no_icmp():
     with ThroughputRig(tb, 0, 1) as rig:
         frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, 128, dport=rig.udp_port)
         ns = rig.dut_ns
-        unreach, arrived = _snmp(ns, "Icmp", "OutDestUnreachs"), _snmp(ns, "Udp", "InErrors")
+        unreach, arrived = snmp(ns, "Icmp", "OutDestUnreachs"), snmp(ns, "Udp", "InErrors")
         with XdpGenerator(tb.ns(tb.sender), tb.sender_iface, frames, cpu=0) as gen:
             m = rig.run(gen, NoMirror(ns, tb.tap_iface, tb.monitor_iface), seconds=1, count=5000, rate_pps=20000)
         assert m["report"].packets == 5000 == m["counts"]["dut"]["packets"]
-        assert _snmp(ns, "Icmp", "OutDestUnreachs") == unreach
+        assert snmp(ns, "Icmp", "OutDestUnreachs") == unreach
         # the socket never reads: a few datagrams fill it, the rest are refused there
-        assert _snmp(ns, "Udp", "InErrors") - arrived >= 5000 - 100
+        assert snmp(ns, "Udp", "InErrors") - arrived >= 5000 - 100

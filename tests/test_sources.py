@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT, require_tool
-from helpers import RX4, RX6
+from helpers import RX4, RX6, snmp
 from lab import netns
 from lab.metrics import iface_counters
 from lab.traffic.filetransfer import (HDR, MAGIC, MAX_RANGES, SPOOL_DIR, SPOOL_PREFIX, START, START_BODY, FileTransfer,
@@ -25,14 +25,9 @@ RATE = 20_000
 UDP_ARRIVALS = ("InDatagrams", "NoPorts", "InErrors")  # delivered, no socket, refused (buffer full)
 
 
-def udp_in(ns, v6=False):
-    """Datagrams that reached the namespace's UDP layer, delivered or not."""
-    text = netns.run(ns, ["cat", "/proc/net/snmp6" if v6 else "/proc/net/snmp"], capture_output=True, text=True).stdout
-    if v6:
-        mib = dict(line.split()[:2] for line in text.splitlines() if line.startswith("Udp6"))
-        return sum(int(mib["Udp6" + k]) for k in UDP_ARRIVALS)
-    rows = [line.split() for line in text.splitlines() if line.startswith("Udp:")]
-    return sum(int(rows[1][rows[0].index(k)]) for k in UDP_ARRIVALS)
+def udp_in(ns):
+    """IPv4 datagrams that reached the namespace's UDP layer, delivered or not."""
+    return sum(snmp(ns, "Udp", k) for k in UDP_ARRIVALS)
 
 
 def nft_udp_counter(ns, port):

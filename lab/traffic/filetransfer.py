@@ -50,7 +50,9 @@ import time
 from pathlib import Path
 
 from .. import netns
+from ..metrics import REPO
 from .generator import Generator, run_bounded
+from .report import ETH_HLEN, UDP_HLEN, ip_hlen
 
 MAGIC = b"VTLF"
 HDR = struct.Struct("!4sBII")
@@ -58,7 +60,6 @@ START, READY, DATA, END, RESULT = 1, 2, 3, 4, 5
 START_BODY = struct.Struct("!QI")
 RESULT_BODY = struct.Struct("!BI")
 RANGE = struct.Struct("!II")
-ETH_HLEN, UDP_HLEN = 14, 8
 MAX_RANGES = 178      # missing ranges per RESULT: 13 + 5 + 178 * 8 + UDP + IPv6 = 1490 bytes, one frame
 REPLY_TIMEOUT = 0.5   # seconds to wait for READY/RESULT before asking again
 REPLY_TRIES = 6
@@ -68,8 +69,7 @@ SPOOL_PREFIX = "vtl-ft-"      # vtl-ft-<server pid>-...: `lab cleanup` removes t
 
 def default_chunk(addr, mtu=1500):
     """The largest chunk whose datagram fits one frame."""
-    ip_hlen = 20 if ipaddress.ip_address(addr).version == 4 else 40
-    return mtu - ip_hlen - UDP_HLEN - HDR.size
+    return mtu - ip_hlen(addr) - UDP_HLEN - HDR.size
 
 
 def pattern_chunk(seed: bytes, seq: int, length: int) -> bytes:
@@ -310,9 +310,6 @@ def _module_argv(*args):
     return [sys.executable, "-m", "lab.traffic.filetransfer", *map(str, args)]
 
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout, so `-m lab...` imports in any namespace
-
-
 class FileTransferServer:
     """The server as a process in a lab namespace; results() are its JSON lines."""
 
@@ -328,7 +325,7 @@ class FileTransferServer:
         if self.cpu is not None:
             argv += ["--cpu", self.cpu]
         self.proc = netns.popen(self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=ROOT, start_new_session=True)
+                                cwd=REPO, start_new_session=True)  # REPO: so `-m lab...` imports
         threading.Thread(target=self._read, daemon=True).start()
         first = self.wait_result(timeout=10, event="listening")
         if first is None:
@@ -363,13 +360,7 @@ class FileTransferServer:
 
     def close(self):
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=5)
-                except Exception:
-                    self.proc.kill()
-                    self.proc.wait()
+            netns.stop(self.proc)
             self.proc.stderr.close()
             self.proc = None
 
@@ -388,7 +379,7 @@ class FileTransfer(Generator):
         super().__init__(ns, ifname, cpu=cpu)
         self.to, self.port, self.size, self.path, self.rounds = to, port, size, path, rounds
         self.chunk = chunk or default_chunk(to)
-        self.ip_hlen = 20 if ipaddress.ip_address(to).version == 4 else 40
+        self.ip_hlen = ip_hlen(to)
 
     def _open(self):
         pass
@@ -404,7 +395,7 @@ class FileTransfer(Generator):
             argv += ["--rate-pps", rate_pps]
         if self.cpu is not None:
             argv += ["--cpu", self.cpu]
-        rc, out, elapsed = run_bounded(self.ns, argv, seconds + 5, cwd=ROOT)
+        rc, out, elapsed = run_bounded(self.ns, argv, seconds + 5, cwd=REPO)
         try:
             res = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):

@@ -24,17 +24,14 @@ jitter, retransmits, and both ends' CPU use.
 import ipaddress
 import json
 import shutil
-import signal
 import subprocess
 import time
 
 from .. import netns
 from ..metrics import iface_counters
 from .generator import Generator, run_bounded
-from .report import MAX_LOAD_PACKETS
+from .report import ETH_HLEN, MAX_LOAD_PACKETS, UDP_HLEN, ip_hlen
 
-ETH_HLEN = 14
-UDP_HLEN = 8
 
 
 class Iperf3(Generator):
@@ -51,7 +48,7 @@ class Iperf3(Generator):
         self.server_ns, self.server_cpu = server_ns, server_cpu
         self.addr = ipaddress.ip_address(server_addr)
         self.proto, self.port, self.parallel = proto, port, parallel
-        self.ip_hlen = 20 if self.addr.version == 4 else 40
+        self.ip_hlen = ip_hlen(self.addr)
         # UDP: one datagram per frame unless told otherwise (no IP fragments).
         # TCP: iperf3's own default write size (128 KiB).
         self.length = length or (mtu - self.ip_hlen - UDP_HLEN if proto == "udp" else 128 * 1024)
@@ -78,13 +75,7 @@ class Iperf3(Generator):
 
     def _close(self):
         if self.server is not None:
-            if self.server.poll() is None:
-                self.server.send_signal(signal.SIGTERM)
-                try:
-                    self.server.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.server.kill()
-                    self.server.wait()
+            netns.stop(self.server)
             self.server.stderr.close()
             self.server = None
 

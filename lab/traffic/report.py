@@ -1,11 +1,18 @@
 """What a generator says it sent, and the bounds every load in the lab obeys."""
 
+import ipaddress
 from dataclasses import dataclass, field
 
 MAX_SECONDS = 30.0          # no crafted-frame send runs longer than this
 MAX_PACKETS = 10_000_000    # nor holds more frames than this in memory
 MAX_LOAD_SECONDS = 300.0    # no generator run lasts longer than this...
 MAX_LOAD_PACKETS = 2_000_000_000  # ...or sends more packets than this
+ETH_HLEN, UDP_HLEN = 14, 8        # for frame sizes of sources that send datagrams
+
+
+def ip_hlen(addr) -> int:
+    """The IP header in front of a datagram to `addr` (no options)."""
+    return 20 if ipaddress.ip_address(addr).version == 4 else 40
 
 
 @dataclass

@@ -1,9 +1,23 @@
 """Kernel programs as Python classes: one class per program, its C beside it.
 
     TcMirror      tc_mirror.bpf.c   the vTAP: clone watched traffic to a monitor (TC clsact)
-"""
-from .errors import AttachError, BpfError, CompileError, VerifierError
-from .program import BpfProgram
-from .tc_mirror import TcMirror
+    XdpSink       xdp_sink.bpf.c    count, then drop or pass, every frame at XDP
+    XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
 
-__all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "TcMirror", "VerifierError"]
+The names are imported on first use, so that a light module of this package
+(errors, privileges) can be imported without pyroute2 or BCC.
+"""
+from importlib import import_module
+
+from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
+
+_LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen"}
+
+__all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "PrivilegeError", "TcMirror",
+           "VerifierError", "XdpGen", "XdpSink"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,23 @@
-"""Errors raised by the ebpf package: each says in one line what failed and where."""
+"""Errors raised by the ebpf package: each says in one line what failed and where.
+
+Two kinds, so that a command line can tell them apart (vtap exits 2 and 1):
+- InputError: what the caller asked for cannot work as given (a bad CIDR, an
+  unknown interface or namespace, a monitor whose copies would loop, no privileges).
+- every other BpfError: it was tried and the kernel or the toolchain refused
+  (clang, the verifier, a hook, a filter removed from outside).
+"""
 
 
 class BpfError(Exception):
     """A kernel program could not be built, loaded, attached or configured."""
+
+
+class InputError(BpfError, ValueError):
+    """The request itself is wrong: nothing was attached because of it."""
+
+
+class PrivilegeError(InputError):
+    """The process lacks the capabilities BPF and TC need (not root)."""
 
 
 class CompileError(BpfError):
@@ -23,3 +38,11 @@ class VerifierError(BpfError):
 
 class AttachError(BpfError):
     """A hook (TC, XDP) refused the program, or the interface is not there."""
+
+
+class NoSuchInterface(InputError, AttachError):
+    """No interface of that name (or index) in the namespace."""
+
+
+class NoSuchNamespace(InputError):
+    """No network namespace of that name: never created on the fly."""

@@ -17,8 +17,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BpfError, CompileError, VerifierError
-from . import tc, xdp
+from .errors import BpfError, CompileError, PrivilegeError, VerifierError
+from . import privileges, tc, xdp
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,11 +91,15 @@ class BpfProgram:
             raise BpfError(f"cannot read {self.source_path}: {e.strerror}") from None
 
     def compile(self):
-        """Compile the C text with BCC (maps are created here, programs not yet loaded)."""
+        """Compile the C text with BCC (maps are created here, programs not yet
+        loaded), then let the subclass fill its maps (maps_created)."""
         if self.bpf is not None:
             return self.bpf
         BPF = import_bcc()
         text = self.c_text()
+        lacking = privileges.message()
+        if lacking:  # else BCC fails later, on some map, with an error about that map
+            raise PrivilegeError(lacking)
         log = []
         try:
             with _stderr_to(log):
@@ -105,7 +109,18 @@ class BpfProgram:
             first = next((ln for ln in diag.splitlines() if "error:" in ln), str(e))
             first = first.replace("/virtual/main.c", self.source_path.name)
             raise CompileError(f"compiling {self.source_path.name}: {first.strip()}", diag) from None
+        try:
+            self.maps_created()
+        except BaseException:
+            self.bpf.cleanup()
+            self.bpf = None
+            raise
         return self.bpf
+
+    def maps_created(self):
+        """Called once, right after compile() created the maps, whatever first
+        needed them (a load, a counter read): subclasses write their initial
+        configuration here, so no path can see the maps empty."""
 
     def load(self, function: str, prog_type: str):
         """Load one function of the program ("SCHED_CLS", "XDP", ...) through the

@@ -11,20 +11,26 @@ Rules, so that attach/detach and a later cleanup after SIGKILL agree:
   runs a newly added cls_bpf program before the older ones of its priority, and
   our TC_ACT_UNSPEC hands the frame on to them). Otherwise we go last and say so
   (TcFilter.runs_after).
-- Detach removes only our filter; the clsact qdisc goes too only if we created it
-  and no filter (ours or anybody's) is left on either of its hooks.
+- Detach removes only our filter: the one at our priority and handle that runs
+  our program (by the kernel's program id, which no other load can share), so a
+  later instance that reused the slot is never touched. The clsact qdisc goes too
+  only if we created it and no filter (ours or anybody's) is left on its hooks.
+- A filter whose program no process holds any more is an orphan (its owner was
+  killed): cleanup removes orphans and spares live instances (see holders.py).
 """
 
+import errno
 import socket
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWTFILTER
-from pyroute2.netlink.rtnl.tcmsg import tcmsg
+from pyroute2.netlink.rtnl.tcmsg import sched_bpf, tcmsg
 
-from .errors import AttachError
+from .errors import AttachError, NoSuchNamespace
+from .holders import holders, prog_id as program_id
+from .netdev import ifindex_of, ipr  # noqa: F401  (tc.ipr, tc.ifindex_of: used by callers)
 
 INGRESS, EGRESS = "ingress", "egress"
 DIRECTIONS = (INGRESS, EGRESS)
@@ -35,6 +41,20 @@ CREATED_MARK = "+clsact"
 TCA_BPF_FLAG_ACT_DIRECT = 1
 TC_ACT_UNSPEC = -1          # an action control of "continue": on to the next filter
 TCA_EGRESS_MIRROR = 2       # tc_mirred.h eaction
+
+
+def _decode_program_ids():
+    """pyroute2 0.9 stops decoding cls_bpf options at TCA_BPF_FLAGS; the kernel
+    also reports TCA_BPF_FLAGS_GEN, TCA_BPF_TAG and TCA_BPF_ID (the program's id),
+    which is how we recognise our own filter. Extend its table once, before use."""
+    o = sched_bpf.options
+    if not any(name == "TCA_BPF_ID" for name, _ in o.nla_map):
+        o.nla_map = o.nla_map + (("TCA_BPF_FLAGS_GEN", "uint32"), ("TCA_BPF_TAG", "hex"),
+                                 ("TCA_BPF_ID", "uint32"))
+        o._nlmsg_base__compiled_nla = False  # recompiled from the new table at next use
+
+
+_decode_program_ids()
 
 
 @dataclass
@@ -49,6 +69,7 @@ class TcFilter:
     runs_after: int = 0   # priorities of other filters that see frames before ours (and may stop them)
     mirror_ifindex: int = 0  # classifier filters: where the filter's mirred action copies to
     failed_base: int = 0     # the action's failure count at the owner's last counter reset
+    prog_id: int = 0         # the kernel's id of the program: what makes this filter ours
 
     @property
     def where(self):
@@ -56,18 +77,26 @@ class TcFilter:
         return f"{self.ifname} {self.direction}{ns}"
 
 
-def ipr(netns=None):
-    """A netlink socket in `netns` (None: this process's namespace). flags=0: never
-    create a namespace that does not exist (pyroute2's default would)."""
-    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
+@dataclass
+class Entry:
+    """One filter as the kernel dumps it."""
+    prio: int
+    handle: int
+    name: str        # cls_bpf's name ("" for other kinds)
+    prog_id: int     # cls_bpf's program id (0 for other kinds)
+    msg: object      # the dumped message (actions and their counters)
 
-
-def ifindex_of(ip, ifname, netns=None):
-    found = ip.link_lookup(ifname=ifname)
-    if not found:
-        where = f"netns {netns}" if netns else "this network namespace"
-        raise AttachError(f"no interface named {ifname!r} in {where}")
-    return found[0]
+    @property
+    def mirror_ifindex(self):
+        """Where this filter's mirred action copies to, or 0."""
+        opts = self.msg.get_attr("TCA_OPTIONS")
+        acts = opts.get_attr("TCA_BPF_ACT") if opts is not None else None
+        for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
+            aopts = act.get_attr("TCA_ACT_OPTIONS")
+            parms = aopts.get_attr("TCA_MIRRED_PARMS") if aopts is not None else None
+            if parms:
+                return parms["ifindex"]
+        return 0
 
 
 def _filter_msgs(ip, ifindex, parent):
@@ -76,14 +105,20 @@ def _filter_msgs(ip, ifindex, parent):
             yield msg
 
 
-def _filters(ip, ifindex, parent):
-    """(prio, handle, name) of every filter on one clsact hook."""
+def entries(ip, ifindex, parent) -> list[Entry]:
+    """Every filter on one clsact hook."""
     out = []
     for msg in _filter_msgs(ip, ifindex, parent):
         opts = msg.get_attr("TCA_OPTIONS")
-        name = opts.get_attr("TCA_BPF_NAME") if opts is not None and msg.get_attr("TCA_KIND") == "bpf" else None
-        out.append((msg["info"] >> 16, msg["handle"], name or ""))
+        bpf = opts is not None and msg.get_attr("TCA_KIND") == "bpf"
+        out.append(Entry(msg["info"] >> 16, msg["handle"], (opts.get_attr("TCA_BPF_NAME") if bpf else None) or "",
+                         (opts.get_attr("TCA_BPF_ID") if bpf else None) or 0, msg))
     return out
+
+
+def _filters(ip, ifindex, parent):
+    """(prio, handle, name) of every filter on one clsact hook."""
+    return [(e.prio, e.handle, e.name) for e in entries(ip, ifindex, parent)]
 
 
 def _place(ip, ifindex, parent):
@@ -107,8 +142,9 @@ def has_clsact(ip, ifindex):
     return any(q.get_attr("TCA_KIND") == "clsact" for q in ip.get_qdiscs(index=ifindex))
 
 
-def _ours(name, owner):
+def owned_by(name, owner):
     return name.startswith(owner + ":") or name.startswith(owner + CREATED_MARK + ":")
+
 
 
 def _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex=0, replace=False):
@@ -156,16 +192,25 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
             else:
                 # A sibling attach of ours may have created it: inherit its mark so
                 # whichever of our filters goes last also removes the qdisc.
-                created = any(_ours(n, owner) and CREATED_MARK in n
+                created = any(owned_by(n, owner) and CREATED_MARK in n
                               for p in PARENTS.values() for _, _, n in _filters(ip, ifindex, p))
-            prio, handle, runs_after = _place(ip, ifindex, parent)
             name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
-            _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex)
+            for attempt in range(3):
+                prio, handle, runs_after = _place(ip, ifindex, parent)
+                try:
+                    _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex)
+                    break
+                except NetlinkError as e:
+                    # Another instance took the same slot between our dump and our
+                    # add (two vTAPs started at once): place again.
+                    if e.code != errno.EEXIST or attempt == 2:
+                        raise
         except NetlinkError as e:
             if created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
                 ip.tc("del", "clsact", index=ifindex)
             raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {e.args[1] if len(e.args) > 1 else e}") from None
-    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex)
+    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex,
+                    prog_id=program_id(prog_fd))
 
 
 def retarget(f: TcFilter, prog_fd, mirror_ifindex):
@@ -200,13 +245,27 @@ def first_action_stats(msg) -> dict | None:
     return None
 
 
+def _is(f: TcFilter, e: Entry):
+    return e.prio == f.prio and e.handle == f.handle and e.name == f.name and \
+        (not f.prog_id or e.prog_id == f.prog_id)
+
+
+def find(f: TcFilter) -> Entry | None:
+    """The kernel's view of one filter we attached, or None when it is gone
+    (removed from outside, or its interface or namespace deleted)."""
+    try:
+        with ipr(f.netns) as ip:
+            if not ip.link_lookup(index=f.ifindex):
+                return None
+            return next((e for e in entries(ip, f.ifindex, PARENTS[f.direction]) if _is(f, e)), None)
+    except (FileNotFoundError, NoSuchNamespace):
+        return None
+
+
 def action_stats(f: TcFilter) -> dict:
     """first_action_stats() of one filter we attached."""
-    with ipr(f.netns) as ip:
-        for msg in _filter_msgs(ip, f.ifindex, PARENTS[f.direction]):
-            if msg["info"] >> 16 == f.prio and msg["handle"] == f.handle:
-                return first_action_stats(msg) or NO_ACTION_STATS
-    return NO_ACTION_STATS
+    e = find(f)
+    return (first_action_stats(e.msg) if e else None) or NO_ACTION_STATS
 
 
 def _delete(ip, ifindex, parent, prio, handle):
@@ -221,44 +280,87 @@ def drop_clsact_if_unused(ip, ifindex) -> bool:
     return False
 
 
-def detach(f: TcFilter):
-    """Remove one filter we attached. Quietly done if the device or filter is gone
-    (a namespace torn down first, an interface deleted)."""
+def detach(f: TcFilter) -> bool:
+    """Remove one filter we attached: only if it still runs our program, so a
+    filter somebody else put in the same slot since is left alone. Quietly done if
+    the device or filter is gone (a namespace torn down first, an interface
+    deleted, a cleanup). Returns whether it removed our filter."""
     try:
         with ipr(f.netns) as ip:
             if not ip.link_lookup(index=f.ifindex):
-                return
+                return False
             parent = PARENTS[f.direction]
-            if any(p == f.prio and h == f.handle and n == f.name for p, h, n in _filters(ip, f.ifindex, parent)):
+            ours = any(_is(f, e) for e in entries(ip, f.ifindex, parent))
+            if ours:
                 _delete(ip, f.ifindex, parent, f.prio, f.handle)
             if CREATED_MARK in f.name:
                 drop_clsact_if_unused(ip, f.ifindex)
-    except FileNotFoundError:
-        return  # the namespace itself is gone, and everything in it
+            return ours
+    except (FileNotFoundError, NoSuchNamespace):
+        return False  # the namespace itself is gone, and everything in it
     except NetlinkError as e:
         raise AttachError(f"detaching from {f.where}: {e}") from None
 
 
-def cleanup(owner, netns=None) -> list[str]:
-    """Remove every filter named for `owner` in a namespace (what a killed process
-    left behind), and the clsact qdiscs it created that are now empty. Returns a
-    description of each thing removed. Touches nothing else."""
-    removed = []
+@dataclass
+class Found:
+    """A filter named for an owner, as found on some hook of a namespace."""
+    ifname: str
+    ifindex: int
+    direction: str
+    entry: Entry
+    pids: list            # processes holding its program: empty for an orphan
+
+    @property
+    def where(self):
+        return f"{self.ifname} {self.direction}"
+
+    @property
+    def live(self):
+        return bool(self.pids)
+
+
+def owned(owner, netns=None, ifindex=None, direction=None) -> list[Found]:
+    """Every filter named for `owner` in a namespace (or on one interface or hook),
+    with the processes that hold its program."""
+    found = []
     with ipr(netns) as ip:
-        for link in ip.get_links():
-            ifindex, ifname = link["index"], link.get_attr("IFLA_IFNAME")
-            if not has_clsact(ip, ifindex):
+        for link in ip.get_links(*([ifindex] if ifindex else [])):
+            idx, ifname = link["index"], link.get_attr("IFLA_IFNAME")
+            if not has_clsact(ip, idx):
                 continue
-            we_created = False
-            for direction, parent in PARENTS.items():
-                for prio, handle, name in _filters(ip, ifindex, parent):
-                    if _ours(name, owner):
-                        _delete(ip, ifindex, parent, prio, handle)
-                        we_created |= CREATED_MARK in name
-                        removed.append(f"filter {name} on {ifname} {direction}")
-            if we_created and drop_clsact_if_unused(ip, ifindex):
-                removed.append(f"clsact qdisc on {ifname}")
-    return removed
+            for d, parent in PARENTS.items():
+                if direction in (None, d):
+                    found += [Found(ifname, idx, d, e, []) for e in entries(ip, idx, parent) if owned_by(e.name, owner)]
+    pids = holders(f.entry.prog_id for f in found if f.entry.prog_id)
+    for f in found:
+        f.pids = pids.get(f.entry.prog_id, [])
+    return found
+
+
+def cleanup(owner, netns=None, spare_live=True) -> tuple[list[str], list[Found]]:
+    """Remove the filters named for `owner` in a namespace whose program no
+    process holds any more (what a killed process left behind), and the clsact
+    qdiscs it created that are now empty. With spare_live=False, remove the
+    filters of running instances too. Returns (a description of each thing
+    removed, the live filters left alone). Touches nothing else."""
+    removed, spared = [], []
+    found = owned(owner, netns)
+    with ipr(netns) as ip:
+        for f in found:
+            if f.live and spare_live:
+                spared.append(f)
+                continue
+            try:
+                _delete(ip, f.ifindex, PARENTS[f.direction], f.entry.prio, f.entry.handle)
+            except NetlinkError as e:
+                raise AttachError(f"removing filter {f.entry.name} on {f.where}: {e}") from None
+            removed.append(f"filter {f.entry.name} on {f.where}" + (f" (live: pid {', '.join(map(str, f.pids))})"
+                                                                     if f.live else ""))
+        for ifindex in sorted({f.ifindex for f in found if CREATED_MARK in f.entry.name}):
+            if drop_clsact_if_unused(ip, ifindex):
+                removed.append(f"clsact qdisc on {next(f.ifname for f in found if f.ifindex == ifindex)}")
+    return removed, spared
 
 
 def hook_snapshot(netns=None):

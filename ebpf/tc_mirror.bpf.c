@@ -28,6 +28,7 @@
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "vtap.h"
@@ -66,7 +67,7 @@ struct vlan_tag {
 #define PARSE_DEPTH (ETH_HLEN + 2 * sizeof(struct vlan_tag) + sizeof(struct ipv6hdr))
 
 BPF_ARRAY(config, struct vtap_config, 1);                              /* monitor, sampling, flags */
-BPF_PERCPU_ARRAY(stats, struct vtap_stats, 1);                         /* counters, summed by user space */
+BPF_PERCPU_ARRAY(stats, struct vtap_stats, VTAP_IF_SLOTS);             /* counters per interface slot */
 BPF_LPM_TRIE(watch_v4, struct watch_v4_key, u8, VTAP_WATCH_MAX);       /* watched IPv4 CIDRs */
 BPF_LPM_TRIE(watch_v6, struct watch_v6_key, u8, VTAP_WATCH_MAX);       /* watched IPv6 CIDRs */
 
@@ -154,13 +155,79 @@ static __always_inline int classify(struct __sk_buff *skb)
 	return NON_IP;
 }
 
+/* Length of the Ethernet header and of the VLAN tags still in the data; *proto
+ * gets the ethertype after them. Only for copies longer than the monitor's MTU
+ * (rare), so it reads with bpf_skb_load_bytes, which needs no linear data. */
+static __always_inline __u32 l2_len(struct __sk_buff *skb, __be16 *proto)
+{
+	__u32 off = ETH_HLEN;
+	__be16 p = 0;
+
+	bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &p, sizeof(p));
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (p != bpf_htons(ETH_P_8021Q) && p != bpf_htons(ETH_P_8021AD))
+			break;
+		if (bpf_skb_load_bytes(skb, off + offsetof(struct vlan_tag, encapsulated_proto), &p, sizeof(p)) < 0)
+			break;
+		off += sizeof(struct vlan_tag);
+	}
+	*proto = p;
+	return off;
+}
+
+/* Bytes of IP and TCP/UDP header at `off`: what every segment of a GSO frame
+ * repeats. 0 when it cannot tell (then the frame is not called oversize). */
+static __always_inline __u32 l34_len(struct __sk_buff *skb, __u32 off, __be16 proto)
+{
+	__u8 b = 0, l4 = 0;
+	__u32 l3;
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		if (bpf_skb_load_bytes(skb, off, &b, 1) < 0)
+			return 0;
+		l3 = (b & 0x0f) * 4;
+		if (bpf_skb_load_bytes(skb, off + offsetof(struct iphdr, protocol), &l4, 1) < 0)
+			return 0;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		l3 = sizeof(struct ipv6hdr);
+		if (bpf_skb_load_bytes(skb, off + offsetof(struct ipv6hdr, nexthdr), &l4, 1) < 0)
+			return 0;
+	} else {
+		return 0;
+	}
+	if (l4 == IPPROTO_UDP)
+		return l3 + 8;
+	if (l4 != IPPROTO_TCP || bpf_skb_load_bytes(skb, off + l3 + 12, &b, 1) < 0)
+		return 0;
+	return l3 + (b >> 4) * 4; /* TCP data offset, in 32-bit words */
+}
+
+/* Is the IP packet this copy carries (for a GSO frame: each of its segments)
+ * longer than the monitor's MTU? Then the kernel fragments it on the way out (a
+ * tunnel) or drops it (veth, most NICs), and the collector sees something else
+ * than what passed here. Called only when the frame is longer than the MTU plus
+ * an Ethernet header, so frames that fit pay one compare. */
+static __always_inline int oversize(struct __sk_buff *skb, __u32 mtu, __u32 segs)
+{
+	__be16 proto;
+	__u32 l2 = l2_len(skb, &proto);
+
+	if (segs > 1) {
+		__u32 hdr = l34_len(skb, l2, proto);
+		return hdr && hdr + skb->gso_size > mtu;
+	}
+	return skb->len - l2 > mtu;
+}
+
 int tc_mirror(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
+	__u32 slot = skb->ifindex & (VTAP_IF_SLOTS - 1);
 	struct vtap_config *cfg = config.lookup(&zero);
-	struct vtap_stats *st = stats.lookup(&zero);
+	struct vtap_stats *st = stats.lookup(&slot);
 
-	/* Array lookups of index 0 cannot fail; the verifier still wants the check. */
+	/* Array lookups in range cannot fail; the verifier still wants the check. */
 	if (!cfg || !st)
 		return VERDICT_PASS;
 	st->seen++;
@@ -190,11 +257,15 @@ int tc_mirror(struct __sk_buff *skb)
 	}
 
 	/* The copy leaves through the monitor's egress; the original is untouched. */
+	__u32 segs = skb->gso_segs;
+	if (cfg->monitor_mtu && skb->len > cfg->monitor_mtu + ETH_HLEN && oversize(skb, cfg->monitor_mtu, segs))
+		st->oversize++;
 #if VTAP_CLONE_BY_ACTION
 	/* Counted as handed to the action; user space moves the action's own
-	 * failures (monitor gone) from `cloned` to `failed`. */
+	 * failures (monitor gone or down) from `cloned` to `failed`. */
 	st->cloned++;
 	st->cloned_bytes += skb->len;
+	st->cloned_segs += segs > 1 ? segs : 1;
 	return VERDICT_MIRROR;
 #else
 	if (bpf_clone_redirect(skb, cfg->monitor_ifindex, 0) < 0) {
@@ -203,6 +274,7 @@ int tc_mirror(struct __sk_buff *skb)
 	}
 	st->cloned++;
 	st->cloned_bytes += skb->len;
+	st->cloned_segs += segs > 1 ? segs : 1;
 	return VERDICT_PASS;
 #endif
 }

@@ -17,39 +17,90 @@ Who copies (clone=):
             (default: the cheapest copy the kernel has, see tc_mirror.bpf.c)
   "helper"  the program copies with bpf_clone_redirect(), which also un-clones
             the original (a head allocation and copy per frame)
+
+Nothing is tapped whose hooks carry the copies themselves (netdev.copy_path):
+the monitor, its veth peer, a tunnel monitor's underlay, a bridge monitor's ports.
 """
 
 import ctypes
 import ipaddress
+from collections import defaultdict
+from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import AttachError, BpfError
+from .errors import AttachError, InputError
 from .program import BpfProgram
-from . import tc
+from . import netdev, tc
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
 CLONE_MODES = ("action", "helper")
-VTAP_F_MIRROR_ALL = 1  # vtap.h
-FILTER_OWNER = "vtap"  # TC filter names start with this; `vtap --cleanup` looks for it
+VTAP_F_MIRROR_ALL = 1   # vtap.h
+IF_SLOTS = 256          # vtap.h VTAP_IF_SLOTS: per-interface counters, by ifindex & (IF_SLOTS - 1)
+SAMPLE_MAX = 2 ** 32 - 1  # sample_rate is a __u32 in vtap.h
+WATCH_MAX_DEFAULT = 1024  # watch-list room per family when the list is shorter
+FILTER_OWNER = "vtap"   # TC filter names start with this; `vtap --cleanup` looks for it
+COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malformed", "cloned_bytes",
+            "cloned_segs", "oversize")
 
 
-def parse_watch_list(cidrs):
-    """CIDR strings -> ip_network objects; a clear error for the first bad one.
+def parse_watch_list(cidrs, where=None):
+    """CIDR strings -> ip_network objects, duplicates dropped; a clear error for
+    the first bad one (`where(i)` names entry i, e.g. a file and line).
 
-    >>> parse_watch_list(["198.18.0.0/24", "2001:2::1"])
+    >>> parse_watch_list(["198.18.0.0/24", "2001:2::1", "198.18.0.0/24"])
     [IPv4Network('198.18.0.0/24'), IPv6Network('2001:2::1/128')]
     """
-    nets = []
-    for text in cidrs:
+    nets = {}
+    for i, text in enumerate(cidrs):
+        if isinstance(text, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+            nets.setdefault(text, None)  # parsed already (read_watch_file)
+            continue
+        at = f"{where(i)}: " if where else ""
         try:
-            nets.append(ipaddress.ip_network(text.strip(), strict=True))
+            net = ipaddress.ip_network(text.strip(), strict=True)
         except ValueError as e:
             if "has host bits set" in str(e):
                 fixed = ipaddress.ip_network(text.strip(), strict=False)
-                raise BpfError(f"bad CIDR {text!r}: host bits set (did you mean {fixed}?)") from None
-            raise BpfError(f"bad CIDR {text!r}: not an IPv4 or IPv6 address or network") from None
-    return nets
+                raise InputError(f"{at}bad CIDR {text!r}: host bits set (did you mean {fixed}?)") from None
+            raise InputError(f"{at}bad CIDR {text!r}: not an IPv4 or IPv6 address or network") from None
+        nets.setdefault(net, None)
+    return list(nets)
+
+
+def read_watch_file(path):
+    """A watch-list file: one CIDR per line; `#` starts a comment; blank lines are
+    skipped. "-" reads standard input."""
+    import sys
+    try:
+        f = sys.stdin if path == "-" else open(path)
+    except OSError as e:
+        raise InputError(f"cannot read watch-list file {path}: {e.strerror}") from None
+    with f:
+        entries, lines = [], []
+        for n, line in enumerate(f, 1):
+            text = line.split("#", 1)[0].strip()
+            if text:
+                entries.append(text)
+                lines.append(n)
+    name = "standard input" if path == "-" else path
+    return parse_watch_list(entries, where=lambda i: f"{name} line {lines[i]}")
+
+
+def per_family(nets):
+    return {v: sum(n.version == v for n in nets) for v in (4, 6)}
+
+
+def slot_of(ifindex):
+    return ifindex & (IF_SLOTS - 1)
+
+
+@dataclass
+class Health:
+    """What changed outside the vTAP since it attached (TcMirror.health())."""
+    missing: list          # [(TcFilter, why)] of our filters that are gone
+    monitor: str           # "up", "down", "gone", or "renewed" (deleted and made again; followed)
+    monitor_mtu: int
 
 
 class TcMirror(BpfProgram):
@@ -59,11 +110,20 @@ class TcMirror(BpfProgram):
     FUNCTION = "tc_mirror"
 
     def __init__(self, monitor, watch=None, match="any", sample=1, netns=None,
-                 watch_max=1024, clone="action", source=None, cflags=()):
+                 watch_max=None, clone="action", source=None, cflags=()):
         if match not in MATCH_MODES:
-            raise BpfError(f"unknown match mode {match!r} (src, dst or any)")
+            raise InputError(f"unknown match mode {match!r} (src, dst or any)")
         if clone not in CLONE_MODES:
-            raise BpfError(f"unknown clone mode {clone!r} (action or helper)")
+            raise InputError(f"unknown clone mode {clone!r} (action or helper)")
+        self._check_sample(sample)
+        nets = parse_watch_list(watch) if watch is not None else None  # None: mirror everything
+        counts = per_family(nets or [])
+        if watch_max is None:  # room for the list given, and at least the default
+            watch_max = max(WATCH_MAX_DEFAULT, *counts.values())
+        if not isinstance(watch_max, int) or watch_max < 1:
+            raise InputError(f"watch_max must be a positive number of entries, not {watch_max!r}")
+        self.watch_max = watch_max
+        self._check_watch_size(counts)
         src, dst = MATCH_MODES[match]
         super().__init__([f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}",
                           f"-DVTAP_WATCH_MAX={watch_max}",
@@ -71,14 +131,25 @@ class TcMirror(BpfProgram):
         self.netns = netns
         self.match = match
         self.clone = clone
-        self._action_failed = 0  # mirred failures of filters detached since the last reset
-        self.watch_max = watch_max
-        self._watch = parse_watch_list(watch) if watch is not None else None  # None: mirror everything
-        self._check_sample(sample)
+        self._watch = nets
         self._sample = sample
         self._monitor = None
         self._monitor_ifindex = 0
+        self._monitor_mtu = 0
+        self._reset_bookkeeping()
         self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
+
+    def _reset_bookkeeping(self):
+        self._kept_failed = defaultdict(int)  # slot -> mirred failures of filters detached since the reset
+        self._ledger = {}                     # slot -> what the failures took from cloned_bytes/_segs
+        self._slot_names = defaultdict(list)  # slot -> names of the interfaces tapped since the reset
+        for f in self.tc_filters:
+            self._note_slot(f)
+
+    def _note_slot(self, f):
+        names = self._slot_names[slot_of(f.ifindex)]
+        if f.ifname not in names:
+            names.append(f.ifname)
 
     # --- configuration (live) -------------------------------------------------
     @property
@@ -87,23 +158,36 @@ class TcMirror(BpfProgram):
 
     @monitor.setter
     def monitor(self, ifname):
-        with tc.ipr(self.netns) as ip:
-            self._monitor_ifindex = tc.ifindex_of(ip, ifname, self.netns)
-        if any(f.ifname == ifname for f in self.tc_filters):
-            raise BpfError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
-        self._monitor = ifname
+        """Point the copies at another interface. Checked before anything changes:
+        a refused monitor leaves the old one in place."""
+        with netdev.ipr(self.netns) as ip:
+            ifindex = netdev.ifindex_of(ip, ifname, self.netns)
+            path = netdev.copy_path(ip, ifindex)
+            mtu = netdev.device(ip, ifindex).mtu
+        for f in self.tc_filters:
+            why = (f"{ifname} is a tapped interface (its own clones would loop)" if f.ifindex == ifindex else
+                   self._loops(f.ifindex, (f.direction,), path, ifname))
+            if why:
+                raise InputError(f"monitor {ifname} refused: {f.ifname} {f.direction}: {why}")
+        self._monitor, self._monitor_ifindex, self._monitor_mtu = ifname, ifindex, mtu
         if self.bpf is not None:
             self._write_config()
-        if self.clone == "action":
-            fd = self.load(self.FUNCTION, "SCHED_CLS").fd if self.tc_filters else None
+        if self.clone == "action" and self.tc_filters:
+            fd = self.load(self.FUNCTION, "SCHED_CLS").fd
             for f in self.tc_filters:
                 self._keep_action_failures(f)  # the replaced filter brings a new action, counting from 0
-                tc.retarget(f, fd, self._monitor_ifindex)
+                tc.retarget(f, fd, ifindex)
 
     @staticmethod
     def _check_sample(n):
-        if not isinstance(n, int) or n < 1:
-            raise BpfError(f"sample rate must be an integer >= 1 (1 = every packet), not {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= SAMPLE_MAX:
+            raise InputError(f"sample rate must be an integer from 1 (every packet) to {SAMPLE_MAX}, not {n!r}")
+
+    def _check_watch_size(self, counts):
+        for version, n in counts.items():
+            if n > self.watch_max:
+                raise InputError(f"the watch-list has {n} IPv{version} entries, more than the {self.watch_max} "
+                                 f"it has room for (watch_max, vtap --watch-max)")
 
     def set_sample(self, n: int):
         """Keep 1 in n matched packets (chosen at random per packet)."""
@@ -114,25 +198,24 @@ class TcMirror(BpfProgram):
 
     def set_watch(self, cidrs):
         """Replace the watch-list; None mirrors everything, [] mirrors nothing.
-        New entries go in before old ones leave, so a prefix kept across the change
-        is never unwatched for a moment."""
+        Ordered so that nothing watched before and after is unwatched for a moment:
+        new entries go in before old ones leave, and mirror-all is switched on
+        before the entries go (and off only after the new ones are in)."""
         nets = parse_watch_list(cidrs) if cidrs is not None else None
-        for version in (4, 6):
-            if nets is not None and sum(n.version == version for n in nets) > self.watch_max:
-                raise BpfError(f"watch-list has more than {self.watch_max} IPv{version} entries")
+        self._check_watch_size(per_family(nets or []))
         old = self._watch or []
         self._watch = nets
         if self.bpf is None:
             return
-        for n in nets or []:
-            self._trie(n)[self._key(n)] = ctypes.c_uint8(1)
+        self._insert(nets or [])
+        self._write_config()
+        keep = set(nets or [])
         for n in old:
-            if nets is None or n not in nets:
+            if n not in keep:
                 try:
                     del self._trie(n)[self._key(n)]
                 except KeyError:
                     pass
-        self._write_config()
 
     @property
     def watch(self):
@@ -145,8 +228,14 @@ class TcMirror(BpfProgram):
     def _trie(self, net):
         return self.table("watch_v4" if net.version == 4 else "watch_v6")
 
-    def _key(self, net):
-        table = self._trie(net)
+    def _insert(self, nets):
+        tries = {4: self.table("watch_v4"), 6: self.table("watch_v6")}
+        one = ctypes.c_uint8(1)
+        for n in nets:
+            tries[n.version][self._key(n, tries[n.version])] = one
+
+    def _key(self, net, table=None):
+        table = self._trie(net) if table is None else table
         key = table.Key()
         key.prefixlen = net.prefixlen
         packed = net.network_address.packed
@@ -164,66 +253,81 @@ class TcMirror(BpfProgram):
         value.sample_rate = n
         value.sample_threshold = (1 << 32) // n if n > 1 else 0xFFFFFFFF
         value.flags = VTAP_F_MIRROR_ALL if self._watch is None else 0
+        value.monitor_mtu = self._monitor_mtu
         table[table.Key(0)] = value
 
     # --- attach / detach --------------------------------------------------------
+    def maps_created(self):
+        """The maps exist from the first compile, whatever caused it (a load, a
+        counter read): fill them now, so the program never runs on empty ones.
+        After that set_watch()/set_sample()/monitor keep them current."""
+        self._insert(self._watch or [])
+        self._write_config()
+
     def load_program(self):
-        """Compile, fill the maps and pass the verifier, before touching any hook.
-        The maps are filled once, when the program is first compiled; after that
-        set_watch()/set_sample()/monitor keep them current."""
-        if self.bpf is None:
-            self.compile()
-            for n in self._watch or []:
-                self._trie(n)[self._key(n)] = ctypes.c_uint8(1)
-            self._write_config()
+        """Compile, fill the maps and pass the verifier, before touching any hook."""
         return self.load(self.FUNCTION, "SCHED_CLS")
 
-    def loop_peers(self):
-        """Interfaces whose traffic includes our own clones: the far end of the
-        monitor's veth pair when it is in this namespace too. Tapping it would clone
-        the clones, a loop that runs at full speed until detached."""
-        with tc.ipr(self.netns) as ip:
-            return self._loop_peers(ip)
+    def _loops(self, ifindex, directions, path, monitor):
+        """Why tapping ifindex in these directions would copy our own copies, or None."""
+        for d in directions:
+            why = path.get((ifindex, d))
+            if why:
+                return f"{'it' if why == 'the monitor itself' else 'its ' + d} carries the copies to monitor " \
+                       f"{monitor} ({why}): they would be copied again"
+        return None
 
-    def _loop_peers(self, ip):
-        link = ip.get_links(self._monitor_ifindex)[0]
-        info = link.get_attr("IFLA_LINKINFO")
-        kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
-        peer = link.get_attr("IFLA_LINK")
-        if kind != "veth" or not peer or link.get_attr("IFLA_LINK_NETNSID") is not None:
-            return set()
-        found = ip.get_links(peer)
-        return {found[0].get_attr("IFLA_IFNAME")} if found else set()
+    def loop_reason(self, ifname, direction="both"):
+        """Why tapping ifname would copy the copies (its hook is on their way out
+        of the monitor, see netdev.copy_path), or None when it is safe. The
+        monitor itself is refused in any direction."""
+        directions = tc.DIRECTIONS if direction == "both" else (direction,)
+        with netdev.ipr(self.netns) as ip:
+            ifindex = netdev.ifindex_of(ip, ifname, self.netns)
+            path = netdev.copy_path(ip, self._monitor_ifindex)
+        if ifindex == self._monitor_ifindex:
+            return f"it is the monitor {self._monitor}: its own copies would loop"
+        return self._loops(ifindex, directions, path, self._monitor)
 
-    def monitor_is_up(self):
-        with tc.ipr(self.netns) as ip:
-            found = ip.get_links(self._monitor_ifindex)
-            return bool(found) and bool(found[0]["flags"] & 1)  # IFF_UP
-
-    def check_iface(self, ifname):
+    def check_iface(self, ifname, direction="ingress"):
         """Fail now, before anything is attached, if ifname cannot be tapped."""
+        if direction not in (*tc.DIRECTIONS, "both"):
+            raise InputError(f"unknown direction {direction!r} (ingress, egress or both)")
         if ifname == self._monitor:
-            raise BpfError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
-        with tc.ipr(self.netns) as ip:
-            tc.ifindex_of(ip, ifname, self.netns)
-            looping = ifname in self._loop_peers(ip)
-        if looping:
-            raise BpfError(f"{ifname} is the other end of monitor {self._monitor}'s veth pair: "
-                           "the clones would come back in and be cloned again")
+            raise InputError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
+        why = self.loop_reason(ifname, direction)
+        if why:
+            raise InputError(f"cannot tap {ifname} {direction}: {why}")
+
+    def default_interfaces(self, direction="ingress"):
+        """What to tap when nobody says: every UP interface of the namespace but
+        lo and those whose hooks carry the copies. Returns (names, {skipped name: why})."""
+        directions = tc.DIRECTIONS if direction == "both" else (direction,)
+        with netdev.ipr(self.netns) as ip:
+            path = netdev.copy_path(ip, self._monitor_ifindex)
+            devs = netdev.devices(ip)
+        chosen, skipped = [], {}
+        for dev in sorted(devs.values(), key=lambda d: d.name):
+            if not dev.up or dev.name == "lo" or dev.index == self._monitor_ifindex:
+                continue
+            why = self._loops(dev.index, directions, path, self._monitor)
+            if why:
+                skipped[dev.name] = why
+            else:
+                chosen.append(dev.name)
+        return chosen, skipped
 
     def attach(self, ifname, direction="ingress"):
         """Tap one interface; direction is ingress, egress or both."""
-        self.check_iface(ifname)
+        self.check_iface(ifname, direction)
         directions = tc.DIRECTIONS if direction == "both" else (direction,)
-        for d in directions:
-            if d not in tc.DIRECTIONS:
-                raise BpfError(f"unknown direction {direction!r} (ingress, egress or both)")
         self.load_program()
         done = []
         try:
             for d in directions:
                 done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER,
                                            self._monitor_ifindex if self.clone == "action" else 0))
+                self._note_slot(done[-1])
         except (AttachError, NetlinkError):
             for f in done:
                 self.detach_tc(f)
@@ -233,6 +337,8 @@ class TcMirror(BpfProgram):
     def attach_many(self, ifnames, direction="ingress"):
         """Tap several interfaces, all or nothing: on any failure, what was
         attached by this call is detached again before the error is raised."""
+        for ifname in ifnames:  # every name checked before anything is attached
+            self.check_iface(ifname, direction)
         done = []
         try:
             for ifname in ifnames:
@@ -250,24 +356,103 @@ class TcMirror(BpfProgram):
     def _keep_action_failures(self, f):
         """Before a filter's mirred action goes away, keep what it failed to copy."""
         if f.mirror_ifindex:
-            self._action_failed += tc.action_stats(f)["failed"] - f.failed_base
+            self._kept_failed[slot_of(f.ifindex)] += max(0, tc.action_stats(f)["failed"] - f.failed_base)
             f.failed_base = 0
+
+    def other_taps(self):
+        """vTAP filters of other instances on the hooks we tapped, live or left by
+        a killed one: each copies what it matches once more (tc.Found; .live, .pids,
+        .entry.mirror_ifindex)."""
+        ours = {f.prog_id for f in self.tc_filters}
+        hooks = {(f.ifindex, f.direction) for f in self.tc_filters}
+        found = []
+        for ifindex in sorted({i for i, _ in hooks}):
+            found += [o for o in tc.owned(FILTER_OWNER, self.netns, ifindex)
+                      if (o.ifindex, o.direction) in hooks and o.entry.prog_id not in ours]
+        return found
+
+    # --- what changed outside ------------------------------------------------------
+    def health(self) -> Health:
+        """Filters of ours that are gone, and the monitor's state. Keeps the
+        program's copy of the monitor's MTU current, and follows a monitor that was
+        deleted and made again under the same name (state "renewed")."""
+        missing = []
+        with netdev.ipr(self.netns) as ip:
+            devs = netdev.devices(ip)
+            by_name = {d.name: d for d in devs.values()}
+        for f in self.tc_filters:
+            if tc.find(f) is None:
+                why = (f"{f.ifname} was deleted" if f.ifindex not in devs else
+                       "its filter was removed from outside (vtap --cleanup --all, tc filter del)")
+                missing.append((f, why))
+        mon = devs.get(self._monitor_ifindex)
+        if mon is None:
+            again = by_name.get(self._monitor)
+            if again is None:
+                return Health(missing, "gone", self._monitor_mtu)
+            try:
+                self.monitor = self._monitor  # the new device: retarget to its ifindex
+            except (InputError, AttachError):
+                return Health(missing, "gone", self._monitor_mtu)
+            return Health(missing, "renewed", self._monitor_mtu)
+        if mon.mtu != self._monitor_mtu:
+            self._monitor_mtu = mon.mtu
+            self._write_config()
+        return Health(missing, "up" if mon.up else "down", mon.mtu)
 
     # --- counters ---------------------------------------------------------------
     def counters(self) -> dict:
-        """Totals over all CPUs since load (or the last reset). On the action
-        path the program counts what it handed to mirred as cloned; the copies
-        mirred could not send are moved to failed here."""
-        c = self.percpu_totals("stats")
-        if self.clone == "action":
-            failed = self._action_failed + sum(tc.action_stats(f)["failed"] - f.failed_base
-                                               for f in self.tc_filters)
-            c["cloned"] -= failed
-            c["failed"] += failed
-        return c
+        """Totals over all CPUs and interfaces since load (or the last reset)."""
+        return self.snapshot()[0]
+
+    def counters_by_interface(self) -> dict:
+        """{interface name: counters}; interfaces whose index falls in the same
+        counter slot share a row named "a+b"."""
+        return self.snapshot()[1]
+
+    def snapshot(self):
+        """(totals, {interface: counters}) read together.
+
+        On the action path the program counts what it hands to mirred as cloned,
+        and each filter's mirred action counts its refusals; those are moved from
+        cloned to failed here. Their bytes and wire packets leave cloned_bytes and
+        cloned_segs too: exactly when every copy handed over between two reads
+        failed (or none did), and at that interval's mean size when only some did."""
+        failed = defaultdict(int, self._kept_failed)
+        if self.clone == "action":  # read before the program's counters: a failure never runs ahead of its copy
+            for f in self.tc_filters:
+                failed[slot_of(f.ifindex)] += max(0, tc.action_stats(f)["failed"] - f.failed_base)
+        rows = {}
+        for slot, names in self._slot_names.items():
+            c = self.percpu_totals("stats", slot)
+            if self.clone == "action":
+                self._move_failures(slot, c, failed[slot])
+            rows["+".join(names)] = c
+        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+        return totals, rows
+
+    def _move_failures(self, slot, c, failed):
+        led = self._ledger.setdefault(slot, {"handed": 0, "bytes": 0, "segs": 0, "failed": 0,
+                                             "failed_bytes": 0, "failed_segs": 0})
+        new_failed, handed = failed - led["failed"], c["cloned"] - led["handed"]
+        if new_failed > 0 and c["cloned"]:
+            if handed > 0:  # the failures came from this interval's copies
+                share = min(new_failed, handed) / handed
+                led["failed_bytes"] += round((c["cloned_bytes"] - led["bytes"]) * share)
+                led["failed_segs"] += round((c["cloned_segs"] - led["segs"]) * share)
+            else:           # copies handed before the last read: at the mean size so far
+                led["failed_bytes"] += round(c["cloned_bytes"] / c["cloned"] * new_failed)
+                led["failed_segs"] += round(c["cloned_segs"] / c["cloned"] * new_failed)
+        led.update(handed=c["cloned"], bytes=c["cloned_bytes"], segs=c["cloned_segs"], failed=failed)
+        c["cloned"] -= failed
+        c["failed"] += failed
+        c["cloned_bytes"] = max(0, c["cloned_bytes"] - led["failed_bytes"])
+        c["cloned_segs"] = max(0, c["cloned_segs"] - led["failed_segs"])
 
     def reset_counters(self):
-        self.zero_percpu("stats")
-        self._action_failed = 0
+        if self.bpf is not None:  # before the first compile, the maps are zero anyway
+            for slot in self._slot_names:
+                self.zero_percpu("stats", slot)
         for f in self.tc_filters:
             f.failed_base = tc.action_stats(f)["failed"] if f.mirror_ifindex else 0
+        self._reset_bookkeeping()

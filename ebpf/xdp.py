@@ -1,7 +1,8 @@
 """XDP hooks through netlink (pyroute2), and BPF_PROG_TEST_RUN through libbpf.
 
 attach() refuses to replace a program somebody else put on the device
-(XDP_FLAGS_UPDATE_IF_NOEXIST), so the lab can never silently unhook a foreign
+(XDP_FLAGS_UPDATE_IF_NOEXIST), and detach() removes a program only while it is
+still ours (XDP_FLAGS_REPLACE), so the lab can never silently unhook a foreign
 XDP program. Modes: "native" (the driver hook; veth has one) or "generic" (the
 skb hook every device has, after the skb is built, so it costs more).
 
@@ -14,17 +15,21 @@ namespace, so callers enter the namespace first.
 
 import ctypes
 import ctypes.util
+import errno
 import os
 from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import AttachError, BpfError
+from .errors import AttachError, BpfError, NoSuchNamespace
+from .holders import prog_id
 from . import tc
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
+XDP_FLAGS_REPLACE = 1 << 4  # with IFLA_XDP_EXPECTED_FD: change the hook only if that program is on it (5.7+)
 MODES = {"generic": 1 << 1, "native": 1 << 2}
 ATTACHED_MODE = {"native": "xdp", "generic": "xdpgeneric"}  # IFLA_XDP_ATTACHED as pyroute2 names it
+PROG_ID_ATTR = {"native": "IFLA_XDP_DRV_PROG_ID", "generic": "IFLA_XDP_SKB_PROG_ID"}
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
 
 
@@ -65,18 +70,44 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
     return XdpAttachment(netns, ifname, ifindex, mode, prog_fd)
 
 
-def detach(a: XdpAttachment):
-    """Remove our program; quietly done if the device or its namespace is gone."""
+def attached_prog_id(ip, ifindex, mode) -> int:
+    """The id of the program on one mode's hook of a device, 0 when none."""
+    xdp = ip.get_links(ifindex)[0].get_attr("IFLA_XDP")
+    return (xdp.get_attr(PROG_ID_ATTR[mode]) if xdp else None) or 0
+
+
+def detach(a: XdpAttachment) -> bool:
+    """Remove our program, and only ours. Returns True when it removed it.
+
+    The kernel compares and removes in one step (XDP_FLAGS_REPLACE with
+    IFLA_XDP_EXPECTED_FD = our program's fd), so a program somebody else put on
+    the hook since (after detaching ours, say) stays attached. detach() then
+    returns False without a warning: what it promises, that our program is off
+    the hook, already holds, and the other program is its owner's to remove.
+    Also False, quietly, when the device or its namespace is gone: our program
+    went with it.
+    """
     try:
         with tc.ipr(a.netns) as ip:
             if not ip.link_lookup(index=a.ifindex):
-                return  # the device is gone, and our program with it
-            ip.link("set", index=a.ifindex, xdp={"attrs": [
-                ("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", MODES[a.mode])]})
-    except FileNotFoundError:
-        return  # the namespace is gone, and everything in it
+                return False  # the device is gone, and our program with it
+            try:
+                ip.link("set", index=a.ifindex, xdp={"attrs": [
+                    ("IFLA_XDP_FD", -1), ("IFLA_XDP_EXPECTED_FD", a.prog_fd),
+                    ("IFLA_XDP_FLAGS", MODES[a.mode] | XDP_FLAGS_REPLACE)]})
+            except NetlinkError as e:
+                # EEXIST: another program (or none) is on the hook; EBUSY: a bpf_link
+                # holds it. Both also have rarer causes, so look before calling it not ours.
+                if e.code in (errno.EEXIST, errno.EBUSY) and \
+                        attached_prog_id(ip, a.ifindex, a.mode) != prog_id(a.prog_fd):
+                    return False
+                raise
+    except (FileNotFoundError, NoSuchNamespace):
+        return False  # the namespace is gone, and everything in it
     except NetlinkError as e:
-        raise AttachError(f"detaching XDP from {a.where}: {os.strerror(e.code)}") from None
+        reason = e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
+        raise AttachError(f"detaching XDP from {a.where}: {reason}") from None
+    return True
 
 
 # --- BPF_PROG_TEST_RUN ------------------------------------------------------

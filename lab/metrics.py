@@ -41,7 +41,14 @@ CPU_COLUMNS = ["usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", 
 _STAT_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"]
 USER_HZ = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent
+IN_CHECKOUT = (REPO / "pyproject.toml").exists()  # False for an installed wheel (site-packages)
 RESULTS_DIR = REPO / "datasets" / "results"
+
+
+def results_dir() -> Path:
+    """Where results go without --out: the checkout's datasets/results, or, for an
+    installed package, datasets/results under the current directory."""
+    return RESULTS_DIR if IN_CHECKOUT else Path.cwd() / "datasets" / "results"
 
 
 def read_proc_stat(path="/proc/stat") -> dict:
@@ -259,7 +266,7 @@ def machine_metadata() -> dict:
 def write_results(df: pd.DataFrame, name: str, params: dict, out_dir=None, extra=None) -> Path:
     """Write df as <out_dir>/<name>-<UTC time>.csv beside a .json sidecar holding
     the machine metadata and the exact parameters. Returns the CSV path."""
-    out = Path(out_dir) if out_dir else RESULTS_DIR
+    out = Path(out_dir) if out_dir else results_dir()
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = out / f"{name}-{stamp}.csv"

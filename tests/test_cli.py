@@ -1,6 +1,7 @@
 """`python -m vtap` as a user runs it: inside a namespace, with real signals."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from ebpf import tc
 from lab.demo import start_vtap, stop_vtap
 from lab.traffic import Flow
+import time
 from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, invariant, run_flows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,24 +55,116 @@ def test_signals_detach(tb1, sig):
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
 
+def test_a_signal_at_any_moment_is_a_clean_stop(tb1):
+    """A signal lands wherever the program is: in a sleep, or half-way through a
+    netlink call (at --interval 0.01 it is mostly the latter). Before, the
+    handler raised right there, and pyroute2, interrupted while building an event
+    loop, left "Exception ignored ... _UnixSelectorEventLoop" on stderr."""
+    before = tc.hook_snapshot(tb1.ns("receiver"))
+    for i, sig in enumerate([signal.SIGINT, signal.SIGTERM, signal.SIGHUP] * 3):
+        proc = start_vtap(tb1, ["--interval", "0.01"])
+        time.sleep(0.01 * i)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0 and err == "", (sig, err)
+        assert json.loads(out.splitlines()[-1])["event"] == "final"
+        assert tc.hook_snapshot(tb1.ns("receiver")) == before
+
+
 @pytest.mark.parametrize("args, message", [
     (["--monitor", "mon0", "--iface", "eth9"], "no interface named 'eth9'"),
     (["--monitor", "mon9"], "no interface named 'mon9'"),
     (["--monitor", "mon0", "--iface", "mon0"], "monitor mon0 is also a tapped interface"),
     (["--monitor", "mon0", "--watch", "198.18.1.300/32"], "bad CIDR '198.18.1.300/32'"),
     (["--monitor", "mon0", "--watch", "198.18.1.1/24"], "host bits set (did you mean 198.18.1.0/24?)"),
-    (["--monitor", "mon0", "--sample", "0"], "--sample must be >= 1"),
+    (["--monitor", "mon0", "--sample", "0"], "--sample must be from 1 (every matched packet) to 4294967295, not 0"),
+    (["--monitor", "mon0", "--sample", "4294967296"], "--sample must be from 1"),  # wrapped to 0: mirrored all
     (["--monitor", "mon0", "--direction", "sideways"], "--direction must be ingress, egress or both"),
     (["--monitor", "mon0", "--match", "both"], "--match must be src, dst or any"),
     (["--iface", "eth0"], "--monitor is required"),
+    (["--monitor", "mon0", "--watch-file", "/nonexistent/hosts.txt"],
+     "cannot read watch-list file /nonexistent/hosts.txt: No such file or directory"),
+    (["--monitor", "mon0", "--watch", "198.18.1.0/24", "--watch", "198.18.2.0/24", "--watch-max", "1"],
+     "the watch-list has 2 IPv4 entries, more than the 1 it has room for"),
+    (["--monitor", "mon0", "--watch-max", "0"], "--watch-max must be at least 1"),
+    (["--all"], "--all goes with --cleanup"),
+    (["--monitor", "mon0", "--sample", "x"], "argument --sample: invalid int value: 'x'"),
 ])
-def test_bad_input_is_one_line_and_attaches_nothing(tb1, args, message):
+def test_bad_input_is_one_line_exit_2_and_attaches_nothing(tb1, args, message):
+    """Everything wrong with the command as given exits 2 (argparse's rule too)."""
     before = tc.hook_snapshot(tb1.ns("receiver"))
     r = vtap(tb1, *args)
-    assert r.returncode != 0
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("vtap: error: "), r.stderr
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("usage:") and not ln.startswith("  ")]
+    assert len(lines) == 1 and (lines[0].startswith("vtap: error: ")), r.stderr
     assert message in r.stderr
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
+
+
+def test_watch_file_with_comments_and_a_bad_line(tb1, tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"# watched hosts\n\n{WATCHED_SRC4}/32   # the sender's watched address\n198.18.1.0/33\n")
+    r = vtap(tb1, "--monitor", "mon0", "--watch-file", str(hosts))
+    assert r.returncode == 2
+    assert r.stderr == f"vtap: error: {hosts} line 4: bad CIDR '198.18.1.0/33': not an IPv4 or IPv6 address or network\n"
+
+
+def test_watch_file_of_100000_entries_mirrors_exactly(tb1, tmp_path):
+    """Past the default room of 1024 (a traceback before): a file of 100,000 /32s
+    and /128s, the watched source among them, sized to fit without --watch-max."""
+    import ipaddress
+    base4 = int(ipaddress.ip_address("198.19.0.0"))
+    lines = [f"{ipaddress.ip_address(base4 + i)}/32" for i in range(60_000)]
+    lines += [f"2001:2:ff::{i:x}/128" for i in range(40_000)]
+    lines.insert(31_337, f"{WATCHED_SRC4}/32")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# a big watch-list\n" + "\n".join(lines) + "\n")
+    proc = start_vtap(tb1, ["--watch-file", str(hosts), "--interval", "0.5"], timeout=120)
+    _, rx, mon = run_flows(tb1, [Flow("w", WATCHED_SRC4, RX4, count=400), Flow("u", UNWATCHED_SRC4, RX4, count=400)])
+    final = stop_vtap(proc)
+    assert dict(mon) == {"w": 400} and rx["u"] == 400 and final["cloned"] == 400
+
+
+def test_output_closed_early_detaches_quietly(tb1):
+    """`vtap | head -n 3`: no BrokenPipe traceback, exit 0, nothing left attached."""
+    before = tc.hook_snapshot(tb1.ns("receiver"))
+    cmd = f"set -o pipefail; {sys.executable} -m vtap --monitor mon0 --iface eth0 --interval 0.1 | head -n 3"
+    r = tb1.topo.run(tb1.tap_host, ["bash", "-c", cmd], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and len(r.stdout.splitlines()) == 3
+    assert tc.hook_snapshot(tb1.ns("receiver")) == before
+
+
+def test_table_shows_every_counter_per_interface_and_run_averages(tb2):
+    """Two tapped interfaces: a row each and an `all` row; sampled_out, non_ip and
+    malformed are shown; the final rows' rates are averages over the whole run,
+    not the last interval's (which saw no traffic here)."""
+    proc = tb2.topo.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
+                                      "--iface", "eth1", "--watch", f"{WATCHED_SRC4}/32", "--match", "src", "--sample", "2",
+                                      "--interval", "0.5"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("vtap: tapping eth0, eth1 (ingress) -> mon0")
+    t0 = time.monotonic()
+    run_flows(tb2, [Flow("w", WATCHED_SRC4, RX4, count=1000)])
+    time.sleep(1.2)  # at least two intervals without traffic
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    head = lines[0].split()
+    assert head[:2] == ["TIME", "IFACE"] and {"SAMPLED", "NON-IP", "MALFORMED", "OVERSIZE"} <= set(head)
+    final_head = max(i for i, ln in enumerate(lines) if ln.startswith("SUMMARY"))
+    rows = {ln.split()[1]: ln.split() for ln in lines[final_head + 1:]}
+    assert set(rows) == {"eth0", "eth1", "all"} and all(r[0] == "total" for r in rows.values())
+    col = {name: i for i, name in enumerate(lines[final_head].split())}
+    eth0, eth1, total = rows["eth0"], rows["eth1"], rows["all"]
+    # eth1 ingress sees only the receiver's ICMP errors, which are not from the watched source
+    assert int(eth0[col["SEEN"]]) == 1000 and int(eth1[col["MATCHED"]]) == 0
+    assert int(total[col["SEEN"]]) == int(eth0[col["SEEN"]]) + int(eth1[col["SEEN"]])
+    assert int(total[col["MATCHED"]]) == 1000
+    assert int(total[col["CLONED"]]) + int(total[col["SAMPLED"]]) == 1000 and int(total[col["SAMPLED"]]) > 0
+    assert 1000 / elapsed * 0.7 <= float(total[col["SEEN/s"]]) <= 1000 / 1.2  # an average, not the last interval's 0
 
 
 def test_monitor_veth_peer_is_refused():
@@ -83,7 +177,7 @@ def test_monitor_veth_peer_is_refused():
         t.run("h", ["ip", "link", "set", "mon0p", "up"])
         r = t.run("h", [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "mon0p"],
                   check=False, capture_output=True, text=True)
-        assert r.returncode == 1 and "other end of monitor mon0's veth pair" in r.stderr
+        assert r.returncode == 2 and "(the other end of mon0's veth pair): they would be copied again" in r.stderr
         r = t.run("h", [sys.executable, "-m", "vtap", "--monitor", "mon0"], check=False, capture_output=True, text=True)
         assert r.returncode == 2 and "no interface to tap" in r.stderr  # the default skips the peer
 
@@ -102,12 +196,43 @@ def test_verifier_rejection_shows_the_verifiers_line(tb1, tmp_path):
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
 
-def test_not_root(tb1):
-    r = tb1.topo.run(tb1.tap_host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                    sys.executable, "-m", "vtap", "--monitor", "mon0"],
+ROOT_ERROR = "vtap: error: must run as root (loading BPF programs and changing TC hooks needs CAP_BPF and " \
+             "CAP_NET_ADMIN, which root has; this process lacks CAP_BPF and CAP_NET_ADMIN)\n"
+
+
+def test_not_root_as_a_normal_user(tb1):
+    """A normal user with a checkout of their own. uid 65534 cannot read this
+    checkout if it lives under a private directory (a 0700 home, mktemp -d), so
+    it gets a world-readable copy of the two packages the check needs, and the
+    system Python: the check runs before anything heavier is imported."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="vtl-nonroot-") as tmp:
+        os.chmod(tmp, 0o755)
+        for pkg in ("vtap", "ebpf"):
+            shutil.copytree(ROOT / pkg, Path(tmp) / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        r = tb1.topo.run(tb1.tap_host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                        "/usr/bin/python3", "-m", "vtap", "--monitor", "mon0"],
+                         check=False, capture_output=True, text=True, cwd=tmp,
+                         env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.returncode == 2 and r.stderr == ROOT_ERROR, r.stderr
+
+
+def test_not_root_as_root_without_capabilities(tb1):
+    """uid 0 with no capabilities (a locked-down container) is refused the same
+    way, by the command line and by the Python API, before BCC trips on a map."""
+    drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+    before = tc.hook_snapshot(tb1.ns("receiver"))
+    r = tb1.topo.run(tb1.tap_host, drop + [sys.executable, "-m", "vtap", "--monitor", "mon0"],
                      check=False, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and r.stderr.strip() == (
-        "vtap: error: must run as root (loading BPF programs and changing TC hooks needs CAP_BPF and CAP_NET_ADMIN)")
+    assert r.returncode == 2 and r.stderr == ROOT_ERROR, r.stderr
+    api = ("from ebpf import TcMirror, PrivilegeError\n"
+           "try:\n    TcMirror(monitor='mon0').attach('eth0')\n"
+           "except PrivilegeError as e:\n    print('refused:', e)\n")
+    r = tb1.topo.run(tb1.tap_host, drop + [sys.executable, "-c", api], check=False, capture_output=True,
+                     text=True, cwd=ROOT)
+    assert r.stdout.startswith("refused: must run as root") and r.returncode == 0, r.stderr
+    assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
 
 def test_bcc_not_importable_says_how_to_set_up(tb1):
@@ -150,3 +275,46 @@ def test_ebpf_flag_prints_the_c_text(tb1):
     r = vtap(tb1, "--monitor", "mon0", "--match", "dst", "--ebpf")
     assert r.returncode == 0
     assert "int tc_mirror(struct __sk_buff *skb)" in r.stdout and "-DVTAP_MATCH_SRC=0" in r.stdout
+
+
+@pytest.mark.parametrize("clone", ["action", "helper"])
+def test_monitor_deleted_and_made_again_while_running(tb1, clone):
+    """Deleted: said once, and the copies count as failed. Made again under its
+    name: said, and the copies go to the new device."""
+    from lab.traffic import Capture, Marker, build, send_frames
+    proc = start_vtap(tb1, ["--interval", "0.1", "--watch", f"{WATCHED_SRC4}/32", "--clone", clone])
+    marker = Marker()
+
+    def send(name):
+        frames = build([Flow(name, WATCHED_SRC4, RX4, count=300)], marker, tb1.sender_mac, tb1.next_hop_mac)
+        with Capture(tb1.ns("monitor"), "eth0", marker) as mon:
+            send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+        return mon.counts[name]
+
+    tb1.topo.run("receiver", ["ip", "link", "del", "mon0"])  # its peer, the monitor's eth0, goes too
+    tb1.topo.run("receiver", ["ip", "link", "add", "spare", "type", "veth", "peer", "name", "eth0", "netns",
+                              tb1.ns("monitor")])  # so that the capture has an eth0 to open
+    time.sleep(0.5)
+    assert send("gone") == 0
+    tb1.topo.run("receiver", ["ip", "link", "del", "spare"])
+    tb1.topo.run("receiver", ["ip", "link", "add", "mon0", "type", "veth", "peer", "name", "eth0", "netns",
+                              tb1.ns("monitor")])
+    tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "up"])
+    tb1.topo.run("monitor", ["ip", "link", "set", "eth0", "up"])
+    time.sleep(0.5)
+    arrived = send("back")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    final = json.loads(out.splitlines()[-1])
+    assert "vtap: warning: monitor mon0 was deleted: copies fail (counted as failed)" in err
+    assert "vtap: warning: monitor mon0 was made again: copies go to the new mon0" in err
+    assert arrived == 300 and final["failed"] == 300 and final["cloned"] == 300 and invariant(final)
+
+
+def test_monitor_down_warning_says_what_happens_to_the_copies(tb1):
+    tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "down"])
+    r = vtap(tb1, "--monitor", "mon0", "--iface", "eth0", "--duration", "0.3")
+    assert "monitor mon0 is down: its copies are refused and counted as failed" in r.stderr
+    r = vtap(tb1, "--monitor", "mon0", "--iface", "eth0", "--duration", "0.3", "--clone", "helper")
+    assert "the kernel drops the copies without an error (not counted as failed)" in r.stderr

@@ -2,7 +2,8 @@
 
 import pytest
 
-from ebpf import TcMirror
+from ebpf import InputError, TcMirror
+from ebpf import tc
 from lab import netns
 from lab.traffic import Capture, ExactFrames, Flow, Marker, build, flow_frames, send_frames
 from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_SRC4, WATCHED_SRC6,
@@ -14,6 +15,16 @@ CLONES = ["action", "helper"]  # who copies: the filter's mirred action, or bpf_
 
 def tap_for(tb, **kw):
     return TcMirror(monitor=tb.monitor_iface, netns=tb.ns(tb.tap_host), **kw)
+
+
+def kernel_prog_id(tb):
+    """The program id of the one vTAP filter on the tapped hook, as the kernel
+    reports it (TCA_BPF_ID), not as this process remembers it."""
+    with tc.ipr(tb.ns(tb.tap_host)) as ip:
+        (entry,) = [e for e in tc.entries(ip, ip.link_lookup(ifname=tb.tap_iface)[0], tc.PARENTS["ingress"])
+                    if e.name.startswith("vtap")]
+    assert entry.prog_id > 0
+    return entry.prog_id
 
 
 @pytest.mark.parametrize("clone", CLONES)
@@ -135,7 +146,7 @@ def test_live_changes_take_effect_without_reload(tb1):
     flows = [Flow("a", WATCHED_SRC4, RX4, count=N), Flow("b", UNWATCHED_SRC4, RX4, count=N)]
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
         tap.attach(tb1.tap_iface, "ingress")
-        prog_id = tap.load(tap.FUNCTION, "SCHED_CLS").fd
+        prog_id = kernel_prog_id(tb1)  # the id the kernel gives a load: a reload gets a new one
         _, _, mon = run_flows(tb1, flows)
         assert dict(mon) == {"a": N}
         tap.set_watch([f"{UNWATCHED_SRC4}/32"])
@@ -148,7 +159,7 @@ def test_live_changes_take_effect_without_reload(tb1):
         c = tap.counters()
         assert mon["a"] + mon["b"] <= 2  # 1 in a million of 1000 packets
         assert c["matched"] >= 2 * N and invariant(c)
-        assert tap.load(tap.FUNCTION, "SCHED_CLS").fd == prog_id  # same program all along
+        assert kernel_prog_id(tb1) == prog_id  # the same program all along
 
 
 @pytest.mark.parametrize("clone", CLONES)
@@ -181,19 +192,102 @@ def test_live_monitor_change(clone):
 
 
 @pytest.mark.parametrize("clone", CLONES)
-def test_clone_failure_is_counted(tb1, clone):
-    """A monitor that disappears refuses clones: counted as failed, originals pass.
-    (A monitor that is merely down takes them and drops them in its noop qdisc
-    without an error; `vtap` warns about that case when it starts.)"""
+def test_clone_failure_is_counted_with_its_bytes(tb1, clone):
+    """A monitor that disappears refuses clones: counted as failed, originals
+    pass. The copies that went out before stay in cloned and cloned_bytes; the
+    refused ones leave both (on the action path they were counted as handed over
+    first, and moved when mirred reported them)."""
+    marker = Marker()
+    size = 200
+    before = build([Flow("a", WATCHED_SRC4, RX4, count=N, size=size)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    after = build([Flow("b", WATCHED_SRC4, RX4, count=N, size=size)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        with Capture(tb1.ns("receiver"), "eth0", marker) as rx:
+            send_frames(tb1.ns("sender"), "eth0", before, rate_pps=20000)
+            c = tap.counters()
+            assert c["cloned"] == N and c["cloned_bytes"] == N * size and c["failed"] == 0
+            with netns.ipr(tb1.ns("receiver")) as ip:
+                ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
+            send_frames(tb1.ns("sender"), "eth0", after, rate_pps=20000)
+        c = tap.counters()
+    assert rx.counts["a"] == rx.counts["b"] == N
+    assert c["failed"] == N and c["cloned"] == N and c["cloned_bytes"] == N * size and invariant(c)
+
+
+@pytest.mark.parametrize("clone, failed", [("action", N), ("helper", 0)])
+def test_a_monitor_that_is_down(tb1, clone, failed):
+    """mirred checks the device: on the action path a monitor that is down refuses
+    each copy, counted as failed. bpf_clone_redirect does not: the copies are
+    queued to the down device and dropped there, and nothing counts them."""
     marker = Marker()
     frames = build([Flow("a", WATCHED_SRC4, RX4, count=N)], marker, tb1.sender_mac, tb1.next_hop_mac)
-    with tap_for(tb1, clone=clone) as tap:
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
-        with netns.ipr(tb1.ns("receiver")) as ip:
-            ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
-        tap.reset_counters()  # a stray frame (IPv6 MLD) may have been cloned before the monitor went
-        with Capture(tb1.ns("receiver"), "eth0", marker) as rx:
+        tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "down"])
+        with Capture(tb1.ns("monitor"), "eth0", marker) as mon, Capture(tb1.ns("receiver"), "eth0", marker) as rx:
             send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
         c = tap.counters()
-    assert rx.counts["a"] == N
-    assert c["failed"] >= N and c["cloned"] == 0 and invariant(c)
+        assert tap.health().monitor == "down"
+    assert rx.counts["a"] == N and mon.counts["a"] == 0
+    assert c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
+
+
+def test_counters_read_before_attach_leave_the_maps_filled(tb1):
+    """counters() and reset_counters() before attach(): the maps are filled
+    whenever they are first created, so the monitor and the watch-list are there
+    when the program runs (before, the monitor's ifindex stayed 0 for good)."""
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+        tap.table("stats")  # anything that compiles, before any attach
+        assert tap.counters()["seen"] == 0
+        tap.reset_counters()
+        tap.attach(tb1.tap_iface, "ingress")
+        _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N), Flow("u", UNWATCHED_SRC4, RX4, count=N)])
+        c = tap.counters()
+    assert dict(mon) == {"a": N} and c["cloned"] == N
+
+
+def test_watch_list_changes_leave_no_gap(tb1):
+    """Flipping between a watch-list that holds the source and mirror-all while
+    traffic flows: both mirror every frame, so the monitor must get every one.
+    (set_watch(None) used to delete the entries before switching mirror-all on.)"""
+    import threading
+    marker = Marker()
+    n = 6000
+    frames = build([Flow("a", WATCHED_SRC4, RX4, count=n)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        done = threading.Event()
+        flips = [0]
+
+        def flip():
+            while not done.is_set():
+                tap.set_watch(None)
+                tap.set_watch([f"{WATCHED_SRC4}/32", f"{UNWATCHED_SRC4}/32"])
+                tap.set_watch([f"{WATCHED_SRC4}/32"])
+                flips[0] += 1
+        t = threading.Thread(target=flip)
+        with Capture(tb1.ns("monitor"), "eth0", marker) as mon:
+            t.start()
+            try:
+                send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+            finally:
+                done.set()
+                t.join()
+    assert flips[0] > 20
+    assert mon.counts["a"] == n
+
+
+def test_sample_rate_limits(tb1):
+    with pytest.raises(InputError, match="sample rate must be an integer from 1"):
+        tap_for(tb1, sample=2 ** 32)  # a __u32 in the map: 2**32 would wrap to 0, "keep all"
+    with tap_for(tb1, sample=2 ** 32 - 1) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        _, _, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
+        c = tap.counters()
+    assert c["matched"] >= N and c["cloned"] <= 1
+
+
+def test_a_namespace_that_does_not_exist():
+    with pytest.raises(InputError, match=r"no network namespace named 'vtl-nowhere' \(/run/netns/vtl-nowhere"):
+        TcMirror(monitor="mon0", netns="vtl-nowhere")

@@ -1,7 +1,14 @@
 """vtap: mirror watched traffic to a monitor interface with an eBPF TC program.
 
-Runs in whatever network namespace it is started in; every failure detaches what
-it attached. See `python -m vtap --help` for examples.
+Runs in whatever network namespace it is started in; every exit detaches what
+it attached, and only that. See `python -m vtap --help` for examples.
+
+Exit status: 0 when it ran and was stopped (--duration, Ctrl-C, SIGTERM, SIGHUP,
+or its output closed, as by `| head`); 2 when the command as given cannot run
+(bad options or values, an unknown interface, a monitor whose copies would loop,
+a bad watch-list file, not root); 1 when it was tried and failed (BCC missing,
+the compiler or the verifier refused, a hook refused, or its filter vanished
+while it ran).
 """
 
 import argparse
@@ -9,7 +16,10 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+
+from ebpf.errors import BpfError, InputError
 
 EXAMPLES = """\
 examples:
@@ -17,18 +27,35 @@ examples:
   vtap --monitor mon0 --iface eth0 --watch 198.18.1.10/32
                                                # eth0 traffic from or to one host
   vtap --monitor mon0 --watch 198.18.0.0/15 --watch 2001:2::/48 --match dst
+  vtap --monitor mon0 --watch-file hosts.txt   # one CIDR per line, '#' comments
   vtap --monitor mon0 --iface eth0 --direction both --sample 100
                                                # 1 in 100 frames, both directions
   vtap --monitor mon0 --duration 10 --json     # one JSON object per interval, then exit
   ip netns exec ns1 vtap --monitor mon0        # inside a network namespace
   vtap --cleanup                               # remove what a killed vtap left behind
+  vtap --cleanup --all                         # ... and the filters of running vtaps too
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, filter removed while running);
+  2 cannot run as given (bad option or value, unknown interface, a loop, not root)
 """
 
-COUNTERS = ("seen", "matched", "cloned", "failed")
+RATES = ("seen", "matched", "cloned", "failed")
+TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malformed", "oversize")
+HEADS = {"sampled_out": "SAMPLED", "non_ip": "NON-IP"}
+SAMPLE_MAX = 2 ** 32 - 1  # ebpf.tc_mirror.SAMPLE_MAX (not imported: this module loads before pyroute2)
 
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
+
+
+class Stop(Exception):
+    """SIGTERM/SIGHUP: leave the loop and detach, as Ctrl-C does."""
+
+
+class OutputClosed(Exception):
+    """Whoever reads our output went away (`| head`): detach and exit quietly."""
 
 
 def parse_args(argv):
@@ -38,12 +65,18 @@ def parse_args(argv):
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--monitor", metavar="MON", help="interface the copies leave through")
     p.add_argument("--iface", metavar="IF", action="append", default=[],
-                   help="interface to tap (repeatable; default: every UP interface but lo and the monitor)")
-    p.add_argument("--watch", metavar="CIDR", action="append",
+                   help="interface to tap (repeatable; default: every UP interface but lo and those that "
+                        "carry the copies: the monitor, its veth peer, a tunnel monitor's underlay)")
+    p.add_argument("--watch", metavar="CIDR", action="append", default=[],
                    help="IPv4/IPv6 address or network to watch (repeatable; default: mirror everything)")
+    p.add_argument("--watch-file", metavar="FILE", action="append", default=[],
+                   help="read more CIDRs from FILE, one per line, '#' starts a comment; - is stdin (repeatable)")
+    p.add_argument("--watch-max", type=int, metavar="N",
+                   help="watch-list room per address family (default: 1024, or the list's size if larger)")
     p.add_argument("--match", default="any", help="which address must be watched: src, dst or any (default any)")
     p.add_argument("--direction", default="ingress", help="ingress, egress or both (default ingress)")
-    p.add_argument("--sample", type=int, default=1, metavar="N", help="mirror 1 in N matched packets (default 1: all)")
+    p.add_argument("--sample", type=int, default=1, metavar="N",
+                   help=f"mirror 1 in N matched packets, N from 1 to {SAMPLE_MAX} (default 1: all)")
     p.add_argument("--clone", default="action", choices=("action", "helper"),
                    help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
                         "or the program itself with bpf_clone_redirect()")
@@ -51,7 +84,9 @@ def parse_args(argv):
     p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     p.add_argument("--cleanup", action="store_true",
-                   help="remove vtap filters (and the clsact qdiscs vtap created) left in this namespace by a killed vtap")
+                   help="remove vtap filters (and the clsact qdiscs vtap created) that a killed vtap left in this "
+                        "namespace; filters of running vtaps are spared")
+    p.add_argument("--all", action="store_true", help="with --cleanup: remove the filters of running vtaps too")
     # For developers: print the C text, or load a modified copy of it.
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--program", metavar="FILE", help=argparse.SUPPRESS)
@@ -59,6 +94,8 @@ def parse_args(argv):
 
 
 def check_args(a):
+    if a.all and not a.cleanup:
+        raise UsageError("--all goes with --cleanup")
     if a.cleanup:
         return
     if not a.monitor:
@@ -67,8 +104,10 @@ def check_args(a):
         raise UsageError(f"--match must be src, dst or any, not {a.match!r}")
     if a.direction not in ("ingress", "egress", "both"):
         raise UsageError(f"--direction must be ingress, egress or both, not {a.direction!r}")
-    if a.sample < 1:
-        raise UsageError(f"--sample must be >= 1 (1 mirrors every matched packet), not {a.sample}")
+    if not 1 <= a.sample <= SAMPLE_MAX:
+        raise UsageError(f"--sample must be from 1 (every matched packet) to {SAMPLE_MAX}, not {a.sample}")
+    if a.watch_max is not None and a.watch_max < 1:
+        raise UsageError(f"--watch-max must be at least 1, not {a.watch_max}")
     if a.interval <= 0:
         raise UsageError(f"--interval must be > 0, not {a.interval}")
     if a.duration is not None and a.duration <= 0:
@@ -79,27 +118,38 @@ def check_args(a):
         raise UsageError("an interface is given twice with --iface")
 
 
-def default_ifaces(tap):
-    """Every UP interface in this namespace but lo, the monitor and the monitor's
-    own veth peer (tapping that would clone the clones)."""
-    from pyroute2 import IPRoute
-    skip = {"lo", tap.monitor} | tap.loop_peers()
-    with IPRoute() as ip:
-        return sorted(link.get_attr("IFLA_IFNAME") for link in ip.get_links()
-                      if link["flags"] & 1 and link.get_attr("IFLA_IFNAME") not in skip)
+def watch_list(a):
+    """--watch and --watch-file together, or None (mirror everything)."""
+    if not a.watch and not a.watch_file:
+        return None
+    from ebpf.tc_mirror import parse_watch_list, read_watch_file
+    nets = parse_watch_list(a.watch)
+    for path in a.watch_file:
+        nets += read_watch_file(path)
+    return nets  # parsed: TcMirror takes them as they are
+
+
+def warn(msg):
+    try:
+        print(f"vtap: warning: {msg}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
 
 
 class Printer:
-    """Live counters: rates over the last interval and totals."""
+    """Live counters: rates over the last interval, and totals, per interface
+    (and for all of them when there are several). The final block shows rates
+    averaged over the whole run."""
 
     def __init__(self, as_json, out=sys.stdout):
         self.json = as_json
         self.out = out
-        self.last = None
+        self.start = self.last = None
         self.rows = 0
 
     def header(self, tap, ifaces, direction):
-        watch = ", ".join(tap.watch) if tap.watch is not None else "everything"
+        watch = ", ".join(tap.watch[:5]) + (f" and {len(tap.watch) - 5} more" if len(tap.watch) > 5 else "") \
+            if tap.watch is not None else "everything"
         msg = dict(event="attached", monitor=tap.monitor, ifaces=ifaces, direction=direction,
                    watch=tap.watch, match=tap.match, sample=tap.sample, clone=tap.clone)
         if self.json:
@@ -108,124 +158,236 @@ class Printer:
             self._emit(f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
                        f"watching {watch} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop")
 
-    def sample(self, counters, final=False):
+    def sample(self, totals, per_iface, final=False):
         now = time.monotonic()
-        if self.last is None:
-            dt, prev = None, None
-        else:
-            dt, prev = now - self.last[0], self.last[1]
-        self.last = (now, counters)
-        rates = {k: (counters[k] - prev[k]) / dt if dt else 0.0 for k in COUNTERS} if prev else {k: 0.0 for k in COUNTERS}
+        if self.start is None:
+            self.start = (now, totals, per_iface)
+        base_t, base, base_if = self.start if final else (self.last or self.start)
+        dt = now - base_t
+        self.last = (now, totals, per_iface)
+
+        def rates(c, b):
+            return {k: (c[k] - b.get(k, 0)) / dt if dt > 0 and b else 0.0 for k in RATES}
+
         if self.json:
-            self._emit({"event": "final" if final else "counters", "time": round(time.time(), 3),
-                        **counters, **{f"{k}_pps": round(v, 1) for k, v in rates.items()}})
+            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **totals,
+                   **{f"{k}_pps": round(v, 1) for k, v in rates(totals, base).items()},
+                   "ifaces": per_iface}
+            if final:
+                out["seconds"] = round(dt, 3)
+            self._emit(out)
             return
+        rows = list(per_iface.items())
+        if len(rows) != 1:
+            rows.append(("all", totals))
         if self.rows % 20 == 0 or final:
-            self._emit(f"{'':8} {'SEEN/s':>10} {'MATCHED/s':>10} {'CLONED/s':>10} {'FAILED/s':>9} |"
-                       f" {'SEEN':>11} {'MATCHED':>11} {'CLONED':>11} {'FAILED':>9}")
+            # The final block's rates are averages over the whole run.
+            self._emit(f"{'SUMMARY' if final else 'TIME':8} {'IFACE':10} " +
+                       " ".join(f"{k.upper() + '/s':>10}" for k in RATES) + " | " +
+                       " ".join(f"{HEADS.get(k, k.upper()):>10}" for k in TOTALS))
         self.rows += 1
         label = "total" if final else time.strftime("%H:%M:%S")
-        self._emit(f"{label:8} " + " ".join(f"{rates[k]:>{9 if k == 'failed' else 10}.0f}" for k in COUNTERS)
-                   + " | " + " ".join(f"{counters[k]:>{9 if k == 'failed' else 11}}" for k in COUNTERS))
+        for name, c in rows:
+            r = rates(c, base_if.get(name, {}) if name != "all" else base)
+            self._emit(f"{label:8} {name:10.10} " + " ".join(f"{r[k]:>10.0f}" for k in RATES) + " | " +
+                       " ".join(f"{c[k]:>10}" for k in TOTALS))
 
     def _emit(self, obj):
-        print(json.dumps(obj) if isinstance(obj, dict) else obj, file=self.out, flush=True)
-
-
-class Stop(Exception):
-    """SIGTERM/SIGHUP: leave the loop and detach, as Ctrl-C does."""
+        try:
+            print(json.dumps(obj) if isinstance(obj, dict) else obj, file=self.out, flush=True)
+        except BrokenPipeError:
+            raise OutputClosed() from None
 
 
 _MAIN_PID = os.getpid()
+STOP = threading.Event()
 
 
-def _raise_stop(signum, frame):
+def _request_stop(signum, frame):
     # pyroute2 forks short-lived helpers to open sockets in other namespaces and
     # stops them with SIGTERM. They inherit this handler, and must die quietly
     # rather than unwind a copy of our stack (which would detach the vTAP).
     if os.getpid() != _MAIN_PID:
         os._exit(128 + signum)
-    raise Stop(signal.Signals(signum).name)
+    # Only note it: an exception raised here would land in whatever runs, e.g.
+    # half-way through pyroute2 building an event loop, which then fails noisily
+    # when collected. The run checks STOP between steps and while it waits.
+    STOP.set()
+
+
+def checkpoint():
+    if STOP.is_set():
+        raise Stop()
+
+
+def cleanup(a):
+    from ebpf import tc
+    removed, spared = tc.cleanup("vtap", spare_live=not a.all)
+    for what in removed:
+        print(f"vtap: removed {what}")
+    for f in spared:
+        print(f"vtap: left filter {f.entry.name} on {f.where} alone: a running vtap holds it "
+              f"(pid {', '.join(map(str, f.pids))}); --cleanup --all removes it too")
+    if not removed and not spared:
+        print("vtap: nothing to clean up in this namespace")
+    return 0
+
+
+def monitor_name(tap, ifindex):
+    from ebpf import netdev
+    if not ifindex:
+        return None
+    with netdev.ipr(tap.netns) as ip:
+        dev = netdev.device(ip, ifindex)
+    return dev.name if dev else f"ifindex {ifindex}"
+
+
+def warn_at_start(tap):
+    for f in tap.tc_filters:
+        if f.runs_after:
+            warn(f"{f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the vTAP; "
+                 "frames they stop are not mirrored")
+    for o in tap.other_taps():
+        who = (f"vtap pid {', '.join(map(str, o.pids))} runs it" if o.live else
+               "left by a killed vtap: `vtap --cleanup` removes it")
+        mon = monitor_name(tap, o.entry.mirror_ifindex)
+        to = (f"to the same monitor {mon}: frames both match arrive there twice" if mon == tap.monitor else
+              f"to {mon}: frames both match are copied twice" if mon else
+              "(with --clone helper): frames both match are copied twice")
+        warn(f"{o.where} already has another vTAP filter ({who}) copying {to}")
+    state = tap.health().monitor
+    if state == "down":
+        warn(MONITOR_STATES["down"][tap.clone].format(m=tap.monitor))
+    return state
+
+
+MONITOR_STATES = {
+    "down": {"action": "monitor {m} is down: its copies are refused and counted as failed",
+             "helper": "monitor {m} is down: the kernel drops the copies without an error (not counted as failed)"},
+    "gone": {"action": "monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
+                       "appears again",
+             "helper": "monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
+                       "appears again"},
+    "renewed": {"action": "monitor {m} was made again: copies go to the new {m}",
+                "helper": "monitor {m} was made again: copies go to the new {m}"},
+    "up": {"action": "monitor {m} is up again", "helper": "monitor {m} is up again"},
+}
+
+
+class Watcher:
+    """What changes outside while we run, each said once when it happens."""
+
+    def __init__(self, tap):
+        self.tap = tap
+        self.monitor = "up"
+        self.oversize = 0
+
+    def check(self, totals):
+        h = self.tap.health()
+        if h.missing:
+            f, why = h.missing[0]
+            raise BpfError(f"stopped: the vTAP filter on {f.ifname} {f.direction} is gone: {why}")
+        state = "up" if h.monitor == "renewed" else h.monitor
+        if h.monitor == "renewed" or state != self.monitor:
+            warn(MONITOR_STATES[h.monitor][self.tap.clone].format(m=self.tap.monitor))
+        self.monitor = state
+        if totals["oversize"] > self.oversize == 0:
+            warn(f"{totals['oversize']} copies were longer than monitor {self.tap.monitor}'s MTU ({h.monitor_mtu}) "
+                 "allows: the kernel fragments or drops them (counted as oversize)")
+        self.oversize = totals["oversize"]
 
 
 def run(a):
     from ebpf import TcMirror
-    from ebpf import tc
 
     if a.cleanup:
-        removed = tc.cleanup("vtap")
-        for what in removed:
-            print(f"vtap: removed {what}")
-        if not removed:
-            print("vtap: nothing to clean up in this namespace")
-        return 0
-
-    tap = TcMirror(monitor=a.monitor, watch=a.watch, match=a.match, sample=a.sample, clone=a.clone,
-                   source=a.program)
-    ifaces = a.iface or default_ifaces(tap)
+        return cleanup(a)
+    tap = TcMirror(monitor=a.monitor, watch=watch_list(a), match=a.match, sample=a.sample, clone=a.clone,
+                   watch_max=a.watch_max, source=a.program)
+    if a.iface:
+        ifaces = a.iface
+        for ifname in ifaces:  # all names checked before anything is attached
+            tap.check_iface(ifname, a.direction)
+    else:
+        ifaces, skipped = tap.default_interfaces(a.direction)
+        for name, why in skipped.items():
+            warn(f"not tapping {name}: {why} (tap it with --iface {name} and a direction that is not on "
+                 "their way, if one is)")
     if not ifaces:
-        raise UsageError("no interface to tap: none is UP besides lo and the monitor (use --iface)")
+        raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
+                         "(use --iface)")
     if a.ebpf:
         print(tap.c_text())
         print("// cflags: " + " ".join(tap.cflags))
         return 0
-    for ifname in ifaces:  # all names checked before anything is attached
-        tap.check_iface(ifname)
 
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGHUP, _raise_stop)
     printer = Printer(a.json)
+    checkpoint()
     with tap:
         tap.load_program()
+        checkpoint()
         tap.attach_many(ifaces, a.direction)
-        printer.header(tap, ifaces, a.direction)
-        for f in tap.tc_filters:
-            if f.runs_after:
-                print(f"vtap: warning: {f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the "
-                      "vTAP; frames they stop are not mirrored", file=sys.stderr)
-        if not tap.monitor_is_up():
-            print(f"vtap: warning: monitor {tap.monitor} is down: the kernel drops the copies without an error",
-                  file=sys.stderr)
-        printer.sample(tap.counters())
+        checkpoint()
+        watcher = Watcher(tap)
+        watcher.monitor = warn_at_start(tap)
+        printer.header(tap, ifaces, a.direction)  # after the warnings: "attached" means ready
+        printer.sample(*tap.snapshot())
         deadline = time.monotonic() + a.duration if a.duration else None
+        failure = None
         try:
             while True:
                 wait = a.interval if deadline is None else min(a.interval, deadline - time.monotonic())
-                if wait > 0:
-                    time.sleep(wait)
-                if deadline is not None and time.monotonic() >= deadline:
+                if STOP.wait(max(wait, 0)) or (deadline is not None and time.monotonic() >= deadline):
                     break
-                printer.sample(tap.counters())
-        except (KeyboardInterrupt, Stop):
-            pass
+                totals, per_iface = tap.snapshot()
+                watcher.check(totals)
+                printer.sample(totals, per_iface)
+        except BpfError as e:
+            failure = e
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no second signal while detaching
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            printer.sample(tap.counters(), final=True)
+            printer.sample(*tap.snapshot(), final=True)
+        if failure:
+            raise failure
     return 0
 
 
+def _quiet_stdout():
+    """After the reader went away: point fd 1 at /dev/null, so that the
+    interpreter's last flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv=None):
+    # Installed first, so that a signal during compile or attach detaches too.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _request_stop)
     a = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_args(a)
-        if os.geteuid() != 0:
-            raise UsageError("must run as root (loading BPF programs and changing TC hooks needs CAP_BPF and CAP_NET_ADMIN)")
+        from ebpf import privileges
+        lacking = privileges.message()
+        if lacking:
+            raise UsageError(lacking)
         from ebpf.program import import_bcc
         import_bcc()
         return run(a)
-    except UsageError as e:
+    except (UsageError, InputError) as e:
         print(f"vtap: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except (KeyboardInterrupt, Stop):
+        return 0
+    except OutputClosed:
+        _quiet_stdout()
+        return 0
     except ImportError as e:
         print(f"vtap: error: Python package {e.name!r} is missing; run `make setup` as root and use .venv/bin/python",
               file=sys.stderr)
         return 1
-    except Exception as e:
-        from ebpf.errors import BpfError
-        if isinstance(e, BpfError):
-            print(f"vtap: error: {e}", file=sys.stderr)
-            return 1
-        raise
+    except BpfError as e:
+        print(f"vtap: error: {e}", file=sys.stderr)
+        return 1

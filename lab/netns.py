@@ -3,22 +3,46 @@
 Every name the lab creates starts with PREFIX ("vtl-"), and the functions that
 remove or kill refuse any other name: the lab can never delete a namespace it did
 not make, and never works in the root namespace.
+
+No Python code runs in a forked copy of this process here (commands are started
+with subprocess, which execs at once). A namespace is made as `ip netns add` makes
+it, in this process: /run/netns a shared mount point, an empty file,
+unshare(CLONE_NEWNET) in a short-lived thread, that thread's namespace bind-mounted
+onto the file. Netlink sockets are opened in a thread that has entered the
+namespace. pyroute2's netns.create() and IPRoute(netns=...) instead fork helpers
+that run on a copy of the caller's Python stack and signal handlers, and pyroute2
+stops an IPRoute helper with SIGTERM: under a handler that raises (as `python -m
+lab` had before df076bb) a helper unwound that copy through our `with` blocks and
+teardown, and deleted the namespaces its parent had just built.
 """
 
 import ctypes
+import errno
+import fcntl
 import os
 import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pyroute2 import IPRoute, netns as _netns
+from pyroute2 import IPRoute
+
+from ebpf import netdev
+from ebpf.errors import BpfError
 
 PREFIX = "vtl-"
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_SHARED = 1 << 20
+MNT_DETACH = 0x2
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
 
 
 class LabError(Exception):
@@ -26,26 +50,98 @@ class LabError(Exception):
 
 
 def _check_ours(name):
-    if not name.startswith(PREFIX):
+    if not name.startswith(PREFIX) or "/" in name or name in (PREFIX, ".", ".."):
         raise LabError(f"refusing to touch namespace {name!r}: lab namespaces are named {PREFIX}*")
+
+
+def _errno_text():
+    return os.strerror(ctypes.get_errno())
 
 
 def exists(name) -> bool:
     return (NETNS_DIR / name).exists()
 
 
+def _shared_run_dir():
+    """Make NETNS_DIR a shared mount point, as `ip netns add` does, so namespaces
+    bound under it propagate into the mount namespaces of running `ip netns exec`
+    children (and their removal does too). Serialised by a lock on the directory:
+    two first-time callers must not both bind it onto itself."""
+    NETNS_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    d = bytes(NETNS_DIR)
+    fd = os.open(NETNS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        made = False
+        while _libc.mount(b"", d, b"none", MS_SHARED | MS_REC, None) != 0:
+            if ctypes.get_errno() != errno.EINVAL or made:  # EINVAL: not a mount point yet
+                raise LabError(f"making {NETNS_DIR} a shared mount point: {_errno_text()}")
+            if _libc.mount(d, d, b"none", MS_BIND | MS_REC, None) != 0:
+                raise LabError(f"bind-mounting {NETNS_DIR} onto itself: {_errno_text()}")
+            made = True
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _bind_new_netns(path):
+    """A new network namespace, bound onto `path` (an existing empty file).
+
+    unshare() runs in a thread of our own that exits right after: it moves only
+    that thread, and the bind mount keeps the namespace alive without it."""
+    failure = []
+
+    def work():
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            failure.append(f"unshare(CLONE_NEWNET): {_errno_text()}")
+        elif _libc.mount(b"/proc/thread-self/ns/net", bytes(path), b"none", MS_BIND, None) != 0:
+            failure.append(f"bind-mounting the new namespace onto {path}: {_errno_text()}")
+
+    worker = threading.Thread(target=work, name=f"netns-create {path.name}")
+    worker.start()
+    try:
+        worker.join()
+    except BaseException:
+        worker.join()  # it takes milliseconds; finish before anything is undone
+        raise
+    if failure:
+        raise LabError(f"creating namespace {path.name}: {failure[0]}")
+
+
 def create(name):
+    """Create network namespace `name` (bound at /run/netns/<name>), or raise LabError
+    with nothing left behind."""
     _check_ours(name)
-    if exists(name):
-        raise LabError(f"namespace {name} already exists")
-    # pyroute2 makes the namespace in a forked helper; on a loaded machine it has
-    # been seen to return with nothing in place, so check, and try again.
-    for _ in range(3):
-        _netns.create(name)
-        if _is_netns(name):
-            return
-        time.sleep(0.1)
-    raise LabError(f"creating namespace {name}: {NETNS_DIR / name} did not appear")
+    path = NETNS_DIR / name
+    _shared_run_dir()
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0))
+    except FileExistsError:
+        raise LabError(f"namespace {name} already exists") from None
+    except OSError as e:
+        raise LabError(f"creating namespace {name}: {path}: {e.strerror}") from None
+    try:
+        _bind_new_netns(path)
+        if not _is_netns(name):  # pragma: no cover - the kernel said the mount was made
+            raise LabError(f"creating namespace {name}: {path} is not a namespace after the bind mount")
+    except BaseException:
+        try:
+            _unbind(path)
+        except LabError:
+            pass  # what failed first says more; remove() clears what is left
+        raise
+
+
+def _unbind(path):
+    """Undo a binding: detach the mount (if any), remove the file (if any)."""
+    if _libc.umount2(bytes(path), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        # EINVAL: not a mount point (an empty file left by a crash); ENOENT: gone
+        raise LabError(f"removing namespace {path.name}: unmounting {path}: {_errno_text()}")
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise LabError(f"removing namespace {path.name}: {path}: {e.strerror}") from None
 
 
 def _is_netns(name):
@@ -58,31 +154,30 @@ def _is_netns(name):
 
 
 def lab_namespaces():
-    return sorted(n for n in _netns.listnetns() if n.startswith(PREFIX))
+    try:
+        return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(PREFIX))
+    except FileNotFoundError:
+        return []
 
 
 def ipr(name) -> IPRoute:
-    """A netlink socket inside a lab namespace (never creates one: flags=0)."""
+    """An IPRoute whose netlink socket lives in lab namespace `name` (never creates
+    one, forks nothing: see ebpf.netdev.ipr). Use it in the thread that opened it."""
     _check_ours(name)
-    return IPRoute(netns=name, flags=0)
+    try:
+        return netdev.ipr(str(NETNS_DIR / name))
+    except BpfError as e:
+        raise LabError(str(e)) from None
 
 
 @contextmanager
 def entered(name):
-    """Run the body with this thread inside namespace `name`.
-
-    setns() changes only the calling thread, and sockets keep the namespace they
-    were made in, so a socket opened here can be used after the block ends.
-    """
+    """Run the body with this thread inside namespace `name` (ebpf.netdev.entered)."""
     _check_ours(name)
-    with open("/proc/thread-self/ns/net") as home, open(NETNS_DIR / name) as target:
-        if _libc.setns(target.fileno(), CLONE_NEWNET) != 0:
-            raise LabError(f"entering namespace {name}: {os.strerror(ctypes.get_errno())}")
-        try:
-            yield
-        finally:
-            if _libc.setns(home.fileno(), CLONE_NEWNET) != 0:  # pragma: no cover - would be fatal
-                os.abort()
+    if not exists(name):
+        raise LabError(f"entering namespace {name}: it does not exist")
+    with netdev.entered(str(NETNS_DIR / name)):
+        yield
 
 
 def sysctl(name, key, value):
@@ -113,15 +208,17 @@ def popen(name, argv, **kw):
 def pids(name):
     """Processes whose network namespace is `name`."""
     try:
-        ino = os.stat(NETNS_DIR / name).st_ino
+        st = os.stat(NETNS_DIR / name)
     except FileNotFoundError:
         return []
+    ident = (st.st_dev, st.st_ino)  # an unbound file's inode is no namespace's
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if os.stat(proc / "ns/net").st_ino == ino:
+            ns = os.stat(proc / "ns/net")
+            if (ns.st_dev, ns.st_ino) == ident:
                 found.append(int(proc.name))
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
@@ -178,9 +275,11 @@ def stop(proc, grace=5.0):
 
 
 def remove(name):
-    """Kill what runs in the namespace, then delete it (and so its interfaces)."""
+    """Kill what runs in the namespace, then delete it (and so its interfaces): the
+    inverse of create(), and also clears an unbound file a crash left behind."""
     _check_ours(name)
-    if not exists(name):
+    path = NETNS_DIR / name
+    if not os.path.lexists(path):
         return
     kill_all(name)
-    _netns.remove(name)
+    _unbind(path)

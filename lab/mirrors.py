@@ -23,6 +23,7 @@ the process dies. `bridge`, for a tap node that forwards with a Linux bridge
 the run, and gives them back on detach.
 """
 
+import errno
 import os
 import shutil
 import subprocess
@@ -38,6 +39,11 @@ from . import netns
 from .metrics import iface_counters
 from .netns import LabError
 from .topology import RUN_DIR
+
+
+def _reason(e: NetlinkError) -> str:
+    """The kernel's own message (extack) when it gave one, else the errno's."""
+    return e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
 
 
 class Mirror:
@@ -157,15 +163,25 @@ class TcMirred(Mirror):
         return self._action_stats()
 
     def detach(self):
-        with netns.ipr(self.ns) as ip:
-            if ip.link_lookup(index=self._ifidx):
-                try:
-                    ip.tc("del-filter", "u32", index=self._ifidx, parent=ebpf_tc.PARENTS["ingress"],
-                          prio=self.PRIO, protocol=ebpf_tc.ETH_P_ALL, target=0x10001)
-                except NetlinkError:
-                    pass  # already gone
-                if self._created:
-                    ebpf_tc.drop_clsact_if_unused(ip, self._ifidx)
+        """Remove the filter, and the clsact qdisc if attach() created it. Quietly
+        done if the namespace, the device, the qdisc or the filter is gone already;
+        any other refusal is a LabError, and the mirror counts as still attached."""
+        if netns.exists(self.ns):
+            with netns.ipr(self.ns) as ip:
+                if ip.link_lookup(index=self._ifidx) and ebpf_tc.has_clsact(ip, self._ifidx):
+                    try:
+                        ip.tc("del-filter", "u32", index=self._ifidx, parent=ebpf_tc.PARENTS["ingress"],
+                              prio=self.PRIO, protocol=ebpf_tc.ETH_P_ALL, target=0x10001)
+                    except NetlinkError as e:
+                        if e.code != errno.ENOENT:  # ENOENT: no such filter, it is gone already
+                            raise LabError(f"removing tc mirred from {self.tap_iface} in {self.ns}: "
+                                           f"{_reason(e)}") from None
+                    if self._created:
+                        try:
+                            ebpf_tc.drop_clsact_if_unused(ip, self._ifidx)
+                        except NetlinkError as e:
+                            raise LabError(f"removing the clsact qdisc of {self.tap_iface} in {self.ns}: "
+                                           f"{_reason(e)}") from None
         self.attached = False
 
 

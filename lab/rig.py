@@ -68,14 +68,25 @@ class ThroughputRig:
         self.tb.__enter__()
         try:
             self._setup()
-        except BaseException:
-            self.close()
+        except BaseException as e:
+            self._close_after(e)
             raise
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+        else:
+            self._close_after(exc)
         return False
+
+    def _close_after(self, exc):
+        """close() while `exc` propagates: a failure to close is added to it as a
+        note instead of replacing it."""
+        try:
+            self.close()
+        except Exception as e:
+            exc.add_note(str(e))
 
     def _setup(self):
         tb = self.tb
@@ -120,13 +131,28 @@ class ThroughputRig:
             os.sched_setaffinity(pid, {cpu})
 
     def close(self):
-        for s in self.sinks.values():
-            s.close()
+        """Free the sinks and the sockets, then tear the testbed down. Every step
+        runs even when one before it fails (a sink left loaded, or a testbed left
+        up, is worse than a late error); then one LabError lists what failed."""
+        failed = []
+        for label, s in self.sinks.items():
+            try:
+                s.close()
+            except Exception as e:
+                failed.append(f"{label} sink: {e}")
         self.sinks.clear()
         for s in self.sockets:
-            s.close()
+            try:
+                s.close()
+            except OSError as e:
+                failed.append(f"UDP socket: {e}")
         self.sockets.clear()
-        self.tb.__exit__(None, None, None)
+        try:
+            self.tb.__exit__(None, None, None)
+        except Exception as e:
+            failed.append(f"testbed: {e}")
+        if failed:
+            raise netns.LabError("closing the rig: " + "; ".join(failed))
 
     # --- one run -------------------------------------------------------------
     def run(self, generator, mirror, seconds, count=None, rate_pps=None, settle=0.3):

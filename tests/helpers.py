@@ -1,4 +1,8 @@
-"""Small pieces the tests share: send flows through a testbed and count them."""
+"""Small pieces the tests share: send flows through a testbed and count them; run
+code where the kernel refuses it."""
+
+import ctypes
+import threading
 
 from lab import netns
 from lab.traffic import Capture, Marker, build, send_frames
@@ -38,3 +42,40 @@ def snmp(ns, proto, field):
 def invariant(c):
     return c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"]
 
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+def in_a_thread_without_net_admin(fn):
+    """Run fn in a thread whose effective capabilities lack CAP_NET_ADMIN, and
+    return what it raised (or None). Linux keeps capabilities per thread, so the
+    rest of the process keeps its own, and the kernel really refuses (EPERM)
+    every netlink change the thread asks for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = {}
+
+    def body():
+        hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, this thread
+        if libc.capget(ctypes.byref(hdr), data) != 0:
+            out["error"] = OSError(ctypes.get_errno(), "capget")
+            return
+        data[0].effective &= ~(1 << 12)  # CAP_NET_ADMIN; still permitted, but the thread ends anyway
+        if libc.capset(ctypes.byref(hdr), data) != 0:
+            out["error"] = OSError(ctypes.get_errno(), "capset")
+            return
+        try:
+            fn()
+        except Exception as e:
+            out["raised"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("raised")

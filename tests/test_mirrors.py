@@ -9,10 +9,12 @@ import pytest
 
 from ebpf import tc
 from lab import netns
-from lab.mirrors import MIRRORS, NftDup, OvsMirror
+from lab.mirrors import MIRRORS, NftDup, OvsMirror, TcMirred
+from lab.netns import LabError
+from lab.topology import Topology
 from lab.traffic import Flow
 from tests.conftest import require, require_tool
-from tests.helpers import RATE, RX4, WATCHED_SRC4, run_flows
+from tests.helpers import RATE, RX4, WATCHED_SRC4, in_a_thread_without_net_admin, run_flows
 
 N = 2000
 
@@ -68,3 +70,57 @@ def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
     # traffic flows as before, and nothing reaches the monitor any more
     _, rx, mon = run_flows(tb, [Flow("after", WATCHED_SRC4, RX4, count=200)])
     assert rx == {"after": 200} and mon == {}
+
+
+# --- tc mirred's detach: "already gone" is quiet, any other refusal is an error ---
+
+def _tap_and_monitor():
+    """A tap host whose eth0 is tapped and whose mon0 is the monitor."""
+    t = Topology("mirred")
+    t.add_host("tap")
+    t.add_host("mon")
+    t.add_link("tap", "mon", a_if="eth0")
+    t.add_link("tap", "mon", a_if="mon0", b_if="eth1")
+    return t
+
+
+@pytest.fixture
+def tapped():
+    with _tap_and_monitor() as t:
+        yield t
+
+
+def test_tc_mirred_detach_reports_a_refused_removal(tapped):
+    ns = tapped.ns("tap")
+    before = tc.hook_snapshot(ns)
+    peer = TcMirred(ns, "eth0", "mon0")
+    peer.attach()
+    try:
+        raised = in_a_thread_without_net_admin(peer.detach)
+        assert isinstance(raised, LabError), f"detach raised {raised!r}, not a LabError"
+        assert "eth0" in str(raised) and ns in str(raised)
+        assert peer.attached  # the filter is still there, and the peer says so
+        assert tc.hook_snapshot(ns) != before
+    finally:
+        peer.close()
+    assert tc.hook_snapshot(ns) == before and not peer.attached
+
+
+def test_tc_mirred_detach_is_quiet_when_the_filter_is_gone_already(tapped):
+    ns = tapped.ns("tap")
+    before = tc.hook_snapshot(ns)
+    peer = TcMirred(ns, "eth0", "mon0")
+    peer.attach()
+    with netns.ipr(ns) as ip:  # another tool removed it: tc filter del dev eth0 ingress prio 1
+        ip.tc("del-filter", index=tapped.ifindex("tap", "eth0"), parent=tc.PARENTS["ingress"], prio=TcMirred.PRIO,
+              protocol=tc.ETH_P_ALL)
+    peer.detach()
+    assert tc.hook_snapshot(ns) == before and not peer.attached  # the qdisc it created went too
+
+
+def test_tc_mirred_detach_is_quiet_when_the_namespace_is_gone():
+    with _tap_and_monitor() as t:
+        peer = TcMirred(t.ns("tap"), "eth0", "mon0")
+        peer.attach()
+    peer.detach()  # the filter went with the namespace
+    assert not peer.attached

@@ -1,0 +1,125 @@
+"""The wheel is complete: built from the sources, installed into a scratch venv
+and used from outside the repository, it has every subpackage, the programs' C
+beside their classes, the `vtap` command, and no unconditional jupyterlab.
+
+The build runs on a copy of the repository, because setuptools writes build/
+and *.egg-info into the tree it builds. Everything is offline: the project
+venv's setuptools builds (--no-build-isolation), and pip installs the wheel
+alone (--no-deps --no-index). The scratch venv borrows the project venv's
+site-packages for the dependencies (pyroute2, scapy, pandas), appended after
+its own through a .pth file, so the project's own modules can only come from
+the wheel.
+"""
+
+import email.parser
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("ebpf", "vtap", "lab")
+NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache",
+                                     ".ipynb_checkpoints", "datasets", "notebooks")
+
+
+def _run(argv, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, env=env, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, argv))}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def _repo_packages():
+    """Every package under the three top-level ones, dotted (lab.bench, ...)."""
+    return sorted(".".join(p.parent.relative_to(ROOT).parts)
+                  for top in PACKAGES for p in (ROOT / top).rglob("__init__.py"))
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(wheel path, scratch venv's python, its site-packages, a cwd outside the repo)."""
+    for module in ("pip", "setuptools"):
+        require(importlib.util.find_spec(module), f"{module} in the project venv")
+    tmp = tmp_path_factory.mktemp("packaging")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_SOURCES)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+          "-w", tmp / "wheels", src])
+    wheel, = (tmp / "wheels").glob("*.whl")
+
+    base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    venv = tmp / "venv"
+    # --without-pip: the project venv's pip installs into it (pip --python), which
+    # saves the few seconds ensurepip takes
+    _run([base_python, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    python = venv / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel])
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    (site / "zz-project-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    cwd = tmp / "elsewhere"
+    cwd.mkdir()
+    return wheel, python, site, cwd
+
+
+def test_wheel_holds_every_package_and_the_c_sources(installed):
+    wheel, *_ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for pkg in _repo_packages():
+        assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} is not in the wheel"
+    c_files = sorted(p.name for p in (ROOT / "ebpf").iterdir() if p.suffix in (".c", ".h"))
+    assert c_files and all(f"ebpf/{n}" in names for n in c_files)
+    assert not any(n.startswith("tests/") for n in names)
+
+
+def test_installed_wheel_imports_and_compiles_from_outside_the_repo(installed):
+    _, python, site, cwd = installed
+    probe = """
+import json, sys
+import lab.bench.vtap_throughput, lab.traffic.filetransfer, ebpf, vtap
+from ebpf import TcMirror
+from ebpf.xdp_gen import XdpGen
+from ebpf.xdp_sink import XdpSink
+sources = []
+for prog in (TcMirror("lo"), XdpSink(), XdpGen()):   # lo: compiling never looks the monitor up
+    prog.compile()                                    # clang finds the C and its headers, installed
+    sources.append(str(prog.source_path))
+    prog.close()
+mods = ("lab.bench.vtap_throughput", "lab.traffic.filetransfer", "ebpf", "vtap")
+print(json.dumps({"files": [sys.modules[m].__file__ for m in mods], "sources": sources}))
+"""
+    out = json.loads(_run([python, "-I", "-c", probe], cwd=cwd).stdout.strip().splitlines()[-1])
+    for f in out["files"] + out["sources"]:
+        assert Path(f).is_relative_to(site) and not Path(f).resolve().is_relative_to(ROOT), f
+    ebpf_dir = site / "ebpf"
+    for p in (ROOT / "ebpf").iterdir():
+        if p.suffix in (".c", ".h"):
+            assert (ebpf_dir / p.name).is_file(), f"{p.name} is not installed beside the module"
+
+
+def test_vtap_console_script_runs(installed):
+    _, python, _, cwd = installed
+    r = _run([python.parent / "vtap", "--help"], cwd=cwd)
+    assert r.stdout.startswith("usage: vtap")
+
+
+def test_jupyterlab_is_only_an_extra(installed):
+    wheel, *_ = installed
+    with zipfile.ZipFile(wheel) as z:
+        meta_name, = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(meta_name).decode())
+    requires = meta.get_all("Requires-Dist") or []
+    jupyter = [r for r in requires if r.split(";")[0].strip().lower().startswith("jupyterlab")]
+    assert jupyter, "jupyterlab should still be offered, as an extra"
+    assert all("extra ==" in r for r in jupyter), f"unconditional: {jupyter}"
+    assert {"test", "notebooks"} <= set(meta.get_all("Provides-Extra") or [])

@@ -1,0 +1,150 @@
+"""XDP attach and detach (ebpf.xdp) on a real veth: detach removes our program and
+never one that took the hook after ours, and is quiet when the device or the
+namespace went first. And the throughput rig, whose sinks are XDP programs:
+closing it frees everything even when a sink refuses."""
+
+import ctypes
+import os
+
+import pytest
+
+from ebpf import xdp
+from ebpf.xdp_sink import XdpSink
+from lab import netns, testbeds
+from lab.netns import LabError
+from lab.rig import ThroughputRig
+from lab.topology import Topology
+from tests.conftest import require
+from tests.helpers import in_a_thread_without_net_admin
+
+BPF_XDP = 37  # enum bpf_attach_type (uapi bpf.h)
+
+
+@pytest.fixture
+def topo():
+    t = Topology("xdp")
+    t.add_host("a")
+    t.add_host("b")
+    t.add_link("a", "b")
+    with t:
+        yield t
+
+
+def _on_hook(ns, ifname="eth0", mode="native"):
+    """Id of the program on the device's hook, 0 when none."""
+    with netns.ipr(ns) as ip:
+        return xdp.attached_prog_id(ip, ip.link_lookup(ifname=ifname)[0], mode)
+
+
+def _unhook_behind_its_back(ns, ifname="eth0"):
+    """What another tool does: remove whatever is on the hook, by netlink."""
+    with netns.ipr(ns) as ip:
+        ip.link("set", index=ip.link_lookup(ifname=ifname)[0],
+                xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", xdp.MODES["native"])]})
+
+
+def test_detach_removes_our_program(topo):
+    ns = topo.ns("a")
+    with XdpSink() as sink:
+        a = sink.attach("eth0", netns=ns)
+        assert _on_hook(ns) == xdp.prog_id(a.prog_fd)
+        assert xdp.detach(a) is True
+        assert _on_hook(ns) == 0
+        assert xdp.detach(a) is False  # nothing of ours left on the hook: nothing to do
+
+
+def test_detach_leaves_a_program_that_replaced_ours(topo):
+    ns = topo.ns("a")
+    with XdpSink() as ours, XdpSink() as theirs:
+        ours.attach("eth0", netns=ns)
+        _unhook_behind_its_back(ns)
+        b = theirs.attach("eth0", netns=ns)  # through ebpf.xdp.attach, as any lab user would
+        assert _on_hook(ns) == xdp.prog_id(b.prog_fd)
+        ours.close()  # detaches `a`, as the lab's teardown does: theirs stays, and no error
+        assert _on_hook(ns) == xdp.prog_id(b.prog_fd)
+    assert _on_hook(ns) == 0  # theirs went with its own close()
+
+
+def test_detach_leaves_a_program_attached_through_a_bpf_link(topo):
+    """libbpf's bpf_program__attach_xdp() attaches through a bpf_link: the kernel
+    answers a netlink detach with EBUSY, which is not ours to report either."""
+    ns = topo.ns("a")
+    lib = xdp.libbpf()
+    lib.bpf_link_create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.bpf_link_create.restype = ctypes.c_int
+    with XdpSink() as ours, XdpSink() as theirs:
+        ours.attach("eth0", netns=ns)
+        _unhook_behind_its_back(ns)
+        fd = theirs.load(theirs.FUNCTION, "XDP").fd
+        with netns.entered(ns):  # BPF_LINK_CREATE takes an ifindex of the caller's namespace
+            link = lib.bpf_link_create(fd, topo.ifindex("a", "eth0"), BPF_XDP, None)
+        assert link >= 0, f"bpf_link_create: {-link}"
+        try:
+            ours.close()  # detaches `a`: theirs stays, and no error
+            assert _on_hook(ns) == xdp.prog_id(fd)
+        finally:
+            os.close(link)  # the link's last fd: the kernel detaches theirs
+    assert _on_hook(ns) == 0
+
+
+def test_detach_is_quiet_when_the_device_is_gone(topo):
+    ns = topo.ns("a")
+    with XdpSink() as sink:
+        a = sink.attach("eth0", netns=ns)
+        with netns.ipr(ns) as ip:
+            ip.link("del", index=a.ifindex)
+        assert xdp.detach(a) is False
+    # close() detached again: no error either
+
+
+def test_detach_is_quiet_when_the_namespace_is_gone():
+    t = Topology("xdp")
+    t.add_host("a")
+    t.add_host("b")
+    t.add_link("a", "b")
+    with XdpSink() as sink:
+        with t:
+            a = sink.attach("eth0", netns=t.ns("a"))
+        assert xdp.detach(a) is False
+
+
+# --- the throughput rig's sinks: close() frees everything even when a sink refuses ---
+
+@pytest.fixture
+def rig_parts():
+    """A ThroughputRig on testbed 1 (three XDP sinks, two UDP sockets), with what
+    close() must free: its namespaces and its sockets."""
+    require(os.cpu_count() >= 2, "two CPUs (the rig pins the generator and the DUT apart)")
+    rig = ThroughputRig(testbeds.testbed1(), gen_cpu=0, dut_cpu=1).__enter__()
+    try:
+        yield rig, [rig.tb.ns(h) for h in rig.tb.topo.hosts], list(rig.sockets)
+    finally:
+        rig.tb.topo.teardown()  # only matters when close() did not get that far
+
+
+def _check_all_freed(rig, namespaces, sockets, message):
+    assert not any(netns.exists(n) for n in namespaces), "the testbed was left up"
+    assert all(s.fileno() == -1 for s in sockets), "sockets were left open"
+    assert not rig.sinks and not rig.sockets
+    # every sink was tried, not just the first: each is named in the one error
+    assert all(f"{label} sink" in message for label in ("dut", "monitor")), message
+    assert "Operation not permitted" in message
+
+
+def test_rig_close_does_every_step_then_reports_what_failed(rig_parts):
+    rig, namespaces, sockets = rig_parts
+    assert len(rig.sinks) >= 2 and sockets
+    # The sinks' XDP detach is refused for real (EPERM), the rest needs no CAP_NET_ADMIN.
+    raised = in_a_thread_without_net_admin(rig.close)
+    _check_all_freed(rig, namespaces, sockets, str(raised))
+    assert isinstance(raised, LabError), f"close raised {raised!r}"
+
+
+def test_rig_close_failure_is_a_note_on_the_error_that_ended_the_run(rig_parts):
+    rig, namespaces, sockets = rig_parts
+    error = RuntimeError("the run failed")
+    raised = in_a_thread_without_net_admin(lambda: rig.__exit__(RuntimeError, error, None))
+    notes = getattr(error, "__notes__", [])
+    _check_all_freed(rig, namespaces, sockets, " ".join(notes))
+    assert raised is None  # __exit__ lets the run's own error propagate, unreplaced
+    assert len(notes) == 1

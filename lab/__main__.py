@@ -28,19 +28,39 @@ def _exit_on_sigterm(signum, frame):
     sys.exit(143)
 
 
+EXAMPLES = """\
+examples:
+  python -m lab demo                        # watch the vTAP mirror a mix of flows (< 60 s)
+  python -m lab bench vtap-throughput --testbed 1,2 --trials 5
+  python -m lab bench generators --sizes 64,1518
+  python -m lab bench NAME --help           # a bench's options, defaults and examples
+  python -m lab cleanup                     # remove what a crashed run left behind
+"""
+
+
+def _benches_help(benches):
+    return "benches (python -m lab bench NAME):\n" + "".join(f"  {m.NAME:<18}{m.SUMMARY}\n" for m in benches)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m lab", description="eBPF vTAP Lab: namespace testbeds and experiments")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows")
-    d.add_argument("--count", type=int, default=1000, help="packets per flow (default 1000)")
-    d.add_argument("--rate", type=int, default=20000, help="packets per second, all flows together (default 20000)")
-    b = sub.add_parser("bench", help="benchmarks that write CSV + sidecar to datasets/results")
-    bsub = b.add_subparsers(dest="bench", required=True)
     from .bench import generators, vtap_throughput
-    vtap_throughput.add_arguments(bsub.add_parser(
-        "vtap-throughput", help="vTAP paper Tables 1-2: PPS, Mbps and CPU per size and mirror"))
-    generators.add_arguments(bsub.add_parser(
-        "generators", help="our XDP generator against trafgen at the ceiling, per frame size"))
+    benches = (vtap_throughput, generators)
+    p = argparse.ArgumentParser(prog="python -m lab",
+                                description="eBPF vTAP Lab: namespace testbeds and experiments",
+                                epilog=_benches_help(benches) + "\n" + EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, title="commands")
+    d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows")
+    d.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
+    d.add_argument("--rate", type=int, default=20000,
+                   help="packets per second, all flows together (default %(default)s)")
+    b = sub.add_parser("bench", help="benchmarks that write CSV + sidecar to datasets/results",
+                       description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
+                                   "datasets/results or --out, and prints a table of medians.",
+                       epilog="run python -m lab bench NAME --help for a bench's options and examples")
+    bsub = b.add_subparsers(dest="bench", required=True, title="benches")
+    vtap_throughput.add_arguments(bsub.add_parser(vtap_throughput.NAME, help=vtap_throughput.SUMMARY))
+    generators.add_arguments(bsub.add_parser(generators.NAME, help=generators.SUMMARY))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)

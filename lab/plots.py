@@ -2,23 +2,57 @@
 
     >>> df, meta = metrics.read_results(csv)                      # doctest: +SKIP
     >>> fig = pps_vs_size(df)                                     # Figures 5 and 6
-    >>> beside_paper(df, testbed=1, paper=paper_table(1))         # Table 1 and ours
+    >>> beside_paper(df, testbed=1)                               # Table 1 and ours
+
+No matplotlib backend is chosen here: a process without a display gets Agg by
+itself, and a Jupyter kernel its inline backend, which shows each figure a cell
+makes once, at the end of the cell. (Forcing Agg here left the notebook without
+figures.) Every figure draws a mirror in the same colour, from MIRROR_COLORS.
 """
 
+import zlib
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: notebooks run in the test suite
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.colors import to_rgba
+from matplotlib.patches import Patch
+from matplotlib.ticker import EngFormatter
 
 PAPER_DIR = Path(__file__).resolve().parent.parent / "datasets" / "paper"
 MIRROR_ORDER = ["none", "ebpf", "ebpf-helper", "tc-mirred", "nft-dup", "ovs"]  # lab.mirrors.MIRRORS, in display order
+# One colour per mirror in every figure. Okabe-Ito's palette, which stays distinct
+# with colour blindness; the vTAP's two copy paths are its two blues, and no mirror
+# (the ceiling) is grey and dashed.
+MIRROR_COLORS = {"none": "#555555", "ebpf": "#0072B2", "ebpf-helper": "#56B4E9", "tc-mirred": "#E69F00",
+                 "nft-dup": "#009E73", "ovs": "#D55E00"}
+MIRROR_MARKERS = {"none": "s", "ebpf": "o", "ebpf-helper": "v", "tc-mirred": "D", "nft-dup": "^", "ovs": "X"}
+_SPARE_COLORS = ["#CC79A7", "#F0E442", "#000000"]  # for a mirror added to lab.mirrors but not here yet
+TESTBED_TITLES = {1: "Testbed 1: vTAP on the receiver", 2: "Testbed 2: vTAP on a bridging node"}
+# The DUT core's time as stacked bars in the mirror's colour: busy columns from
+# solid to pale, steal hatched, idle an empty outline (mpstat's names).
+CPU_SHADES = [("sys", {"alpha": 1.0}), ("soft", {"alpha": 0.45, "hatch": "///"}),
+              ("usr", {"alpha": 0.2, "hatch": "..."}), ("steal", {"alpha": 0.0, "hatch": "xxx"}),
+              ("idle", {"alpha": 0.0})]
+RATIO_PEERS = ["ebpf-helper", "tc-mirred", "nft-dup", "ovs"]  # ratios(): eBPF over each of these
+
+
+def mirror_color(mirror: str) -> str:
+    if mirror in MIRROR_COLORS:
+        return MIRROR_COLORS[mirror]
+    return _SPARE_COLORS[zlib.crc32(mirror.encode()) % len(_SPARE_COLORS)]  # the same in every process
+
+
+def _line_style(mirror):
+    return {"color": mirror_color(mirror), "marker": MIRROR_MARKERS.get(mirror, "o"),
+            "linestyle": "--" if mirror == "none" else "-"}
 
 
 def paper_table(testbed: int) -> pd.DataFrame:
-    return pd.read_csv(PAPER_DIR / f"vtap_table{testbed}.csv")
+    path = PAPER_DIR / f"vtap_table{testbed}.csv"
+    if not path.exists():  # an installed package has no datasets/
+        raise FileNotFoundError(f"{path} not found: the paper's tables are in the repository's datasets/paper")
+    return pd.read_csv(path)
 
 
 def medians(df: pd.DataFrame) -> pd.DataFrame:
@@ -28,45 +62,130 @@ def medians(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mirrors(df):
-    return [m for m in MIRROR_ORDER if m in set(df["mirror"])]
+    present = set(df["mirror"])
+    return [m for m in MIRROR_ORDER if m in present] + sorted(present - set(MIRROR_ORDER))
+
+
+def _panels(df, rows=1, height=3.8):
+    """One column of axes per testbed, with room below them for a shared legend."""
+    tbs = sorted(int(t) for t in df["testbed"].unique())
+    fig, axes = plt.subplots(rows, len(tbs), figsize=(5.5 * len(tbs), height * rows), squeeze=False,
+                             layout="constrained")
+    for ax, tb in zip(axes[0], tbs):
+        ax.set_title(TESTBED_TITLES.get(tb, f"Testbed {tb}"))
+    return fig, axes, tbs
+
+
+def _legend_below(fig, axes, **kw):
+    """One legend for all panels, below them, where it covers no data."""
+    seen = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 6),
+                   frameon=False, **kw)
+
+
+def _size_axis(ax, d, label=True):
+    sizes = sorted(d["size"].unique())
+    ax.set_xticks(sizes, [str(s) for s in sizes], fontsize=8)
+    if label:
+        ax.set_xlabel("frame size (bytes, with FCS)")
+    ax.grid(alpha=0.3)
 
 
 def pps_vs_size(df: pd.DataFrame, value="monitor_pps", ylabel="monitor packets/s"):
     """One panel per testbed: `value` against frame size per mirror, median with
     a min..max band (the analogue of the paper's Figures 5 and 6)."""
-    tbs = sorted(df["testbed"].unique())
-    fig, axes = plt.subplots(1, len(tbs), figsize=(6 * len(tbs), 4), squeeze=False)
+    fig, axes, tbs = _panels(df)
     for ax, tb in zip(axes[0], tbs):
         d = df[df["testbed"] == tb]
         for m in _mirrors(d):
             if m == "none" and value.startswith("monitor"):
-                continue
+                continue  # nothing to copy
             g = d[d["mirror"] == m].groupby("size")[value]
             med, lo, hi = g.median(), g.min(), g.max()
-            ax.plot(med.index, med.values, marker="o", label=m)
-            ax.fill_between(med.index, lo.values, hi.values, alpha=0.2)
-        ax.set_title(f"Testbed {tb}")
-        ax.set_xlabel("frame size (bytes)")
+            ax.plot(med.index, med.values, label=m, **_line_style(m))
+            ax.fill_between(med.index, lo.values, hi.values, color=mirror_color(m), alpha=0.15, linewidth=0)
+        _size_axis(ax, d)
         ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+        ax.set_ylim(bottom=0)
+        if "pps" in value:
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))  # 600k, 1.2M
+    _legend_below(fig, axes)
+    return fig
+
+
+def _size_suffix(size):
+    return f", {size} B" if size else ", all sizes"
+
+
+def ns_per_pkt(df: pd.DataFrame, size=None):
+    """DUT-core ns of busy CPU per received packet, one bar per mirror: median,
+    with a whisker from the cheapest to the dearest trial."""
+    d = df if size is None else df[df["size"] == size]
+    fig, axes, tbs = _panels(d)
+    for ax, tb in zip(axes[0], tbs):
+        g = d[d["testbed"] == tb].groupby("mirror")["dut_ns_per_pkt"]
+        ms = _mirrors(d[d["testbed"] == tb])
+        med, lo, hi = (s.reindex(ms) for s in (g.median(), g.min(), g.max()))
+        ax.bar(range(len(ms)), med.values, yerr=[med - lo, hi - med], capsize=3, ecolor="0.25",
+               color=[mirror_color(m) for m in ms])
+        ax.set_xticks(range(len(ms)), ms, rotation=20)
+        ax.set_title(ax.get_title() + _size_suffix(size))
+        ax.set_ylabel("DUT ns per received packet")
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
     return fig
 
 
 def cpu_per_mirror(df: pd.DataFrame, size=None):
-    """DUT-core CPU split (mpstat columns) per mirror, and ns of busy CPU per packet."""
+    """The DUT core's time split into mpstat's columns, one stacked bar per mirror
+    in the mirror's colour; the columns are told apart by shade (CPU_SHADES)."""
     d = df if size is None else df[df["size"] == size]
-    tbs = sorted(d["testbed"].unique())
-    fig, axes = plt.subplots(1, len(tbs), figsize=(6 * len(tbs), 4), squeeze=False)
+    fig, axes, tbs = _panels(d)
     for ax, tb in zip(axes[0], tbs):
-        m = d[d["testbed"] == tb].groupby("mirror")[["cpu_usr", "cpu_sys", "cpu_soft", "cpu_steal", "cpu_idle"]].median()
-        m = m.reindex([x for x in MIRROR_ORDER if x in m.index])
-        m.plot.bar(stacked=True, ax=ax)
-        ax.set_title(f"Testbed {tb}: DUT core" + (f", {size} B" if size else ""))
-        ax.set_ylabel("% of the DUT core")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+        m = d[d["testbed"] == tb].groupby("mirror")[[f"cpu_{c}" for c, _ in CPU_SHADES]].median()
+        ms = _mirrors(d[d["testbed"] == tb])
+        m = m.reindex(ms)
+        bottom = pd.Series(0.0, index=ms)
+        for col, shade in CPU_SHADES:
+            v = m[f"cpu_{col}"]
+            ax.bar(range(len(ms)), v.values, bottom=bottom.values, hatch=shade.get("hatch"),
+                   color=[to_rgba(mirror_color(x), shade["alpha"]) for x in ms],
+                   edgecolor=[mirror_color(x) for x in ms], linewidth=0.8)
+            bottom += v
+        ax.set_xticks(range(len(ms)), ms, rotation=20)
+        ax.set_title(ax.get_title() + _size_suffix(size))
+        ax.set_ylabel("% of the DUT core (median)")
+        ax.set_ylim(0, 100)
+    grey = "#555555"
+    keys = [Patch(facecolor=to_rgba(grey, s["alpha"]), edgecolor=grey, hatch=s.get("hatch")) for _, s in CPU_SHADES]
+    fig.legend(keys, [c for c, _ in CPU_SHADES], loc="outside lower center", ncols=len(CPU_SHADES), frameon=False)
+    return fig
+
+
+def ratios_vs_size(df: pd.DataFrame):
+    """ratios() as lines against frame size, one colour per peer: eBPF's monitor
+    PPS over the peer's (above 1: the vTAP copies more) and its DUT ns per packet
+    over the peer's (below 1: the vTAP costs less)."""
+    r = ratios(df)
+    fig, axes, tbs = _panels(df, rows=2, height=3.2)
+    for col, tb in enumerate(tbs):
+        d = r[r["testbed"] == tb].sort_values("size")
+        for row, (unit, ylabel) in enumerate((("pps", "eBPF ÷ peer: monitor packets/s"),
+                                              ("ns", "eBPF ÷ peer: DUT ns per packet"))):
+            ax = axes[row][col]
+            for peer in RATIO_PEERS:
+                c = f"ebpf/{peer} {unit}"
+                if c in d and d[c].notna().any():
+                    ax.plot(d["size"], d[c], label=peer, **_line_style(peer))
+            ax.axhline(1.0, color="black", linewidth=1, linestyle=":", zorder=1)
+            _size_axis(ax, d, label=row == 1)
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+    _legend_below(fig, axes, title="peer (eBPF's value divided by this mirror's)")
     return fig
 
 

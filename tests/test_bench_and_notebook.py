@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,14 +55,19 @@ def test_bench_command_line(tmp_path):
         assert msg in bad.stderr
 
 
-def test_notebook_executes_and_writes_figures(tmp_path):
-    env = {"VTL_TESTBEDS": "1", "VTL_SIZES": "64,512", "VTL_MIRRORS": "none,ebpf,tc-mirred",
-           "VTL_TRIALS": "1", "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"),
-           "VTL_FIGURES": str(tmp_path / "figures")}
+NOTEBOOK = ROOT / "notebooks" / "01_vtap_throughput.ipynb"
+REFERENCE_CSV = "datasets/reference/vtap_throughput-20261122T071150Z.csv"
+FIGURES = ["vtap_cpu.png", "vtap_monitor_mbps.png", "vtap_monitor_pps.png", "vtap_ns_per_pkt.png",
+           "vtap_ratios.png", "vtap_receiver_pps.png"]
+
+
+def _execute_notebook(env):
+    """The notebook run as Jupyter runs it (an ipykernel, from the repository root)
+    with `env` set for the kernel; returns the executed notebook."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        nb = nbformat.read(ROOT / "notebooks" / "01_vtap_throughput.ipynb", as_version=4)
+        nb = nbformat.read(NOTEBOOK, as_version=4)
         NotebookClient(nb, timeout=300, kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
@@ -70,8 +76,104 @@ def test_notebook_executes_and_writes_figures(tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    return nb
+
+
+def _assert_every_figure_shown_once(nb):
+    """Each cell that saves a figure also shows it, once, as a PNG in the notebook
+    (when lab.plots forced matplotlib's Agg backend, the notebook showed none)."""
+    shown = 0
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        pngs = [o for o in c.outputs if o.output_type in ("display_data", "execute_result")
+                and "image/png" in o.get("data", {})]
+        assert len(pngs) == c.source.count(".savefig("), c.source
+        shown += len(pngs)
+    assert shown == len(FIGURES)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+
+
+def test_notebook_executes_and_writes_figures(tmp_path):
+    env = {"VTL_TESTBEDS": "1", "VTL_SIZES": "64,512", "VTL_MIRRORS": "none,ebpf,tc-mirred",
+           "VTL_TRIALS": "1", "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"),
+           "VTL_FIGURES": str(tmp_path / "figures")}
+    nb = _execute_notebook(env)
     figs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert figs == ["vtap_cpu.png", "vtap_monitor_mbps.png", "vtap_monitor_pps.png", "vtap_receiver_pps.png"]
+    assert figs == FIGURES
     assert all((tmp_path / "figures" / f).stat().st_size > 10_000 for f in figs)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    _assert_every_figure_shown_once(nb)
+
+
+def test_notebook_on_the_reference_csv_shows_every_figure(tmp_path):
+    # Every mirror and both testbeds, as the copy in the repository was run; no sweep.
+    nb = _execute_notebook({"VTL_CSV": REFERENCE_CSV, "VTL_FIGURES": str(tmp_path)})
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == FIGURES
+    _assert_every_figure_shown_once(nb)
+
+
+def test_committed_notebook_holds_its_figures():
+    """What a reader sees on opening the notebook without running it."""
+    _assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4))
+
+
+def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outside():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import same_color
+    from matplotlib.container import BarContainer
+
+    from lab import mirrors, plots
+    assert set(mirrors.MIRRORS) <= set(plots.MIRROR_COLORS)
+    assert len(set(plots.MIRROR_COLORS.values())) == len(plots.MIRROR_COLORS)
+    df = pd.read_csv(ROOT / REFERENCE_CSV)
+    figs = [plots.pps_vs_size(df, v) for v in ("monitor_pps", "monitor_mbps", "receiver_pps")]
+    figs += [plots.ns_per_pkt(df, size=64), plots.cpu_per_mirror(df, size=64), plots.ratios_vs_size(df)]
+    try:
+        for fig in figs:
+            fig.canvas.draw()
+            for ax in fig.axes:
+                assert ax.get_ylim()[0] == 0 and ax.get_legend() is None
+                for line in ax.get_lines():
+                    if line.get_label() in plots.MIRROR_COLORS:
+                        assert same_color(line.get_color(), plots.MIRROR_COLORS[line.get_label()])
+                bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+                if bars:  # one bar per mirror, named on the x axis (the CPU chart: its sys segment)
+                    names = [t.get_text() for t in ax.get_xticklabels()]
+                    assert len(names) == len(bars[0]) > 1
+                    for bar, m in zip(bars[0], names):
+                        assert same_color(bar.get_facecolor(), plots.MIRROR_COLORS[m])
+                for legend in fig.legends:
+                    assert not legend.get_window_extent().overlaps(ax.get_window_extent())
+        assert [len(f.legends) for f in figs] == [1, 1, 1, 0, 1, 1]
+    finally:
+        for fig in figs:
+            plt.close(fig)
+
+
+def _lab_help(*args):
+    r = subprocess.run([sys.executable, "-m", "lab", *args, "--help"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_bench_help_shows_every_default_and_examples():
+    from lab.bench import generators
+    benches = {vt.NAME: vt.SUMMARY, generators.NAME: generators.SUMMARY}
+    for text in (_lab_help(), _lab_help("bench")):  # each bench on one line, with what it does
+        for name, summary in benches.items():
+            assert any(line.split() == [name] + summary.split() for line in text.splitlines()), text
+    for name in benches:
+        text = _lab_help("bench", name)
+        options = text.split("\noptions:\n")[1].split("\n\n")[0]
+        entries = re.split(r"\n(?=  -)", options)  # one per option, with its wrapped help lines
+        assert len(entries) > 3
+        for entry in entries:
+            if not entry.lstrip().startswith("-h, --help"):
+                assert "default" in " ".join(entry.split()), f"{name}: {entry.strip()}"
+        examples = text.split("\nexamples:\n")[1].splitlines()
+        commands = [line.strip() for line in examples if line.strip() and not line.strip().startswith("#")]
+        assert len(commands) >= 3 and all(c.startswith(f"python -m lab bench {name}") for c in commands)

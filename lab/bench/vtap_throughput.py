@@ -7,6 +7,7 @@ receiver and at the monitor, and samples the CPUs. Runs of different mirrors
 interleave (see common.interleaved). One CSV row per run.
 """
 
+import argparse
 import sys
 
 import pandas as pd
@@ -25,18 +26,47 @@ COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "re
            "cpu_steal", "cpu_idle", "dut_ns_per_pkt"]
 
 
+SUMMARY = "vTAP paper Tables 1-2: PPS, Mbps and CPU per mirror"
+DESCRIPTION = """\
+The vTAP paper's experiment (Tables 1-2, Figures 5-6) against every mirror we
+have. For each testbed, mirror, frame size and trial, the generator sends from
+the sender for --duration seconds; the rig counts what reaches the receiver and
+the monitor, and samples the CPUs. Runs of different mirrors interleave. Writes
+one CSV row per run and a JSON sidecar, and prints a table of medians."""
+EXAMPLES = """\
+examples:
+  python -m lab bench vtap-throughput       # testbed 1: every size and mirror, 210 runs of 5 s
+  python -m lab bench vtap-throughput --testbed 1,2 --out datasets/reference
+                                            # the README's reference sweep: 420 runs of 5 s
+  python -m lab bench vtap-throughput --testbed 2 --sizes 64 --mirrors ebpf,tc-mirred --trials 20
+                                            # two mirrors at one size, closely
+  python -m lab bench vtap-throughput --sizes 64 --mirrors none,ebpf,tc-mirred --rate 250000
+                                            # an equal offered load, below every mirror's ceiling
+  python -m lab bench vtap-throughput --generator trafgen --sizes 64,1518
+                                            # netsniff-ng's trafgen as the packet source
+  python -m lab bench vtap-throughput --sizes 64 --mirrors none,ebpf --trials 1 --duration 1
+                                            # a smoke test: 2 runs of 1 s
+"""
+
+
 def add_arguments(p):
-    p.add_argument("--testbed", default="1", help="1, 2 or 1,2 (default 1)")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="frame sizes in bytes with FCS (default: the paper's)")
-    p.add_argument("--mirrors", default=",".join(MIRROR_ORDER), help=f"any of {','.join(MIRROR_ORDER)} (default: all)")
-    p.add_argument("--trials", type=int, default=5, help="trials per testbed, mirror and size (paper: 20; default 5)")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds of load per run (default 5)")
-    p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS), help="packet source (default xdp)")
-    p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default 4)")
-    p.add_argument("--cpus", default="0,1", help="generator CPU,DUT CPU (default 0,1)")
+    # Defaults are shown with %(default)s, so the text cannot drift from the value.
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--testbed", default="1", help="1, 2 or 1,2 (default %(default)s)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                   help="frame sizes in bytes with FCS (default: the paper's, %(default)s)")
+    p.add_argument("--mirrors", default=",".join(MIRROR_ORDER),
+                   help=f"any of {','.join(MIRROR_ORDER)} (default: all)")
+    p.add_argument("--trials", type=int, default=5,
+                   help="trials per testbed, mirror and size (default %(default)s; the paper: 20)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of load per run (default %(default)s)")
+    p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS),
+                   help="packet source: our XDP generator or netsniff-ng's trafgen (default %(default)s)")
+    p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default %(default)s)")
+    p.add_argument("--cpus", default="0,1", help="generator CPU,DUT CPU (default %(default)s)")
     p.add_argument("--rate", type=int, metavar="PPS",
                    help="offered load in packets/s (default: the generator's ceiling)")
-    p.add_argument("--out", help="directory for the CSV and sidecar (default datasets/results)")
+    p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
 
 
 def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):

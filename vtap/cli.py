@@ -311,8 +311,9 @@ def run(a):
     else:
         ifaces, skipped = tap.default_interfaces(a.direction)
         for name, why in skipped.items():
-            warn(f"not tapping {name}: {why} (tap it with --iface {name} and a direction that is not on "
-                 "their way, if one is)")
+            safe = [d for d in ("ingress", "egress") if d != a.direction and tap.loop_reason(name, d) is None]
+            hint = f"; --iface {name} --direction {safe[0]} taps it safely" if safe else ""
+            warn(f"not tapping {name}: {why}{hint}")
     if not ifaces:
         raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
                          "(use --iface)")

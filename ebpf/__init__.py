@@ -9,12 +9,13 @@ The names are imported on first use, so that a light module of this package
 """
 from importlib import import_module
 
-from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
+from .errors import (AttachError, BpfError, CompileError, InputError, NoSuchInterface, NoSuchNamespace,
+                     PrivilegeError, VerifierError)
 
 _LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen"}
 
-__all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "PrivilegeError", "TcMirror",
-           "VerifierError", "XdpGen", "XdpSink"]
+__all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
+           "NoSuchNamespace", "PrivilegeError", "TcMirror", "VerifierError", "XdpGen", "XdpSink"]
 
 
 def __getattr__(name):

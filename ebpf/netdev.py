@@ -16,6 +16,7 @@ direction the copies pass would copy the copies: a loop that runs at full speed.
 """
 
 import ctypes
+import errno
 import ipaddress
 import os
 import socket
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import BpfError, NoSuchInterface, NoSuchNamespace
+from .errors import BpfError, NoSuchInterface, NoSuchNamespace, PrivilegeError
 
 NETNS_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
@@ -33,13 +34,23 @@ NETLINK_ROUTE = 0
 _libc = ctypes.CDLL(None, use_errno=True)
 INGRESS, EGRESS = "ingress", "egress"
 IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
 LOWER_KINDS = {"vlan", "macvlan", "macvtap", "ipvlan", "ipvtap"}
 MEMBER_KINDS = {"bridge", "bond", "team"}
+# Tunnels: the attribute naming the underlay device (if set), and those naming
+# the remote end (pyroute2's names; ip6gre's are its own).
 TUNNEL_LINK_ATTRS = {"vxlan": "IFLA_VXLAN_LINK", "gre": "IFLA_GRE_LINK", "gretap": "IFLA_GRE_LINK",
-                     "ip6gre": "IFLA_GRE_LINK", "ip6gretap": "IFLA_GRE_LINK", "erspan": "IFLA_GRE_LINK",
-                     "ip6erspan": "IFLA_GRE_LINK", "geneve": None}
-TUNNEL_REMOTE_ATTRS = ("IFLA_VXLAN_GROUP", "IFLA_VXLAN_GROUP6", "IFLA_GRE_REMOTE", "IFLA_GENEVE_REMOTE",
-                       "IFLA_GENEVE_REMOTE6")
+                     "erspan": "IFLA_GRE_LINK", "ip6gre": "IFLA_IP6GRE_LINK", "ip6gretap": "IFLA_IP6GRE_LINK",
+                     "ip6erspan": "IFLA_IP6GRE_LINK", "ipip": "IFLA_IPIP_LINK", "sit": "IFLA_IPIP_LINK",
+                     "ip6tnl": "IFLA_IP6TNL_LINK", "vti": "IFLA_VTI_LINK", "vti6": "IFLA_VTI_LINK",
+                     "geneve": None}
+TUNNEL_REMOTE_ATTRS = ("IFLA_VXLAN_GROUP", "IFLA_VXLAN_GROUP6", "IFLA_GRE_REMOTE", "IFLA_IP6GRE_REMOTE",
+                       "IFLA_GENEVE_REMOTE", "IFLA_GENEVE_REMOTE6", "IFLA_IPIP_REMOTE", "IFLA_IP6TNL_REMOTE",
+                       "IFLA_VTI_REMOTE")
+# Tunnels whose copies leave through an interface netlink does not name
+# (wireguard's peers live in genetlink, xfrm's in policies): copy_path() cannot
+# follow them, and says so through opaque().
+OPAQUE_KINDS = {"wireguard", "xfrm"}
 
 
 def netns_path(netns):
@@ -59,7 +70,10 @@ def entered(netns):
         raise NoSuchNamespace(f"no network namespace {named}") from None
     with open("/proc/thread-self/ns/net") as home, target:
         if _libc.setns(target.fileno(), CLONE_NEWNET) != 0:
-            raise BpfError(f"entering network namespace {netns}: {os.strerror(ctypes.get_errno())}")
+            err = ctypes.get_errno()
+            if err == errno.EPERM:
+                raise PrivilegeError(f"entering network namespace {netns} needs root (CAP_SYS_ADMIN)")
+            raise BpfError(f"entering network namespace {netns}: {os.strerror(err)}")
         try:
             yield
         finally:
@@ -85,6 +99,11 @@ def ipr(netns=None) -> IPRoute:
         raise
 
 
+def netlink_reason(e: NetlinkError) -> str:
+    """The kernel's own words for a refusal (its extended ack), else the errno's."""
+    return e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
+
+
 def where(netns):
     return f"netns {netns}" if netns else "this network namespace"
 
@@ -103,6 +122,7 @@ class Device:
     name: str
     kind: str | None
     up: bool
+    carrier: bool             # the link is up too (IFF_LOWER_UP): a veth whose peer is down has none
     mtu: int
     master: int | None
     link: int | None          # IFLA_LINK: veth peer, vlan lower; None when in another namespace
@@ -117,7 +137,8 @@ def devices(ip) -> dict[int, Device]:
         out[msg["index"]] = Device(
             msg["index"], msg.get_attr("IFLA_IFNAME"),
             info.get_attr("IFLA_INFO_KIND") if info is not None else None,
-            bool(msg["flags"] & IFF_UP), msg.get_attr("IFLA_MTU") or 0, msg.get_attr("IFLA_MASTER"),
+            bool(msg["flags"] & IFF_UP), bool(msg["flags"] & IFF_LOWER_UP), msg.get_attr("IFLA_MTU") or 0,
+            msg.get_attr("IFLA_MASTER"),
             None if elsewhere else msg.get_attr("IFLA_LINK"),
             info.get_attr("IFLA_INFO_DATA") if info is not None else None)
     return out
@@ -156,6 +177,12 @@ def _tunnel_underlays(ip, dev: Device) -> dict[int, str]:
         if oif:
             out.setdefault(oif, f"{dev.name}'s underlay: the route to {remote}")
     return out
+
+
+def opaque(ip, monitor_ifindex) -> str | None:
+    """The kind of a monitor whose copies' way out copy_path() cannot follow, or None."""
+    dev = device(ip, monitor_ifindex)
+    return dev.kind if dev is not None and dev.kind in OPAQUE_KINDS else None
 
 
 def copy_path(ip, monitor_ifindex, depth=8) -> dict[tuple[int, str], str]:

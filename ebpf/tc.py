@@ -30,9 +30,8 @@ from pyroute2.netlink.rtnl.tcmsg import sched_bpf, tcmsg
 
 from .errors import AttachError, NoSuchNamespace
 from .holders import holders, prog_id as program_id
-from .netdev import ifindex_of, ipr  # noqa: F401  (tc.ipr, tc.ifindex_of: used by callers)
+from .netdev import EGRESS, INGRESS, ifindex_of, ipr, netlink_reason
 
-INGRESS, EGRESS = "ingress", "egress"
 DIRECTIONS = (INGRESS, EGRESS)
 PARENTS = {INGRESS: 0xFFFFFFF2, EGRESS: 0xFFFFFFF3}  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_{INGRESS,EGRESS})
 CLSACT_HANDLE = 0xFFFF0000
@@ -69,6 +68,7 @@ class TcFilter:
     runs_after: int = 0   # priorities of other filters that see frames before ours (and may stop them)
     mirror_ifindex: int = 0  # classifier filters: where the filter's mirred action copies to
     failed_base: int = 0     # the action's failure count at the owner's last counter reset
+    failed_seen: int = 0     # failures since then, as last read (kept if the filter vanishes)
     prog_id: int = 0         # the kernel's id of the program: what makes this filter ours
 
     @property
@@ -89,14 +89,10 @@ class Entry:
     @property
     def mirror_ifindex(self):
         """Where this filter's mirred action copies to, or 0."""
-        opts = self.msg.get_attr("TCA_OPTIONS")
-        acts = opts.get_attr("TCA_BPF_ACT") if opts is not None else None
-        for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
-            aopts = act.get_attr("TCA_ACT_OPTIONS")
-            parms = aopts.get_attr("TCA_MIRRED_PARMS") if aopts is not None else None
-            if parms:
-                return parms["ifindex"]
-        return 0
+        act = first_action(self.msg)
+        opts = act.get_attr("TCA_ACT_OPTIONS") if act is not None else None
+        parms = opts.get_attr("TCA_MIRRED_PARMS") if opts is not None else None
+        return parms["ifindex"] if parms else 0
 
 
 def _filter_msgs(ip, ifindex, parent):
@@ -146,7 +142,6 @@ def owned_by(name, owner):
     return name.startswith(owner + ":") or name.startswith(owner + CREATED_MARK + ":")
 
 
-
 def _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex=0, replace=False):
     """Add (or replace) one cls_bpf filter. mirror_ifindex=0: direct-action, the
     program's return value is the verdict. Otherwise the program is a classifier
@@ -182,14 +177,19 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
     if direction not in DIRECTIONS:
         raise AttachError(f"unknown direction {direction!r} (ingress or egress)")
     parent = PARENTS[direction]
+    prog_id = program_id(prog_fd)
     with ipr(netns) as ip:
         ifindex = ifindex_of(ip, ifname, netns)
         created = False
         try:
             if not has_clsact(ip, ifindex):
-                ip.tc("add", "clsact", index=ifindex)
-                created = True
-            else:
+                try:
+                    ip.tc("add", "clsact", index=ifindex)
+                    created = True
+                except NetlinkError as e:
+                    if e.code != errno.EEXIST:  # EEXIST: another instance made it since we looked
+                        raise
+            if not created:
                 # A sibling attach of ours may have created it: inherit its mark so
                 # whichever of our filters goes last also removes the qdisc.
                 created = any(owned_by(n, owner) and CREATED_MARK in n
@@ -208,9 +208,9 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
         except NetlinkError as e:
             if created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
                 ip.tc("del", "clsact", index=ifindex)
-            raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {e.args[1] if len(e.args) > 1 else e}") from None
+            raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {netlink_reason(e)}") from None
     return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex,
-                    prog_id=program_id(prog_fd))
+                    prog_id=prog_id)
 
 
 def retarget(f: TcFilter, prog_fd, mirror_ifindex):
@@ -221,33 +221,36 @@ def retarget(f: TcFilter, prog_fd, mirror_ifindex):
             _bpf_filter(ip, f.ifindex, PARENTS[f.direction], f.prio, f.handle, prog_fd, f.name,
                         mirror_ifindex, replace=True)
         except NetlinkError as e:
-            raise AttachError(f"retargeting the mirror on {f.where}: {e}") from None
+            raise AttachError(f"retargeting the mirror on {f.where}: {netlink_reason(e)}") from None
     f.mirror_ifindex = mirror_ifindex
 
 
 NO_ACTION_STATS = {"packets": 0, "bytes": 0, "failed": 0}
 
 
+def first_action(msg):
+    """The first action of a dumped filter (cls_bpf or u32), or None."""
+    opts = msg.get_attr("TCA_OPTIONS")
+    acts = (opts.get_attr("TCA_BPF_ACT") or opts.get_attr("TCA_U32_ACT")) if opts is not None else None
+    return next(iter(acts.get_attrs("TCA_ACT_PRIO_1")), None) if acts else None
+
+
 def first_action_stats(msg) -> dict | None:
     """Counters of the first action on a dumped filter (cls_bpf or u32): packets
     and bytes it ran on, and failures (overlimits: for mirred, the monitor is
-    gone or refused the copy; drops). None when the filter has no action."""
-    opts = msg.get_attr("TCA_OPTIONS")
-    if opts is None:
+    gone, down or refused the copy; drops). None when the filter has no action."""
+    act = first_action(msg)
+    if act is None:
         return None
-    acts = opts.get_attr("TCA_BPF_ACT") or opts.get_attr("TCA_U32_ACT")
-    for act in (acts.get_attrs("TCA_ACT_PRIO_1") if acts else []):
-        stats = act.get_attr("TCA_ACT_STATS")
-        basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
-        queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
-        return {"packets": basic["packets"] if basic else 0, "bytes": basic["bytes"] if basic else 0,
-                "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
-    return None
+    stats = act.get_attr("TCA_ACT_STATS")
+    basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+    queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
+    return {"packets": basic["packets"] if basic else 0, "bytes": basic["bytes"] if basic else 0,
+            "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
 
 
-def _is(f: TcFilter, e: Entry):
-    return e.prio == f.prio and e.handle == f.handle and e.name == f.name and \
-        (not f.prog_id or e.prog_id == f.prog_id)
+def _is_ours(f: TcFilter, e: Entry):
+    return (e.prio, e.handle, e.name, e.prog_id) == (f.prio, f.handle, f.name, f.prog_id)
 
 
 def find(f: TcFilter) -> Entry | None:
@@ -257,7 +260,7 @@ def find(f: TcFilter) -> Entry | None:
         with ipr(f.netns) as ip:
             if not ip.link_lookup(index=f.ifindex):
                 return None
-            return next((e for e in entries(ip, f.ifindex, PARENTS[f.direction]) if _is(f, e)), None)
+            return next((e for e in entries(ip, f.ifindex, PARENTS[f.direction]) if _is_ours(f, e)), None)
     except (FileNotFoundError, NoSuchNamespace):
         return None
 
@@ -285,21 +288,20 @@ def detach(f: TcFilter) -> bool:
     filter somebody else put in the same slot since is left alone. Quietly done if
     the device or filter is gone (a namespace torn down first, an interface
     deleted, a cleanup). Returns whether it removed our filter."""
+    if find(f) is None:
+        return False
     try:
         with ipr(f.netns) as ip:
-            if not ip.link_lookup(index=f.ifindex):
-                return False
-            parent = PARENTS[f.direction]
-            ours = any(_is(f, e) for e in entries(ip, f.ifindex, parent))
-            if ours:
-                _delete(ip, f.ifindex, parent, f.prio, f.handle)
+            _delete(ip, f.ifindex, PARENTS[f.direction], f.prio, f.handle)
             if CREATED_MARK in f.name:
                 drop_clsact_if_unused(ip, f.ifindex)
-            return ours
+            return True
     except (FileNotFoundError, NoSuchNamespace):
-        return False  # the namespace itself is gone, and everything in it
+        return False  # the namespace went in the meantime, and everything in it
     except NetlinkError as e:
-        raise AttachError(f"detaching from {f.where}: {e}") from None
+        if e.code == errno.ENOENT:  # the filter or its device went in the meantime
+            return False
+        raise AttachError(f"detaching from {f.where}: {netlink_reason(e)}") from None
 
 
 @dataclass
@@ -320,7 +322,7 @@ class Found:
         return bool(self.pids)
 
 
-def owned(owner, netns=None, ifindex=None, direction=None) -> list[Found]:
+def filters_of(owner, netns=None, ifindex=None, direction=None) -> list[Found]:
     """Every filter named for `owner` in a namespace (or on one interface or hook),
     with the processes that hold its program."""
     found = []
@@ -345,7 +347,7 @@ def cleanup(owner, netns=None, spare_live=True) -> tuple[list[str], list[Found]]
     filters of running instances too. Returns (a description of each thing
     removed, the live filters left alone). Touches nothing else."""
     removed, spared = [], []
-    found = owned(owner, netns)
+    found = filters_of(owner, netns)
     with ipr(netns) as ip:
         for f in found:
             if f.live and spare_live:
@@ -354,7 +356,7 @@ def cleanup(owner, netns=None, spare_live=True) -> tuple[list[str], list[Found]]
             try:
                 _delete(ip, f.ifindex, PARENTS[f.direction], f.entry.prio, f.entry.handle)
             except NetlinkError as e:
-                raise AttachError(f"removing filter {f.entry.name} on {f.where}: {e}") from None
+                raise AttachError(f"removing filter {f.entry.name} on {f.where}: {netlink_reason(e)}") from None
             removed.append(f"filter {f.entry.name} on {f.where}" + (f" (live: pid {', '.join(map(str, f.pids))})"
                                                                      if f.live else ""))
         for ifindex in sorted({f.ifindex for f in found if CREATED_MARK in f.entry.name}):

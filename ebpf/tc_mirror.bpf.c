@@ -1,7 +1,8 @@
 /* tc_mirror.bpf.c — the vTAP: at the TC (clsact) hook, clone every frame whose
  * IPv4/IPv6 source or destination is on a watch-list to a monitor interface.
  *
- * Kernel: 4.11+ (LPM trie, bpf_clone_redirect at clsact); built and tested on 6.x.
+ * Kernel: 5.7+ (__sk_buff gso_segs and gso_size; LPM trie and bpf_clone_redirect are
+ * older); built and tested on 6.x.
  * Loaded by ebpf/tc_mirror.py (class TcMirror), which passes these -D macros:
  *   VTAP_MATCH_SRC, VTAP_MATCH_DST  0/1: which address(es) to look up
  *   VTAP_WATCH_MAX                  watch-list capacity per address family

@@ -29,15 +29,16 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import AttachError, InputError
+from .abi import VTAP
+from .errors import AttachError, BpfError, InputError
 from .program import BpfProgram
 from . import netdev, tc
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
 CLONE_MODES = ("action", "helper")
-VTAP_F_MIRROR_ALL = 1   # vtap.h
-IF_SLOTS = 256          # vtap.h VTAP_IF_SLOTS: per-interface counters, by ifindex & (IF_SLOTS - 1)
-SAMPLE_MAX = 2 ** 32 - 1  # sample_rate is a __u32 in vtap.h
+VTAP_F_MIRROR_ALL = VTAP["VTAP_F_MIRROR_ALL"]
+IF_SLOTS = VTAP["VTAP_IF_SLOTS"]      # per-interface counters, by ifindex & (IF_SLOTS - 1)
+SAMPLE_MAX = VTAP["VTAP_SAMPLE_MAX"]
 WATCH_MAX_DEFAULT = 1024  # watch-list room per family when the list is shorter
 FILTER_OWNER = "vtap"   # TC filter names start with this; `vtap --cleanup` looks for it
 COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malformed", "cloned_bytes",
@@ -99,8 +100,10 @@ def slot_of(ifindex):
 class Health:
     """What changed outside the vTAP since it attached (TcMirror.health())."""
     missing: list          # [(TcFilter, why)] of our filters that are gone
-    monitor: str           # "up", "down", "gone", or "renewed" (deleted and made again; followed)
+    monitor_state: str     # "up", "down", "no-carrier" (mirred refuses copies to it too), "gone",
+                           # or "renewed" (deleted and made again, and now followed)
     monitor_mtu: int
+    note: str = ""         # why a monitor made again is not followed
 
 
 class TcMirror(BpfProgram):
@@ -158,8 +161,9 @@ class TcMirror(BpfProgram):
 
     @monitor.setter
     def monitor(self, ifname):
-        """Point the copies at another interface. Checked before anything changes:
-        a refused monitor leaves the old one in place."""
+        """Point the copies at another interface. Checked before anything changes,
+        and the filters are swapped before the new monitor is recorded: a refused
+        monitor, or a swap the kernel refuses, leaves the old one in place."""
         with netdev.ipr(self.netns) as ip:
             ifindex = netdev.ifindex_of(ip, ifname, self.netns)
             path = netdev.copy_path(ip, ifindex)
@@ -169,14 +173,34 @@ class TcMirror(BpfProgram):
                    self._loops(f.ifindex, (f.direction,), path, ifname))
             if why:
                 raise InputError(f"monitor {ifname} refused: {f.ifname} {f.direction}: {why}")
+        if self.clone == "action" and self.tc_filters:
+            self._retarget_all(ifindex)
         self._monitor, self._monitor_ifindex, self._monitor_mtu = ifname, ifindex, mtu
         if self.bpf is not None:
             self._write_config()
-        if self.clone == "action" and self.tc_filters:
-            fd = self.load(self.FUNCTION, "SCHED_CLS").fd
+
+    def _retarget_all(self, ifindex):
+        """Swap every filter for one whose mirred action copies to ifindex, all or
+        none. A swapped filter brings a new action, counting from 0: the old one's
+        failures are kept first."""
+        fd = self.load(self.FUNCTION, "SCHED_CLS").fd
+        swapped = []
+        try:
             for f in self.tc_filters:
-                self._keep_action_failures(f)  # the replaced filter brings a new action, counting from 0
+                failed, old = self._action_failures(f), f.mirror_ifindex
                 tc.retarget(f, fd, ifindex)
+                swapped.append((f, failed, old))
+        except AttachError:
+            for f, _, old in swapped:
+                try:
+                    tc.retarget(f, fd, old)
+                except AttachError:
+                    pass  # it copies to the new monitor; health() and counters still see it
+            raise
+        finally:
+            for f, failed, _ in swapped:
+                self._kept_failed[slot_of(f.ifindex)] += failed
+                f.failed_base = f.failed_seen = 0
 
     @staticmethod
     def _check_sample(n):
@@ -200,22 +224,29 @@ class TcMirror(BpfProgram):
         """Replace the watch-list; None mirrors everything, [] mirrors nothing.
         Ordered so that nothing watched before and after is unwatched for a moment:
         new entries go in before old ones leave, and mirror-all is switched on
-        before the entries go (and off only after the new ones are in)."""
+        before the entries go (and off only after the new ones are in). When the
+        old and the new list together do not fit the trie, the old entries leave
+        first: an address covered only by a prefix that changes is unwatched for
+        that moment."""
         nets = parse_watch_list(cidrs) if cidrs is not None else None
         self._check_watch_size(per_family(nets or []))
         old = self._watch or []
+        if self.bpf is not None:
+            keep = set(nets or [])
+            leaving = [n for n in old if n not in keep]
+            together = per_family(set(old) | keep)
+            room = all(n <= self.watch_max for n in together.values())
+            try:
+                if not room:
+                    self._delete(leaving)
+                self._insert([n for n in nets or [] if n not in set(old)])
+                self._watch = nets
+                self._write_config()
+                if room:
+                    self._delete(leaving)
+            except Exception as e:  # BCC raises a bare Exception for a refused map update
+                raise BpfError(f"writing the watch-list: {e}") from None
         self._watch = nets
-        if self.bpf is None:
-            return
-        self._insert(nets or [])
-        self._write_config()
-        keep = set(nets or [])
-        for n in old:
-            if n not in keep:
-                try:
-                    del self._trie(n)[self._key(n)]
-                except KeyError:
-                    pass
 
     @property
     def watch(self):
@@ -233,6 +264,13 @@ class TcMirror(BpfProgram):
         one = ctypes.c_uint8(1)
         for n in nets:
             tries[n.version][self._key(n, tries[n.version])] = one
+
+    def _delete(self, nets):
+        for n in nets:
+            try:
+                del self._trie(n)[self._key(n)]
+            except KeyError:
+                pass
 
     def _key(self, net, table=None):
         table = self._trie(net) if table is None else table
@@ -350,14 +388,20 @@ class TcMirror(BpfProgram):
         return done
 
     def detach_tc(self, f):
-        self._keep_action_failures(f)
+        failed = self._action_failures(f)  # read while the action is there
         super().detach_tc(f)
+        self._kept_failed[slot_of(f.ifindex)] += failed  # only once it is gone: never counted twice
 
-    def _keep_action_failures(self, f):
-        """Before a filter's mirred action goes away, keep what it failed to copy."""
-        if f.mirror_ifindex:
-            self._kept_failed[slot_of(f.ifindex)] += max(0, tc.action_stats(f)["failed"] - f.failed_base)
-            f.failed_base = 0
+    def _action_failures(self, f):
+        """Copies the filter's mirred action refused since the last reset. A filter
+        that is gone (removed from outside) keeps the count it had when last read."""
+        if not f.mirror_ifindex:
+            return 0
+        entry = tc.find(f)
+        if entry is not None:
+            f.failed_seen = max(0, (tc.first_action_stats(entry.msg) or tc.NO_ACTION_STATS)["failed"]
+                                - f.failed_base)
+        return f.failed_seen
 
     def other_taps(self):
         """vTAP filters of other instances on the hooks we tapped, live or left by
@@ -367,7 +411,7 @@ class TcMirror(BpfProgram):
         hooks = {(f.ifindex, f.direction) for f in self.tc_filters}
         found = []
         for ifindex in sorted({i for i, _ in hooks}):
-            found += [o for o in tc.owned(FILTER_OWNER, self.netns, ifindex)
+            found += [o for o in tc.filters_of(FILTER_OWNER, self.netns, ifindex)
                       if (o.ifindex, o.direction) in hooks and o.entry.prog_id not in ours]
         return found
 
@@ -376,10 +420,9 @@ class TcMirror(BpfProgram):
         """Filters of ours that are gone, and the monitor's state. Keeps the
         program's copy of the monitor's MTU current, and follows a monitor that was
         deleted and made again under the same name (state "renewed")."""
-        missing = []
         with netdev.ipr(self.netns) as ip:
             devs = netdev.devices(ip)
-            by_name = {d.name: d for d in devs.values()}
+        missing = []
         for f in self.tc_filters:
             if tc.find(f) is None:
                 why = (f"{f.ifname} was deleted" if f.ifindex not in devs else
@@ -387,18 +430,18 @@ class TcMirror(BpfProgram):
                 missing.append((f, why))
         mon = devs.get(self._monitor_ifindex)
         if mon is None:
-            again = by_name.get(self._monitor)
-            if again is None:
+            if missing or not any(d.name == self._monitor for d in devs.values()):
                 return Health(missing, "gone", self._monitor_mtu)
             try:
-                self.monitor = self._monitor  # the new device: retarget to its ifindex
-            except (InputError, AttachError):
-                return Health(missing, "gone", self._monitor_mtu)
+                self.monitor = self._monitor  # the new device of that name: retarget to it
+            except (InputError, AttachError) as e:
+                return Health(missing, "gone", self._monitor_mtu, note=f"the new {self._monitor} is refused: {e}")
             return Health(missing, "renewed", self._monitor_mtu)
         if mon.mtu != self._monitor_mtu:
             self._monitor_mtu = mon.mtu
             self._write_config()
-        return Health(missing, "up" if mon.up else "down", mon.mtu)
+        state = "down" if not mon.up else "no-carrier" if not mon.carrier else "up"
+        return Health(missing, state, mon.mtu)
 
     # --- counters ---------------------------------------------------------------
     def counters(self) -> dict:
@@ -421,7 +464,7 @@ class TcMirror(BpfProgram):
         failed = defaultdict(int, self._kept_failed)
         if self.clone == "action":  # read before the program's counters: a failure never runs ahead of its copy
             for f in self.tc_filters:
-                failed[slot_of(f.ifindex)] += max(0, tc.action_stats(f)["failed"] - f.failed_base)
+                failed[slot_of(f.ifindex)] += self._action_failures(f)
         rows = {}
         for slot, names in self._slot_names.items():
             c = self.percpu_totals("stats", slot)
@@ -455,4 +498,5 @@ class TcMirror(BpfProgram):
                 self.zero_percpu("stats", slot)
         for f in self.tc_filters:
             f.failed_base = tc.action_stats(f)["failed"] if f.mirror_ifindex else 0
+            f.failed_seen = 0
         self._reset_bookkeeping()

@@ -2,7 +2,7 @@
  *
  * Python never redeclares these: BCC turns each map's key and value type into a
  * ctypes structure (table.Key / table.Leaf), so the counter names the CLI prints
- * are the field names below.
+ * are the field names below, and ebpf/abi.py reads the #defines from this file.
  */
 #ifndef VTAP_H
 #define VTAP_H
@@ -14,6 +14,9 @@
  * a frame counts in slot (ifindex of the device it passes) & (VTAP_IF_SLOTS - 1).
  * User space sums the slots for totals, and tells interfaces that share a slot. */
 #define VTAP_IF_SLOTS 256
+
+/* Largest 1-in-N sampling rate: config.sample_rate is a __u32. */
+#define VTAP_SAMPLE_MAX 4294967295
 
 /* The one entry of the `config` array map. Written by user space while the
  * program runs, so the watch-list, sampling and monitor change without a reload. */

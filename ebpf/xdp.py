@@ -23,7 +23,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from .errors import AttachError, BpfError, NoSuchNamespace
 from .holders import prog_id
-from . import tc
+from . import netdev
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_REPLACE = 1 << 4  # with IFLA_XDP_EXPECTED_FD: change the hook only if that program is on it (5.7+)
@@ -57,8 +57,8 @@ def attached_mode(ip, ifindex):
 def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
     if mode not in MODES:
         raise AttachError(f"unknown XDP mode {mode!r} (native or generic)")
-    with tc.ipr(netns) as ip:
-        ifindex = tc.ifindex_of(ip, ifname, netns)
+    with netdev.ipr(netns) as ip:
+        ifindex = netdev.ifindex_of(ip, ifname, netns)
         if attached_mode(ip, ifindex):
             raise AttachError(f"attaching XDP to {ifname}: a program is already attached")
         try:
@@ -88,7 +88,7 @@ def detach(a: XdpAttachment) -> bool:
     went with it.
     """
     try:
-        with tc.ipr(a.netns) as ip:
+        with netdev.ipr(a.netns) as ip:
             if not ip.link_lookup(index=a.ifindex):
                 return False  # the device is gone, and our program with it
             try:
@@ -105,8 +105,7 @@ def detach(a: XdpAttachment) -> bool:
     except (FileNotFoundError, NoSuchNamespace):
         return False  # the namespace is gone, and everything in it
     except NetlinkError as e:
-        reason = e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
-        raise AttachError(f"detaching XDP from {a.where}: {reason}") from None
+        raise AttachError(f"detaching XDP from {a.where}: {netdev.netlink_reason(e)}") from None
     return True
 
 

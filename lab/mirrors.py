@@ -34,16 +34,12 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import TcMirror
 from ebpf import tc as ebpf_tc
+from ebpf.netdev import netlink_reason
 
 from . import netns
 from .metrics import iface_counters
 from .netns import LabError
 from .topology import RUN_DIR
-
-
-def _reason(e: NetlinkError) -> str:
-    """The kernel's own message (extack) when it gave one, else the errno's."""
-    return e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
 
 
 class Mirror:
@@ -175,13 +171,13 @@ class TcMirred(Mirror):
                     except NetlinkError as e:
                         if e.code != errno.ENOENT:  # ENOENT: no such filter, it is gone already
                             raise LabError(f"removing tc mirred from {self.tap_iface} in {self.ns}: "
-                                           f"{_reason(e)}") from None
+                                           f"{netlink_reason(e)}") from None
                     if self._created:
                         try:
                             ebpf_tc.drop_clsact_if_unused(ip, self._ifidx)
                         except NetlinkError as e:
                             raise LabError(f"removing the clsact qdisc of {self.tap_iface} in {self.ns}: "
-                                           f"{_reason(e)}") from None
+                                           f"{netlink_reason(e)}") from None
         self.attached = False
 
 

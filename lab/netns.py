@@ -34,7 +34,7 @@ from ebpf.errors import BpfError
 
 PREFIX = "vtl-"
 NETNS_DIR = Path("/run/netns")
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET = netdev.CLONE_NEWNET
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_SHARED = 1 << 20
@@ -174,10 +174,15 @@ def ipr(name) -> IPRoute:
 def entered(name):
     """Run the body with this thread inside namespace `name` (ebpf.netdev.entered)."""
     _check_ours(name)
-    if not exists(name):
-        raise LabError(f"entering namespace {name}: it does not exist")
-    with netdev.entered(str(NETNS_DIR / name)):
+    inside = netdev.entered(str(NETNS_DIR / name))
+    try:
+        inside.__enter__()
+    except BpfError as e:  # missing, or not a namespace (a stale file): say it as the lab does
+        raise LabError(f"entering namespace {name}: {e}") from None
+    try:
         yield
+    finally:
+        inside.__exit__(None, None, None)  # back to our own namespace, whatever the body raised
 
 
 def sysctl(name, key, value):

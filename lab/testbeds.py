@@ -84,4 +84,14 @@ def testbed2() -> Testbed:
                    bridge=("br0", ["eth0", "eth1"]))
 
 
+def pair(a="a", b="b", name="pair") -> Topology:
+    """Two hosts and one veth link (198.18.1.1 and .2): the smallest lab, for
+    trying one program or one tool."""
+    t = Topology(name)
+    t.add_host(a)
+    t.add_host(b)
+    t.add_link(a, b)
+    return t
+
+
 TESTBEDS = {1: testbed1, 2: testbed2}

@@ -79,8 +79,11 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tb1):
     (["--monitor", "mon0", "--watch", "198.18.1.1/24"], "host bits set (did you mean 198.18.1.0/24?)"),
     (["--monitor", "mon0", "--sample", "0"], "--sample must be from 1 (every matched packet) to 4294967295, not 0"),
     (["--monitor", "mon0", "--sample", "4294967296"], "--sample must be from 1"),  # wrapped to 0: mirrored all
-    (["--monitor", "mon0", "--direction", "sideways"], "--direction must be ingress, egress or both"),
-    (["--monitor", "mon0", "--match", "both"], "--match must be src, dst or any"),
+    (["--monitor", "mon0", "--direction", "sideways"], "argument --direction: invalid choice: 'sideways'"),
+    (["--monitor", "mon0", "--match", "both"], "argument --match: invalid choice: 'both'"),
+    (["--monitor", "mon0", "--interval", "nan"], "--interval must be a number of seconds > 0, not nan"),
+    (["--monitor", "mon0", "--interval", "inf"], "--interval must be a number of seconds > 0, not inf"),
+    (["--monitor", "mon0", "--duration", "nan"], "--duration must be a number of seconds > 0, not nan"),
     (["--iface", "eth0"], "--monitor is required"),
     (["--monitor", "mon0", "--watch-file", "/nonexistent/hosts.txt"],
      "cannot read watch-list file /nonexistent/hosts.txt: No such file or directory"),
@@ -207,7 +210,7 @@ def test_not_root_as_a_normal_user(tb1):
     system Python: the check runs before anything heavier is imported."""
     import shutil
     import tempfile
-    with tempfile.TemporaryDirectory(prefix="vtl-nonroot-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="vtl-nonroot-", dir="/tmp") as tmp:  # not $TMPDIR: maybe private
         os.chmod(tmp, 0o755)
         for pkg in ("vtap", "ebpf"):
             shutil.copytree(ROOT / pkg, Path(tmp) / pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -277,12 +280,36 @@ def test_ebpf_flag_prints_the_c_text(tb1):
     assert "int tc_mirror(struct __sk_buff *skb)" in r.stdout and "-DVTAP_MATCH_SRC=0" in r.stdout
 
 
+class Stderr:
+    """A running vtap's stderr, read line by line in a thread, so a test can wait
+    for what vtap says instead of sleeping."""
+
+    def __init__(self, proc):
+        import threading
+        self.lines, self.proc = [], proc
+        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        self.thread.start()
+
+    def wait_for(self, text, seconds=15):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if any(text in ln for ln in self.lines):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"vtap did not say {text!r}; it said {self.lines}")
+
+    def text(self):
+        self.thread.join(timeout=15)
+        return "".join(self.lines)
+
+
 @pytest.mark.parametrize("clone", ["action", "helper"])
 def test_monitor_deleted_and_made_again_while_running(tb1, clone):
     """Deleted: said once, and the copies count as failed. Made again under its
     name: said, and the copies go to the new device."""
     from lab.traffic import Capture, Marker, build, send_frames
     proc = start_vtap(tb1, ["--interval", "0.1", "--watch", f"{WATCHED_SRC4}/32", "--clone", clone])
+    err = Stderr(proc)
     marker = Marker()
 
     def send(name):
@@ -294,27 +321,108 @@ def test_monitor_deleted_and_made_again_while_running(tb1, clone):
     tb1.topo.run("receiver", ["ip", "link", "del", "mon0"])  # its peer, the monitor's eth0, goes too
     tb1.topo.run("receiver", ["ip", "link", "add", "spare", "type", "veth", "peer", "name", "eth0", "netns",
                               tb1.ns("monitor")])  # so that the capture has an eth0 to open
-    time.sleep(0.5)
+    err.wait_for("monitor mon0 was deleted")
     assert send("gone") == 0
     tb1.topo.run("receiver", ["ip", "link", "del", "spare"])
     tb1.topo.run("receiver", ["ip", "link", "add", "mon0", "type", "veth", "peer", "name", "eth0", "netns",
                               tb1.ns("monitor")])
     tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "up"])
     tb1.topo.run("monitor", ["ip", "link", "set", "eth0", "up"])
-    time.sleep(0.5)
+    err.wait_for("monitor mon0 was made again")
     arrived = send("back")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=15)
-    assert proc.returncode == 0, err
+    out = proc.stdout.read()
+    assert proc.wait(timeout=15) == 0
+    said = err.text()
     final = json.loads(out.splitlines()[-1])
-    assert "vtap: warning: monitor mon0 was deleted: copies fail (counted as failed)" in err
-    assert "vtap: warning: monitor mon0 was made again: copies go to the new mon0" in err
+    assert "vtap: warning: monitor mon0 was deleted: copies fail (counted as failed)" in said
+    assert "vtap: warning: monitor mon0 was made again: copies go to the new mon0" in said
     assert arrived == 300 and final["failed"] == 300 and final["cloned"] == 300 and invariant(final)
 
 
-def test_monitor_down_warning_says_what_happens_to_the_copies(tb1):
+@pytest.mark.parametrize("clone, what", [("action", "its copies are refused and counted as failed"),
+                                         ("helper", "the kernel drops the copies without an error")])
+def test_monitor_down_at_start_and_up_again(tb1, clone, what):
+    before = tc.hook_snapshot(tb1.ns("receiver"))
     tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "down"])
-    r = vtap(tb1, "--monitor", "mon0", "--iface", "eth0", "--duration", "0.3")
-    assert "monitor mon0 is down: its copies are refused and counted as failed" in r.stderr
-    r = vtap(tb1, "--monitor", "mon0", "--iface", "eth0", "--duration", "0.3", "--clone", "helper")
-    assert "the kernel drops the copies without an error (not counted as failed)" in r.stderr
+    proc = start_vtap(tb1, ["--interval", "0.1", "--clone", clone])
+    err = Stderr(proc)
+    err.wait_for(f"vtap: warning: monitor mon0 is down: {what}")
+    tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "up"])
+    err.wait_for("vtap: warning: monitor mon0 is up again")
+    proc.send_signal(signal.SIGINT)
+    proc.stdout.read()
+    assert proc.wait(timeout=15) == 0
+    assert tc.hook_snapshot(tb1.ns("receiver")) == before
+
+
+def test_oversize_copies_are_announced_once(tb1):
+    """The monitor's MTU lowered while vtap runs: vtap notices the new MTU, counts
+    the copies that no longer fit, and says so once, not per interval."""
+    from lab.traffic import Marker, build, send_frames
+    proc = start_vtap(tb1, ["--interval", "0.1"])
+    err = Stderr(proc)
+    tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "mtu", "1000"])
+    time.sleep(0.5)  # a few intervals: vtap reads the new MTU into its map
+    marker = Marker()
+    for _ in range(2):
+        frames = build([Flow("big", WATCHED_SRC4, RX4, count=100, size=1200)], marker, tb1.sender_mac,
+                       tb1.next_hop_mac)
+        send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+        time.sleep(0.3)
+    err.wait_for("copies were longer than monitor mon0's MTU (1000) allows")
+    proc.send_signal(signal.SIGINT)
+    final = json.loads(proc.stdout.read().splitlines()[-1])
+    assert proc.wait(timeout=15) == 0
+    assert final["oversize"] == 200 and err.text().count("longer than monitor") == 1
+
+
+def test_watch_list_from_standard_input(tb1):
+    proc = tb1.topo.popen(tb1.tap_host, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
+                                         "--watch-file", "-", "--json"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(f"# from a pipe\n{WATCHED_SRC4}/32\n")
+    proc.stdin.close()
+    proc.stdin = None  # communicate() must not touch it again
+    assert json.loads(proc.stdout.readline())["watch"] == [f"{WATCHED_SRC4}/32"]
+    _, rx, mon = run_flows(tb1, [Flow("w", WATCHED_SRC4, RX4, count=200), Flow("u", UNWATCHED_SRC4, RX4, count=200)])
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert dict(mon) == {"w": 200}
+
+
+@pytest.mark.parametrize("args", [["--cleanup"], ["--monitor", "mon0", "--ebpf"]])
+def test_other_output_into_head_is_quiet_too(tb1, args):
+    cmd = f"set -o pipefail; {sys.executable} -m vtap {' '.join(args)} | head -n 1"
+    r = tb1.topo.run(tb1.tap_host, ["bash", "-c", cmd], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def caught_signals(pid):
+    """The signals a process has handlers for (SigCgt in /proc/<pid>/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigCgt:"):
+            mask = int(line.split()[1], 16)
+            return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
+    return set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_before_attaching_detaches_cleanly(tb1, sig):
+    """The signal lands as soon as vtap handles it: in its imports, the compile
+    or the attach, long before "attached". It stops at the next step: exit 0,
+    nothing on stderr, nothing attached."""
+    before = tc.hook_snapshot(tb1.ns("receiver"))
+    proc = tb1.topo.popen(tb1.tap_host, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
+                                         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    # SIGHUP: Python itself catches SIGINT from its start, vtap's handlers come
+    # with the others, all three at once
+    while signal.SIGHUP not in caught_signals(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and err == "", err
+    assert '"attached"' not in out  # it stopped before attaching (the compile alone takes far longer)
+    assert tc.hook_snapshot(tb1.ns("receiver")) == before

@@ -7,7 +7,7 @@ import pytest
 from ebpf.xdp_sink import XdpSink
 from lab import netns
 from lab.bench.common import udp_frames
-from lab.topology import Topology
+from lab import testbeds  # the module: pytest would collect test*-named functions
 from lab.traffic import GENERATORS, Capture, Marker, XdpGenerator, flow_frames, Flow
 from lab.traffic.report import MAX_LOAD_PACKETS
 from tests.conftest import require_tool
@@ -15,11 +15,7 @@ from tests.conftest import require_tool
 
 @pytest.fixture
 def pair():
-    t = Topology("gen")
-    t.add_host("tx")
-    t.add_host("rx")
-    t.add_link("tx", "rx")
-    with t:
+    with testbeds.pair("tx", "rx", "gen") as t:
         yield t
 
 

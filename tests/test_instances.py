@@ -6,10 +6,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 from ebpf import TcMirror
-from ebpf import tc
+from ebpf import netdev, tc
 from lab.demo import start_vtap
 from lab.traffic import Flow
 from helpers import RX4, WATCHED_SRC4, run_flows
@@ -40,7 +39,7 @@ def test_cleanup_spares_a_running_vtap_and_all_removes_it(tb1):
         r = vtap(tb1, "--cleanup")
         assert r.returncode == 0, r.stderr
         assert "left filter vtap+clsact:tc_mirror on eth0 ingress alone: a running vtap holds it" in r.stdout
-        assert f"(pid {proc.pid}" in r.stdout or "pid " in r.stdout
+        assert f"(pid {proc.pid})" in r.stdout
         assert len(vtap_filters(tb1)) == 1
         _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
         assert mon["a"] == N  # still mirroring
@@ -119,18 +118,52 @@ def test_a_vtap_whose_interface_is_deleted_says_so(tb2):
     assert tc.hook_snapshot(tb2.ns("tapnode"))["eth0"] == (False, [])
 
 
-def test_two_vtaps_started_at_once_both_attach(tb1):
-    """Started together, both pick a slot from the same dump; the second add finds
-    it taken and places again instead of failing."""
-    procs = [tb1.topo.popen(tb1.tap_host, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
-                                           "--json", "--duration", "3", "--interval", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    deadline = time.monotonic() + 30
-    while len(vtap_filters(tb1)) < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.05)
-    assert len(vtap_filters(tb1)) == 2
-    for p in procs:
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 0, err
-    assert tc.hook_snapshot(tb1.ns("receiver"))["eth0"] == (False, [])
+def test_a_slot_taken_between_look_and_add_is_placed_again(tb1, monkeypatch):
+    """Two vTAPs starting together both read the hook, then add: the second add
+    finds its slot taken (EEXIST) and must place again, not fail. The race is
+    made real and certain: right after our placement, another instance attaches
+    into that very slot."""
+    ns = tb1.ns("receiver")
+    place, taken = tc._place, []
+
+    def place_then_lose_the_race(ip, ifindex, parent):
+        slot = place(ip, ifindex, parent)
+        if not taken:
+            taken.append(slot)
+            other.attach("eth0", "ingress")  # its own placement sees `taken` and goes straight in
+        return slot
+
+    monkeypatch.setattr(tc, "_place", place_then_lose_the_race)
+    # `tap` made the clsact qdisc, so it goes last and removes it. (Had it gone
+    # first, `other`, which found the qdisc there with no filter to say whose,
+    # would leave it in place, empty, as it leaves anybody's.)
+    with TcMirror(monitor="mon0", netns=ns) as tap, TcMirror(monitor="mon0", netns=ns) as other:
+        (f,) = tap.attach("eth0", "ingress")
+        (o,) = other.tc_filters
+        assert (o.prio, o.handle) == taken[0][:2] != (f.prio, f.handle)
+        _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
+        assert rx["a"] == N and mon["a"] == 2 * N  # both really copy
+    assert tc.hook_snapshot(ns)["eth0"] == (False, [])
+
+
+def test_a_clsact_made_between_look_and_add_is_used(tb1, monkeypatch):
+    """The other race: both see no clsact qdisc and both add one. The second add
+    (EEXIST) must use the qdisc that is there, and leave it to its maker."""
+    ns = tb1.ns("receiver")
+    has, made = tc.has_clsact, []
+
+    def look_then_lose_the_race(ip, ifindex):
+        there = has(ip, ifindex)
+        if not there and not made:
+            with netdev.ipr(ns) as other:
+                other.tc("add", "clsact", index=ifindex)
+            made.append(ifindex)
+        return there
+
+    monkeypatch.setattr(tc, "has_clsact", look_then_lose_the_race)
+    with TcMirror(monitor="mon0", netns=ns) as tap:
+        (f,) = tap.attach("eth0", "ingress")
+        assert made and f.name == "vtap:tc_mirror"  # not "+clsact": we did not make it
+        _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
+        assert mon["a"] == N
+    assert tc.hook_snapshot(ns)["eth0"] == (True, [])  # the maker's qdisc stays, empty

@@ -91,7 +91,7 @@ from ebpf import TcMirror
 from ebpf.xdp_gen import XdpGen
 from ebpf.xdp_sink import XdpSink
 sources = []
-for prog in (TcMirror("lo"), XdpSink(), XdpGen()):   # lo: compiling never looks the monitor up
+for prog in (TcMirror("lo"), XdpSink(), XdpGen()):   # lo: a monitor every namespace has
     prog.compile()                                    # clang finds the C and its headers, installed
     sources.append(str(prog.source_path))
     prog.close()

@@ -3,7 +3,7 @@
 import pytest
 
 from ebpf import InputError, TcMirror
-from ebpf import tc
+from ebpf import netdev, tc
 from lab import netns
 from lab.traffic import Capture, ExactFrames, Flow, Marker, build, flow_frames, send_frames
 from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_SRC4, WATCHED_SRC6,
@@ -17,10 +17,20 @@ def tap_for(tb, **kw):
     return TcMirror(monitor=tb.monitor_iface, netns=tb.ns(tb.tap_host), **kw)
 
 
+def settled(tap, key, want, seconds=5):
+    """tap.counters() once counter `key` has reached `want` (frames still in
+    flight on a loaded machine), or as they are after `seconds`."""
+    import time
+    deadline = time.monotonic() + seconds
+    while (c := tap.counters())[key] < want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return c
+
+
 def kernel_prog_id(tb):
     """The program id of the one vTAP filter on the tapped hook, as the kernel
     reports it (TCA_BPF_ID), not as this process remembers it."""
-    with tc.ipr(tb.ns(tb.tap_host)) as ip:
+    with netdev.ipr(tb.ns(tb.tap_host)) as ip:
         (entry,) = [e for e in tc.entries(ip, ip.link_lookup(ifname=tb.tap_iface)[0], tc.PARENTS["ingress"])
                     if e.name.startswith("vtap")]
     assert entry.prog_id > 0
@@ -205,7 +215,7 @@ def test_clone_failure_is_counted_with_its_bytes(tb1, clone):
         tap.attach(tb1.tap_iface, "ingress")
         with Capture(tb1.ns("receiver"), "eth0", marker) as rx:
             send_frames(tb1.ns("sender"), "eth0", before, rate_pps=20000)
-            c = tap.counters()
+            c = settled(tap, "cloned", N)  # every frame through the tap before the monitor goes
             assert c["cloned"] == N and c["cloned_bytes"] == N * size and c["failed"] == 0
             with netns.ipr(tb1.ns("receiver")) as ip:
                 ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
@@ -228,7 +238,7 @@ def test_a_monitor_that_is_down(tb1, clone, failed):
         with Capture(tb1.ns("monitor"), "eth0", marker) as mon, Capture(tb1.ns("receiver"), "eth0", marker) as rx:
             send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
         c = tap.counters()
-        assert tap.health().monitor == "down"
+        assert tap.health().monitor_state == "down"
     assert rx.counts["a"] == N and mon.counts["a"] == 0
     assert c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
 
@@ -291,3 +301,64 @@ def test_sample_rate_limits(tb1):
 def test_a_namespace_that_does_not_exist():
     with pytest.raises(InputError, match=r"no network namespace named 'vtl-nowhere' \(/run/netns/vtl-nowhere"):
         TcMirror(monitor="mon0", netns="vtl-nowhere")
+
+
+@pytest.mark.parametrize("clone, failed", [("action", N), ("helper", 0)])
+def test_a_monitor_without_carrier(tb1, clone, failed):
+    """The monitor is up but its link is not (the far end of its veth is down):
+    mirred refuses the copies just as for a monitor that is down, and health()
+    says no-carrier rather than up."""
+    marker = Marker()
+    frames = build([Flow("a", WATCHED_SRC4, RX4, count=N)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        tb1.topo.run("monitor", ["ip", "link", "set", "eth0", "down"])
+        assert tap.health().monitor_state == "no-carrier"
+        send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+        c = settled(tap, "matched", N)
+    assert c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
+
+
+def test_counters_by_interface(tb2):
+    """tb2's tap node taps both bridge ports: the frame in at eth0 and out at eth1
+    counts once on each, and the totals are their sum."""
+    with tap_for(tb2, watch=[f"{WATCHED_SRC4}/32"], match="src") as tap:
+        tap.attach_many(["eth0", "eth1"], "both")
+        _, rx, mon = run_flows(tb2, [Flow("fwd", WATCHED_SRC4, RX4, count=N)])
+        totals, rows = tap.snapshot()
+    assert set(rows) == {"eth0", "eth1"}
+    assert rows["eth0"]["cloned"] == rows["eth1"]["cloned"] == N
+    assert all(totals[k] == rows["eth0"][k] + rows["eth1"][k] for k in totals)
+
+
+def test_failures_of_a_filter_removed_from_outside_are_kept(tb1):
+    """The monitor goes, copies fail; then the filter is removed from outside.
+    The failures counted so far must stay counted (they were read back as 0 from
+    the vanished action before)."""
+    marker = Marker()
+    frames = build([Flow("a", WATCHED_SRC4, RX4, count=N)], marker, tb1.sender_mac, tb1.next_hop_mac)
+    with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        with netns.ipr(tb1.ns("receiver")) as ip:
+            ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
+        send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
+        before = settled(tap, "failed", N)
+        tc.cleanup("vtap", tb1.ns("receiver"), spare_live=False)
+        after = tap.counters()
+    assert before["failed"] == after["failed"] == N and after["cloned"] == 0 and invariant(after)
+
+
+def test_a_watch_list_change_that_does_not_fit_twice(tb1):
+    """Room for 4 per family, 3 watched, 3 others wanted: old and new together do
+    not fit, so the old entries leave first, and the change succeeds (it ended in
+    a bare 'No space left' from BCC, with the maps half-changed)."""
+    new_hosts = [f"198.18.1.{i}/32" for i in (10, 11, 12)]
+    with tap_for(tb1, watch=["198.18.9.1/32", "198.18.9.2/32", "198.18.9.3/32"], watch_max=4) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        tap.set_watch(new_hosts)
+        assert tap.watch == new_hosts
+        _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N), Flow("u", UNWATCHED_SRC4, RX4, count=N)])
+        with pytest.raises(InputError, match="more than the 4 it has room for"):
+            tap.set_watch([f"198.18.2.{i}/32" for i in range(5)])
+        assert tap.watch == new_hosts  # a refused change changes nothing
+    assert dict(mon) == {"a": N}

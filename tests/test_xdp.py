@@ -13,7 +13,6 @@ from ebpf.xdp_sink import XdpSink
 from lab import netns, testbeds
 from lab.netns import LabError
 from lab.rig import ThroughputRig
-from lab.topology import Topology
 from tests.conftest import require
 from tests.helpers import in_a_thread_without_net_admin
 
@@ -22,11 +21,7 @@ BPF_XDP = 37  # enum bpf_attach_type (uapi bpf.h)
 
 @pytest.fixture
 def topo():
-    t = Topology("xdp")
-    t.add_host("a")
-    t.add_host("b")
-    t.add_link("a", "b")
-    with t:
+    with testbeds.pair(name="xdp") as t:
         yield t
 
 
@@ -98,10 +93,7 @@ def test_detach_is_quiet_when_the_device_is_gone(topo):
 
 
 def test_detach_is_quiet_when_the_namespace_is_gone():
-    t = Topology("xdp")
-    t.add_host("a")
-    t.add_host("b")
-    t.add_link("a", "b")
+    t = testbeds.pair(name="xdp")
     with XdpSink() as sink:
         with t:
             a = sink.attach("eth0", netns=t.ns("a"))

@@ -13,12 +13,14 @@ while it ran).
 
 import argparse
 import json
+import math
 import os
+import select
 import signal
 import sys
-import threading
 import time
 
+from ebpf.abi import VTAP
 from ebpf.errors import BpfError, InputError
 
 EXAMPLES = """\
@@ -43,7 +45,8 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 RATES = ("seen", "matched", "cloned", "failed")
 TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malformed", "oversize")
 HEADS = {"sampled_out": "SAMPLED", "non_ip": "NON-IP"}
-SAMPLE_MAX = 2 ** 32 - 1  # ebpf.tc_mirror.SAMPLE_MAX (not imported: this module loads before pyroute2)
+SAMPLE_MAX = VTAP["VTAP_SAMPLE_MAX"]
+WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
 
 
 class UsageError(Exception):
@@ -51,7 +54,7 @@ class UsageError(Exception):
 
 
 class Stop(Exception):
-    """SIGTERM/SIGHUP: leave the loop and detach, as Ctrl-C does."""
+    """Ctrl-C, SIGTERM or SIGHUP: leave the run and detach."""
 
 
 class OutputClosed(Exception):
@@ -73,8 +76,10 @@ def parse_args(argv):
                    help="read more CIDRs from FILE, one per line, '#' starts a comment; - is stdin (repeatable)")
     p.add_argument("--watch-max", type=int, metavar="N",
                    help="watch-list room per address family (default: 1024, or the list's size if larger)")
-    p.add_argument("--match", default="any", help="which address must be watched: src, dst or any (default any)")
-    p.add_argument("--direction", default="ingress", help="ingress, egress or both (default ingress)")
+    p.add_argument("--match", default="any", choices=("src", "dst", "any"),
+                   help="which address must be watched (default any)")
+    p.add_argument("--direction", default="ingress", choices=("ingress", "egress", "both"),
+                   help="which hook of each interface (default ingress)")
     p.add_argument("--sample", type=int, default=1, metavar="N",
                    help=f"mirror 1 in N matched packets, N from 1 to {SAMPLE_MAX} (default 1: all)")
     p.add_argument("--clone", default="action", choices=("action", "helper"),
@@ -100,18 +105,14 @@ def check_args(a):
         return
     if not a.monitor:
         raise UsageError("--monitor is required (the interface the copies leave through)")
-    if a.match not in ("src", "dst", "any"):
-        raise UsageError(f"--match must be src, dst or any, not {a.match!r}")
-    if a.direction not in ("ingress", "egress", "both"):
-        raise UsageError(f"--direction must be ingress, egress or both, not {a.direction!r}")
     if not 1 <= a.sample <= SAMPLE_MAX:
         raise UsageError(f"--sample must be from 1 (every matched packet) to {SAMPLE_MAX}, not {a.sample}")
     if a.watch_max is not None and a.watch_max < 1:
         raise UsageError(f"--watch-max must be at least 1, not {a.watch_max}")
-    if a.interval <= 0:
-        raise UsageError(f"--interval must be > 0, not {a.interval}")
-    if a.duration is not None and a.duration <= 0:
-        raise UsageError(f"--duration must be > 0, not {a.duration}")
+    if not (math.isfinite(a.interval) and a.interval > 0):
+        raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
+    if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
+        raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
     if a.monitor in a.iface:
         raise UsageError(f"monitor {a.monitor} is also a tapped interface (its own clones would loop)")
     if len(set(a.iface)) != len(a.iface):
@@ -127,6 +128,14 @@ def watch_list(a):
     for path in a.watch_file:
         nets += read_watch_file(path)
     return nets  # parsed: TcMirror takes them as they are
+
+
+def say(line, out=None):
+    """One line to standard output; the reader going away (`| head`) ends the run."""
+    try:
+        print(line, file=out or sys.stdout, flush=True)
+    except BrokenPipeError:
+        raise OutputClosed() from None
 
 
 def warn(msg):
@@ -145,13 +154,17 @@ class Printer:
         self.json = as_json
         self.out = out
         self.start = self.last = None
-        self.rows = 0
+        self.samples = 0
+        self.width = 10
 
     def header(self, tap, ifaces, direction):
         watch = ", ".join(tap.watch[:5]) + (f" and {len(tap.watch) - 5} more" if len(tap.watch) > 5 else "") \
             if tap.watch is not None else "everything"
+        self.width = max(10, *(len(n) for n in ifaces))  # interface names are up to 15 characters
         msg = dict(event="attached", monitor=tap.monitor, ifaces=ifaces, direction=direction,
-                   watch=tap.watch, match=tap.match, sample=tap.sample, clone=tap.clone)
+                   watch=None if tap.watch is None else tap.watch[:WATCH_SHOWN],
+                   watch_count=None if tap.watch is None else len(tap.watch),
+                   match=tap.match, sample=tap.sample, clone=tap.clone)
         if self.json:
             self._emit(msg)
         else:
@@ -180,56 +193,73 @@ class Printer:
         rows = list(per_iface.items())
         if len(rows) != 1:
             rows.append(("all", totals))
-        if self.rows % 20 == 0 or final:
+        w = self.width
+        if self.samples % 20 == 0 or final:
             # The final block's rates are averages over the whole run.
-            self._emit(f"{'SUMMARY' if final else 'TIME':8} {'IFACE':10} " +
+            self._emit(f"{'SUMMARY' if final else 'TIME':8} {'IFACE':{w}} " +
                        " ".join(f"{k.upper() + '/s':>10}" for k in RATES) + " | " +
                        " ".join(f"{HEADS.get(k, k.upper()):>10}" for k in TOTALS))
-        self.rows += 1
+        self.samples += 1
         label = "total" if final else time.strftime("%H:%M:%S")
         for name, c in rows:
             r = rates(c, base_if.get(name, {}) if name != "all" else base)
-            self._emit(f"{label:8} {name:10.10} " + " ".join(f"{r[k]:>10.0f}" for k in RATES) + " | " +
+            self._emit(f"{label:8} {name:{w}} " + " ".join(f"{r[k]:>10.0f}" for k in RATES) + " | " +
                        " ".join(f"{c[k]:>10}" for k in TOTALS))
 
     def _emit(self, obj):
-        try:
-            print(json.dumps(obj) if isinstance(obj, dict) else obj, file=self.out, flush=True)
-        except BrokenPipeError:
-            raise OutputClosed() from None
+        say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
 
 
-_MAIN_PID = os.getpid()
-STOP = threading.Event()
+class Signals:
+    """Ctrl-C, SIGTERM and SIGHUP as a request to stop, never as an exception.
+
+    An exception raised from a handler lands wherever the program is, e.g.
+    half-way through pyroute2 building an event loop, which then fails noisily
+    when collected. So the handler only sets a flag; the run checks it between
+    steps and waits for it on a pipe that the kernel-side handler writes to
+    (signal.set_wakeup_fd), so nothing in a handler takes a lock."""
+
+    def __init__(self):
+        self.requested = False
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def install(self):
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, frame):
+        self.requested = True
+
+    def check(self):
+        if self.requested:
+            raise Stop()
+
+    def wait(self, seconds) -> bool:
+        """Sleep up to `seconds`; True as soon as a stop was requested."""
+        if not self.requested and seconds > 0:
+            select.select([self._read], [], [], seconds)
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        return self.requested
 
 
-def _request_stop(signum, frame):
-    # pyroute2 forks short-lived helpers to open sockets in other namespaces and
-    # stops them with SIGTERM. They inherit this handler, and must die quietly
-    # rather than unwind a copy of our stack (which would detach the vTAP).
-    if os.getpid() != _MAIN_PID:
-        os._exit(128 + signum)
-    # Only note it: an exception raised here would land in whatever runs, e.g.
-    # half-way through pyroute2 building an event loop, which then fails noisily
-    # when collected. The run checks STOP between steps and while it waits.
-    STOP.set()
-
-
-def checkpoint():
-    if STOP.is_set():
-        raise Stop()
+SIGNALS = Signals()
 
 
 def cleanup(a):
     from ebpf import tc
     removed, spared = tc.cleanup("vtap", spare_live=not a.all)
     for what in removed:
-        print(f"vtap: removed {what}")
+        say(f"vtap: removed {what}")
     for f in spared:
-        print(f"vtap: left filter {f.entry.name} on {f.where} alone: a running vtap holds it "
-              f"(pid {', '.join(map(str, f.pids))}); --cleanup --all removes it too")
+        say(f"vtap: left filter {f.entry.name} on {f.where} alone: a running vtap holds it "
+            f"(pid {', '.join(map(str, f.pids))}); --cleanup --all removes it too")
     if not removed and not spared:
-        print("vtap: nothing to clean up in this namespace")
+        say("vtap: nothing to clean up in this namespace")
     return 0
 
 
@@ -243,6 +273,12 @@ def monitor_name(tap, ifindex):
 
 
 def warn_at_start(tap):
+    from ebpf import netdev
+    with netdev.ipr(tap.netns) as ip:
+        kind = netdev.opaque(ip, netdev.ifindex_of(ip, tap.monitor, tap.netns))
+    if kind:
+        warn(f"monitor {tap.monitor} is a {kind} device: vtap cannot tell which interfaces its copies leave "
+             "through, so it cannot refuse a tap that would copy them again; do not tap those at egress")
     for f in tap.tc_filters:
         if f.runs_after:
             warn(f"{f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the vTAP; "
@@ -255,46 +291,44 @@ def warn_at_start(tap):
               f"to {mon}: frames both match are copied twice" if mon else
               "(with --clone helper): frames both match are copied twice")
         warn(f"{o.where} already has another vTAP filter ({who}) copying {to}")
-    state = tap.health().monitor
-    if state == "down":
-        warn(MONITOR_STATES["down"][tap.clone].format(m=tap.monitor))
-    return state
 
 
-MONITOR_STATES = {
-    "down": {"action": "monitor {m} is down: its copies are refused and counted as failed",
-             "helper": "monitor {m} is down: the kernel drops the copies without an error (not counted as failed)"},
-    "gone": {"action": "monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
-                       "appears again",
-             "helper": "monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
-                       "appears again"},
-    "renewed": {"action": "monitor {m} was made again: copies go to the new {m}",
-                "helper": "monitor {m} was made again: copies go to the new {m}"},
-    "up": {"action": "monitor {m} is up again", "helper": "monitor {m} is up again"},
-}
+def monitor_news(state, tap, note=""):
+    """What to say when the monitor enters `state` (TcMirror.health())."""
+    m = tap.monitor
+    refused = ("its copies are refused and counted as failed" if tap.clone == "action" else
+               "the kernel drops the copies without an error (not counted as failed)")
+    return {
+        "up": f"monitor {m} is up again",
+        "down": f"monitor {m} is down: {refused}",
+        "no-carrier": f"monitor {m} has no carrier (its link is down): {refused}",
+        "gone": f"monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
+                "appears again" + (f" ({note})" if note else ""),
+        "renewed": f"monitor {m} was made again: copies go to the new {m}",
+    }[state]
 
 
 class Watcher:
-    """What changes outside while we run, each said once when it happens."""
+    """What changes outside while we run, each said once, when it happens."""
 
     def __init__(self, tap):
         self.tap = tap
-        self.monitor = "up"
+        self.monitor_state = "up"  # what the start assumes: anything else is said at the first check
         self.oversize = 0
 
-    def check(self, totals):
+    def check(self, totals=None):
         h = self.tap.health()
         if h.missing:
             f, why = h.missing[0]
             raise BpfError(f"stopped: the vTAP filter on {f.ifname} {f.direction} is gone: {why}")
-        state = "up" if h.monitor == "renewed" else h.monitor
-        if h.monitor == "renewed" or state != self.monitor:
-            warn(MONITOR_STATES[h.monitor][self.tap.clone].format(m=self.tap.monitor))
-        self.monitor = state
-        if totals["oversize"] > self.oversize == 0:
-            warn(f"{totals['oversize']} copies were longer than monitor {self.tap.monitor}'s MTU ({h.monitor_mtu}) "
-                 "allows: the kernel fragments or drops them (counted as oversize)")
-        self.oversize = totals["oversize"]
+        if h.monitor_state == "renewed" or h.monitor_state != self.monitor_state:
+            warn(monitor_news(h.monitor_state, self.tap, h.note))
+        self.monitor_state = "up" if h.monitor_state == "renewed" else h.monitor_state
+        if totals is not None:
+            if totals["oversize"] > self.oversize == 0:
+                warn(f"{totals['oversize']} copies were longer than monitor {self.tap.monitor}'s MTU "
+                     f"({h.monitor_mtu}) allows: the kernel fragments or drops them (counted as oversize)")
+            self.oversize = totals["oversize"]
 
 
 def run(a):
@@ -318,19 +352,20 @@ def run(a):
         raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
                          "(use --iface)")
     if a.ebpf:
-        print(tap.c_text())
-        print("// cflags: " + " ".join(tap.cflags))
+        say(tap.c_text())
+        say("// cflags: " + " ".join(tap.cflags))
         return 0
 
     printer = Printer(a.json)
-    checkpoint()
+    SIGNALS.check()
     with tap:
         tap.load_program()
-        checkpoint()
+        SIGNALS.check()
         tap.attach_many(ifaces, a.direction)
-        checkpoint()
+        SIGNALS.check()
+        warn_at_start(tap)
         watcher = Watcher(tap)
-        watcher.monitor = warn_at_start(tap)
+        watcher.check()
         printer.header(tap, ifaces, a.direction)  # after the warnings: "attached" means ready
         printer.sample(*tap.snapshot())
         deadline = time.monotonic() + a.duration if a.duration else None
@@ -338,7 +373,7 @@ def run(a):
         try:
             while True:
                 wait = a.interval if deadline is None else min(a.interval, deadline - time.monotonic())
-                if STOP.wait(max(wait, 0)) or (deadline is not None and time.monotonic() >= deadline):
+                if SIGNALS.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
                     break
                 totals, per_iface = tap.snapshot()
                 watcher.check(totals)
@@ -364,9 +399,7 @@ def _quiet_stdout():
 
 
 def main(argv=None):
-    # Installed first, so that a signal during compile or attach detaches too.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _request_stop)
+    SIGNALS.install()  # first, so that a signal during compile or attach detaches too
     a = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_args(a)
@@ -380,7 +413,7 @@ def main(argv=None):
     except (UsageError, InputError) as e:
         print(f"vtap: error: {e}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Stop):
+    except (KeyboardInterrupt, Stop):  # KeyboardInterrupt: Ctrl-C before SIGNALS.install()
         return 0
     except OutputClosed:
         _quiet_stdout()

@@ -10,6 +10,7 @@ and detaches everything on close() or at the end of a `with` block.
     ...     print(prog.counters())
 """
 
+import inspect
 import os
 import re
 import sys
@@ -21,6 +22,7 @@ from .errors import BpfError, CompileError, PrivilegeError, VerifierError
 from . import privileges, tc, xdp
 
 HERE = Path(__file__).resolve().parent
+INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums, rewriting
 
 
 def import_bcc():
@@ -68,16 +70,19 @@ def _verifier_summary(log: str) -> str:
 class BpfProgram:
     """Base class: compile, load, attach, read counters, detach.
 
-    Subclasses set SOURCE (a file name beside the subclass's module) and pass -D
-    parameters to __init__. `source` overrides the C file, for developing an
-    extension of a program without editing the package.
+    Subclasses set SOURCE (a file name beside the subclass's module, wherever
+    that module lives) and pass -D parameters to __init__. `source` overrides the
+    C file, for developing an extension of a program without editing the
+    package. The C text sees two include directories: the class's own (for the
+    program's header, e.g. vtap.h) and ebpf/include (the shared headers).
     """
 
     SOURCE: str = ""
 
     def __init__(self, cflags=(), source=None):
-        self.source_path = Path(source) if source else HERE / self.SOURCE
-        self.cflags = [f"-I{HERE}", *cflags]
+        here = Path(inspect.getfile(type(self))).resolve().parent
+        self.source_path = Path(source) if source else here / self.SOURCE
+        self.cflags = [f"-I{here}", f"-I{INCLUDE}", *cflags]
         self.bpf = None
         self._functions = {}
         self._tc_filters = []

@@ -43,8 +43,8 @@ def _benches_help(benches):
 
 
 def main(argv=None):
-    from .bench import generators, vtap_throughput
-    benches = (vtap_throughput, generators)
+    from .bench import benches as find_benches
+    benches = find_benches()
     p = argparse.ArgumentParser(prog="python -m lab",
                                 description="eBPF vTAP Lab: namespace testbeds and experiments",
                                 epilog=_benches_help(benches) + "\n" + EXAMPLES,
@@ -59,8 +59,8 @@ def main(argv=None):
                                    "datasets/results or --out, and prints a table of medians.",
                        epilog="run python -m lab bench NAME --help for a bench's options and examples")
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
-    vtap_throughput.add_arguments(bsub.add_parser(vtap_throughput.NAME, help=vtap_throughput.SUMMARY))
-    generators.add_arguments(bsub.add_parser(generators.NAME, help=generators.SUMMARY))
+    for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
+        bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
@@ -83,7 +83,7 @@ def main(argv=None):
         return 0
     if a.cmd == "bench":
         try:
-            return run_bench(a)
+            return next(m for m in benches if m.NAME == a.bench).main(a)
         except (ValueError, LabError, BpfError) as e:
             print(f"lab bench: error: {e}", file=sys.stderr)
             return 1
@@ -92,36 +92,6 @@ def main(argv=None):
         if not 1 <= a.count <= 100_000:
             p.error("--count must be between 1 and 100000")
         return run(count=a.count, rate_pps=a.rate)
-    return 2
-
-
-def run_bench(a):
-    from .bench.common import parse_list
-    if a.bench == "vtap-throughput":
-        from .bench import vtap_throughput as vt
-        tbs = parse_list(a.testbed, int, [1, 2], "testbed")
-        sizes = parse_list(a.sizes, int, what="size")
-        mirrors = parse_list(a.mirrors, str, vt.MIRROR_ORDER, "mirror")
-        cpus = tuple(parse_list(a.cpus, int, what="cpu"))
-        if len(cpus) != 2:
-            raise ValueError("--cpus takes two CPUs: generator,DUT")
-        if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60:
-            raise ValueError("--trials must be 1..100 and --duration 0.5..60 s")
-        if a.rate is not None and a.rate <= 0:
-            raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
-        df, path = vt.run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out,
-                          rate_pps=a.rate)
-        vt.print_summary(df)
-        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
-        return 0
-    if a.bench == "generators":
-        from .bench import generators as g
-        sizes = parse_list(a.sizes, int, what="size")
-        gens = parse_list(a.generators, str, sorted(g.GENERATORS), "generator")
-        df, path = g.run(sizes, gens, a.trials, a.duration, a.out)
-        g.print_summary(df)
-        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
-        return 0
     return 2
 
 

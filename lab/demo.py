@@ -13,20 +13,29 @@ from . import netns
 from .testbeds import testbed1
 from .traffic import Capture, Flow, Marker, build, send_frames
 
-WATCH = ["198.18.1.10/32", "198.18.1.3/32", "2001:2:0:1::10/128"]
+def watch_list(tb):
+    """Watched: the sender's first source (v4 and v6), and the receiver's second address."""
+    return [f"{tb.src4}/32", f"{tb.alt_dst4}/32", f"{tb.src6}/128"]
 
 
-def demo_flows(count):
-    # (flow, watched?) — watched by source .10/::10, or by destination .3
+def demo_flows(tb, count):
+    """(flow, watched?): watched by source, or by destination."""
+    def short(a):
+        return a[a.rfind(":"):] if ":" in a else a[a.rfind("."):]
+
+    def flow(proto, src, dst, watched, why):
+        name = f"{proto}{6 if ':' in src else 4} {short(src)}->{short(dst)} ({why})"
+        return Flow(name, src, dst, proto, count=count), watched
+
     return [
-        (Flow("udp4 .10->.2 (src watched)", "198.18.1.10", "198.18.1.2", "udp", count=count), True),
-        (Flow("tcp4 .10->.2 (src watched)", "198.18.1.10", "198.18.1.2", "tcp", count=count), True),
-        (Flow("udp4 .20->.3 (dst watched)", "198.18.1.20", "198.18.1.3", "udp", count=count), True),
-        (Flow("udp4 .20->.2 (unwatched)", "198.18.1.20", "198.18.1.2", "udp", count=count), False),
-        (Flow("tcp4 .20->.2 (unwatched)", "198.18.1.20", "198.18.1.2", "tcp", count=count), False),
-        (Flow("udp6 ::10->::2 (src watched)", "2001:2:0:1::10", "2001:2:0:1::2", "udp", count=count), True),
-        (Flow("tcp6 ::10->::2 (src watched)", "2001:2:0:1::10", "2001:2:0:1::2", "tcp", count=count), True),
-        (Flow("udp6 ::20->::2 (unwatched)", "2001:2:0:1::20", "2001:2:0:1::2", "udp", count=count), False),
+        flow("udp", tb.src4, tb.dst4, True, "src watched"),
+        flow("tcp", tb.src4, tb.dst4, True, "src watched"),
+        flow("udp", tb.alt_src4, tb.alt_dst4, True, "dst watched"),
+        flow("udp", tb.alt_src4, tb.dst4, False, "unwatched"),
+        flow("tcp", tb.alt_src4, tb.dst4, False, "unwatched"),
+        flow("udp", tb.src6, tb.dst6, True, "src watched"),
+        flow("tcp", tb.src6, tb.dst6, True, "src watched"),
+        flow("udp", tb.alt_src6, tb.dst6, False, "unwatched"),
     ]
 
 
@@ -61,10 +70,12 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
     say = lambda s="": print(s, file=out, flush=True)  # noqa: E731
     tb = testbed1()
     with tb:
-        say(f"Testbed 1 (namespaces {tb.topo.prefix}*): sender 198.18.1.0/24 -> receiver (vTAP on eth0 ingress) -> mon0 -> monitor")
-        say("vtap --monitor mon0 --iface eth0 " + " ".join(f"--watch {w}" for w in WATCH))
-        vtap = start_vtap(tb, [a for w in WATCH for a in ("--watch", w)])
-        flows = demo_flows(count)
+        say(f"Testbed 1 (namespaces {tb.topo.prefix}*): sender -> receiver {tb.dst4} (vTAP on eth0 ingress) "
+            "-> mon0 -> monitor")
+        watch = watch_list(tb)
+        say("vtap --monitor mon0 --iface eth0 " + " ".join(f"--watch {w}" for w in watch))
+        vtap = start_vtap(tb, [a for w in watch for a in ("--watch", w)])
+        flows = demo_flows(tb, count)
         marker = Marker()
         frames = build([f for f, _ in flows], marker, tb.sender_mac, tb.next_hop_mac)
         with Capture(tb.ns("receiver"), "eth0", marker) as rx, Capture(tb.ns("monitor"), "eth0", marker) as mon:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ebpf.netdev import ifindex_of
+
 from . import netns
 
 # mpstat's columns, from /proc/stat's fields (user and nice include guest time).
@@ -169,10 +171,7 @@ IFACE_FIELDS = ["rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped"
 def iface_counters(ns, ifname) -> dict:
     """rx/tx packets, bytes and drops of one interface in a lab namespace (netlink)."""
     with netns.ipr(ns) as ip:
-        idx = ip.link_lookup(ifname=ifname)
-        if not idx:
-            raise netns.LabError(f"no interface {ifname} in {ns}")
-        stats = ip.get_links(idx[0])[0].get_attr("IFLA_STATS64")
+        stats = ip.get_links(ifindex_of(ip, ifname, ns))[0].get_attr("IFLA_STATS64")
     return {k: stats[k] for k in IFACE_FIELDS}
 
 

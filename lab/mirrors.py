@@ -34,30 +34,29 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import TcMirror
 from ebpf import tc as ebpf_tc
-from ebpf.netdev import netlink_reason
+from ebpf.netdev import ifindex_of, netlink_reason
 
 from . import netns
 from .metrics import iface_counters
 from .netns import LabError
+from .peers import Peer
 from .topology import RUN_DIR
 
 
-class Mirror:
+class Mirror(Peer):
+    """A peer whose job is copying the tapped interface's ingress to the monitor."""
     name = "none"
 
     def __init__(self, ns, tap_iface, monitor_iface, bridge=None, cpu=None):
+        super().__init__()
         self.ns, self.tap_iface, self.monitor_iface = ns, tap_iface, monitor_iface
         self.bridge = bridge  # (bridge name, [ports]) when the tap node bridges
         self.cpu = cpu        # where a userspace datapath should run
-        self.attached = False
         self._base = None
 
     def _ifindex(self, ifname):
         with netns.ipr(self.ns) as ip:
-            found = ip.link_lookup(ifname=ifname)
-        if not found:
-            raise LabError(f"no interface {ifname} in {self.ns}")
-        return found[0]
+            return ifindex_of(ip, ifname, self.ns)
 
     def attach(self):
         self._base = iface_counters(self.ns, self.monitor_iface)
@@ -70,18 +69,6 @@ class Mirror:
         now = iface_counters(self.ns, self.monitor_iface)
         return {"mirrored": now["tx_packets"] - self._base["tx_packets"],
                 "mirrored_bytes": now["tx_bytes"] - self._base["tx_bytes"]}
-
-    def close(self):
-        if self.attached:
-            self.detach()
-
-    def __enter__(self):
-        self.attach()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class NoMirror(Mirror):
@@ -239,6 +226,7 @@ class OvsMirror(Mirror):
     shared core kernel receive work starves them.
     """
     name = "ovs"
+    takes_dut_core = True  # its datapath is a process: give it the DUT core (see lab.peers)
     BRIDGE = "vtlovs"
     SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 
@@ -311,11 +299,24 @@ class OvsMirror(Mirror):
         self.vsctl("add-br", self.BRIDGE, "--", "set", "bridge", self.BRIDGE, "datapath_type=netdev")
         for p in ports:
             self.vsctl("add-port", self.BRIDGE, p)
+        self._ports = ports
         self.vsctl("--", "--id=@p", "get", "port", self.tap_iface,
                    "--", "--id=@m", "get", "port", self.monitor_iface,
                    "--", "--id=@mir", "create", "mirror", "name=vtl", "select-src-port=@p", "output-port=@m",
                    "--", "set", "bridge", self.BRIDGE, "mirrors=@mir")
         self._base = iface_counters(self.ns, self.monitor_iface)
+
+    def ready(self, timeout=15.0):
+        """ovs-vsctl returns when ovs-vswitchd has taken the configuration; a port
+        is open (its AF_PACKET socket bound) once it has an OpenFlow port number."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ofports = {p: self.vsctl("get", "interface", p, "ofport") for p in self._ports}
+            if all(n.isdigit() and int(n) > 0 for n in ofports.values()):
+                return
+            if time.monotonic() > deadline:
+                raise LabError(f"OVS ports not open after {timeout:.0f} s: {ofports}")
+            time.sleep(0.05)
 
     def detach(self):
         if self.attached and netns.exists(self.ns):

@@ -51,7 +51,7 @@ def napi_threads():
 
 
 class ThroughputRig:
-    def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001):
+    def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001, dut_sink=True):
         ncpu = os.cpu_count()
         if gen_cpu == dut_cpu or max(gen_cpu, dut_cpu) >= ncpu:
             raise ValueError(f"generator and DUT need two different CPUs of 0..{ncpu - 1}")
@@ -61,6 +61,7 @@ class ThroughputRig:
         self.dut_ns = testbed.ns(testbed.tap_host)
         self.dut_iface = testbed.tap_iface
         self.udp_port = udp_port
+        self.dut_sink = dut_sink  # count arrivals at the DUT with an XDP pass sink (see Peer.owns_dut_xdp)
         self.sockets = []
 
     # --- set-up ------------------------------------------------------------
@@ -91,7 +92,8 @@ class ThroughputRig:
     def _setup(self):
         tb = self.tb
         # arrivals at the DUT: counted, then on to tc and the stack
-        self._sink("dut", "pass", self.dut_ns, self.dut_iface)
+        if self.dut_sink:
+            self._sink("dut", "pass", self.dut_ns, self.dut_iface)
         if tb.receiver != tb.tap_host:
             self._sink("receiver", "drop", tb.ns(tb.receiver), tb.receiver_iface)
         self._sink("monitor", "drop", tb.ns(tb.monitor), tb.monitor_capture_iface)
@@ -155,26 +157,41 @@ class ThroughputRig:
             raise netns.LabError("closing the rig: " + "; ".join(failed))
 
     # --- one run -------------------------------------------------------------
-    def run(self, generator, mirror, seconds, count=None, rate_pps=None, settle=0.3):
-        """One bounded load run with `mirror` attached. Returns raw measurements."""
-        mirror.attach()
+    def run(self, generator, peer, seconds, count=None, rate_pps=None, settle=0.3):
+        """One bounded load run with `peer` (lab.peers.Peer) doing the DUT's job.
+        Returns raw measurements: the send report, each sink's counts, the CPU
+        sampler, and how much each of the peer's counters grew."""
+        lifted = self._lift_dut_sink() if peer.owns_dut_xdp else None
         try:
-            if mirror.name == "ovs":
-                # ovs-vswitchd gets the DUT core to itself; the kernel's receive
-                # work moves to the generator's core for this run.
-                self.pin_napi(self.gen_cpu)
-                time.sleep(1.0)  # let OVS finish configuring its ports
-            for s in self.sinks.values():
-                s.reset_counters()
-            base = mirror.counters()
-            with CpuSampler(interval=1.0) as cpu:
-                report = generator.send(count=count, seconds=seconds, rate_pps=rate_pps)
-                time.sleep(settle)  # let queues drain into the sinks
-            counts = {k: s.counters() for k, s in self.sinks.items()}
-            mirrored = mirror.counters()
+            peer.attach()
+            try:
+                if peer.takes_dut_core:
+                    # the peer's process gets the DUT core to itself; the kernel's
+                    # receive work moves to the generator's core for this run
+                    self.pin_napi(self.gen_cpu)
+                peer.ready()
+                for s in self.sinks.values():
+                    s.reset_counters()
+                base = peer.counters()
+                with CpuSampler(interval=1.0) as cpu:
+                    report = generator.send(count=count, seconds=seconds, rate_pps=rate_pps)
+                    time.sleep(settle)  # let queues drain into the sinks
+                counts = {k: s.counters() for k, s in self.sinks.items()}
+                grown = peer.counters()
+            finally:
+                if peer.takes_dut_core:
+                    self.pin_napi(self.dut_cpu)
+                peer.detach()
         finally:
-            if mirror.name == "ovs":
-                self.pin_napi(self.dut_cpu)
-            mirror.detach()
+            if lifted:
+                self._sink("dut", "pass", self.dut_ns, self.dut_iface)
         return {"report": report, "counts": counts, "cpu": cpu,
-                "mirrored": {k: v - base.get(k, 0) for k, v in mirrored.items() if isinstance(v, int)}}
+                "mirrored": {k: v - base.get(k, 0) for k, v in grown.items() if isinstance(v, int)}}
+
+    def _lift_dut_sink(self):
+        """Take the counting sink off the DUT's interface, for a peer that puts its
+        own XDP program there (it counts with its verdicts instead)."""
+        sink = self.sinks.pop("dut", None)
+        if sink is not None:
+            sink.close()
+        return sink is not None

@@ -26,6 +26,10 @@ RECEIVER_V4 = ["198.18.1.2/24", "198.18.1.3/24"]
 RECEIVER_V6 = ["2001:2:0:1::2/64", "2001:2:0:1::3/64"]
 
 
+def _ip(cidr):
+    return cidr.split("/")[0]
+
+
 @dataclass
 class Testbed:
     topo: Topology
@@ -41,6 +45,17 @@ class Testbed:
     receiver_iface: str = "eth0"
     monitor_capture_iface: str = "eth0"   # where copies arrive, on the monitor host
     bridge: tuple | None = None           # (name, ports) when the tap host bridges sender and receiver
+    # The addresses traffic uses, the same in both testbeds: the load's (and a
+    # watched) source and its destination, and a second of each (unwatched
+    # source, a destination the demo watches).
+    src4: str = _ip(SENDER_V4[1])
+    alt_src4: str = _ip(SENDER_V4[2])
+    dst4: str = _ip(RECEIVER_V4[0])
+    alt_dst4: str = _ip(RECEIVER_V4[1])
+    src6: str = _ip(SENDER_V6[1])
+    alt_src6: str = _ip(SENDER_V6[2])
+    dst6: str = _ip(RECEIVER_V6[0])
+    alt_dst6: str = _ip(RECEIVER_V6[1])
 
     def __enter__(self):
         self.topo.build()

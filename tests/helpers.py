@@ -5,14 +5,14 @@ import ctypes
 import threading
 
 from lab import netns
+from lab.testbeds import Testbed
 from lab.traffic import Capture, Marker, build, send_frames
 
-WATCHED_SRC4 = "198.18.1.10"
-UNWATCHED_SRC4 = "198.18.1.20"
-RX4, RX4_ALT = "198.18.1.2", "198.18.1.3"
-WATCHED_SRC6 = "2001:2:0:1::10"
-UNWATCHED_SRC6 = "2001:2:0:1::20"
-RX6 = "2001:2:0:1::2"
+# The testbeds' addresses (the same in both), named for what the tests do with them.
+WATCHED_SRC4, UNWATCHED_SRC4 = Testbed.src4, Testbed.alt_src4
+RX4, RX4_ALT = Testbed.dst4, Testbed.alt_dst4
+WATCHED_SRC6, UNWATCHED_SRC6 = Testbed.src6, Testbed.alt_src6
+RX6 = Testbed.dst6
 
 RATE = 20_000  # packets/s: "modest": zero loss is required at this rate
 

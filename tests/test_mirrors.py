@@ -3,7 +3,6 @@ testbeds, and detaching leaves nothing behind."""
 
 import importlib.util
 import os
-import time
 
 import pytest
 
@@ -45,8 +44,7 @@ def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
     peer = _peer(tb, name)
     try:
         peer.attach()
-        if name == "ovs":
-            time.sleep(1.0)  # OVS configures its ports after ovs-vsctl returns
+        peer.ready()  # OVS: its ports open after ovs-vsctl returns
         flows = [Flow("w", WATCHED_SRC4, RX4, count=N, size=200)]
         # OVS's userspace datapath reads its ports through AF_PACKET sockets, which
         # overflow whenever ovs-vswitchd is descheduled for a few ms on this 2-vCPU

@@ -12,7 +12,7 @@ from ..metrics import write_results
 from ..topology import Topology
 from ..traffic import GENERATORS
 from ebpf.xdp_sink import XdpSink
-from .common import FCS, Progress, interleaved, summarize, udp_frames
+from .common import FCS, Progress, interleaved, parse_list, summarize, udp_frames
 
 
 NAME = "generators"
@@ -41,6 +41,15 @@ def add_arguments(p):
     p.add_argument("--trials", type=int, default=3, help="trials per generator and size (default %(default)s)")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of sending per run (default %(default)s)")
     p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
+
+
+def main(a):
+    sizes = parse_list(a.sizes, int, what="size")
+    gens = parse_list(a.generators, str, sorted(GENERATORS), "generator")
+    df, path = run(sizes, gens, a.trials, a.duration, a.out)
+    print_summary(df)
+    print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+    return 0
 
 
 def run(sizes, gens, trials, duration, out=None, cpu=0, progress=True):

@@ -17,7 +17,7 @@ from ..metrics import CPU_COLUMNS, write_results
 from ..mirrors import MIRRORS
 from ..rig import ThroughputRig
 from ..traffic import GENERATORS
-from .common import FCS, SIZES, Progress, interleaved, summarize, udp_frames
+from .common import FCS, SIZES, Progress, interleaved, parse_list, summarize, udp_frames
 
 NAME = "vtap-throughput"
 MIRROR_ORDER = list(MIRRORS)
@@ -69,6 +69,23 @@ def add_arguments(p):
     p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
 
 
+def main(a):
+    tbs = parse_list(a.testbed, int, [1, 2], "testbed")
+    sizes = parse_list(a.sizes, int, what="size")
+    mirrors = parse_list(a.mirrors, str, MIRROR_ORDER, "mirror")
+    cpus = tuple(parse_list(a.cpus, int, what="cpu"))
+    if len(cpus) != 2:
+        raise ValueError("--cpus takes two CPUs: generator,DUT")
+    if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60:
+        raise ValueError("--trials must be 1..100 and --duration 0.5..60 s")
+    if a.rate is not None and a.rate <= 0:
+        raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
+    df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate)
+    print_summary(df)
+    print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+    return 0
+
+
 def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
     rep, counts, cpu = m["report"], m["counts"], m["cpu"]
     secs = rep.seconds
@@ -116,7 +133,7 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                 gens = {}
                 for trial, size, name in interleaved(trials, sizes, mirrors):
                     if size not in gens:
-                        frames = udp_frames("198.18.1.10", "198.18.1.2", tb.sender_mac, tb.next_hop_mac, size, flows,
+                        frames = udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
                                             dport=rig.udp_port)  # the port of the receiving DUT's socket
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()

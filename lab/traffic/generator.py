@@ -11,6 +11,8 @@ import signal
 import subprocess
 import time
 
+from ebpf.netdev import ifindex_of
+
 from .. import netns
 from ..metrics import iface_counters
 from .report import SendReport, check_bounds
@@ -50,8 +52,7 @@ class Generator:
 
     def open(self):
         with netns.ipr(self.ns) as ip:
-            if not ip.link_lookup(ifname=self.ifname):
-                raise netns.LabError(f"no interface {self.ifname} in {self.ns}")
+            ifindex_of(ip, self.ifname, self.ns)  # fails now, in one line, for a wrong name
         try:
             self._open()
         except BaseException:

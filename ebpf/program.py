@@ -18,8 +18,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BpfError, CompileError, PrivilegeError, VerifierError
-from . import privileges, tc, xdp
+from .errors import AttachError, BpfError, CompileError, PrivilegeError, VerifierError
+from . import netdev, privileges, tc, xdp
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums, rewriting
@@ -35,6 +35,12 @@ def import_bcc():
             "(BCC comes from Debian's python3-bpfcc; never `pip install bcc`, an unrelated package)"
         ) from None
     return BPF
+
+
+@contextmanager
+def _here():
+    """The namespace we are in (netdev.entered's counterpart for netns=None)."""
+    yield
 
 
 @contextmanager
@@ -87,6 +93,7 @@ class BpfProgram:
         self._functions = {}
         self._tc_filters = []
         self._xdp = []
+        self._offloaded = {}  # ifname -> (BPF object loaded for that device, its function)
 
     # --- building -----------------------------------------------------------
     def c_text(self) -> str:
@@ -167,11 +174,35 @@ class BpfProgram:
         return list(self._tc_filters)
 
     def attach_xdp(self, function: str, ifname: str, netns=None, mode="native"):
-        """Attach `function` to ifname's XDP hook (refused if a program is there)."""
-        fn = self.load(function, "XDP")
+        """Attach `function` to ifname's XDP hook (refused if a program is there),
+        in mode native, generic or offload (see xdp.py)."""
+        fn = self._load_offloaded(function, ifname, netns) if mode == "offload" else self.load(function, "XDP")
         a = xdp.attach(netns, ifname, fn.fd, mode)
         self._xdp.append(a)
         return a
+
+    def _load_offloaded(self, function, ifname, netns):
+        """Offload is decided when the program is loaded: the kernel hands it (and
+        its maps) to the device's driver, which translates it for the NIC. So the
+        C text is compiled again, for that device; a device that cannot run BPF
+        refuses here, and the error says so with the kernel's reason."""
+        if ifname in self._offloaded:
+            return self._offloaded[ifname][1]
+        BPF = import_bcc()
+        log = []
+        try:
+            with netdev.entered(netns) if netns else _here(), _stderr_to(log):
+                bpf = BPF(text=self.c_text().encode(), cflags=self.cflags, device=ifname.encode())
+                fn = bpf.load_func(function.encode(), BPF.XDP, device=ifname.encode())
+        except Exception as e:
+            # libbpf says why on stderr ("could not open bpf map: stats, error:
+            # Invalid argument"): the errno text ends its last line
+            said = [ln for ln in "".join(log).splitlines() if ln.strip()]
+            reason = said[-1].rsplit(":", 1)[-1].strip() if said else str(e)
+            what = "creating its maps on the device" if said and "map" in said[-1] else "loading it for the device"
+            raise AttachError(f"offloading {function} to {ifname}: {xdp.OFFLOAD_NEEDS}: {reason} ({what})") from None
+        self._offloaded[ifname] = (bpf, fn)
+        return fn
 
     def detach_xdp(self, a):
         xdp.detach(a)
@@ -209,6 +240,9 @@ class BpfProgram:
             except Exception as e:
                 errors.append(f"{a.where}: {e}")
         self._xdp.clear()
+        for bpf, _ in self._offloaded.values():
+            bpf.cleanup()
+        self._offloaded.clear()
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None

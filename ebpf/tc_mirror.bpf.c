@@ -27,11 +27,8 @@
  * and a frame it cannot parse is counted, not mirrored by a watch-list.
  */
 #include <uapi/linux/bpf.h>
-#include <uapi/linux/if_ether.h>
-#include <uapi/linux/ip.h>
-#include <uapi/linux/in.h>
-#include <uapi/linux/ipv6.h>
 #include <uapi/linux/pkt_cls.h>
+#include "parsing_helpers.h"
 #include "vtap.h"
 
 #ifndef VTAP_MATCH_SRC
@@ -59,13 +56,9 @@
 #define NON_IP (-1)
 #define MALFORMED (-2)
 
-struct vlan_tag {
-	__be16 tci;
-	__be16 encapsulated_proto;
-};
-
-/* Deepest header we read: Ethernet, two VLAN tags, a fixed IPv6 header. */
-#define PARSE_DEPTH (ETH_HLEN + 2 * sizeof(struct vlan_tag) + sizeof(struct ipv6hdr))
+/* Deepest header we read: Ethernet, two VLAN tags, and an IPv4 header with all
+ * its options (60 bytes; IPv6's fixed header is 40). */
+#define PARSE_DEPTH (ETH_HLEN + VLAN_MAX_DEPTH * sizeof(struct vlan_hdr) + 60)
 
 BPF_ARRAY(config, struct vtap_config, 1);                              /* monitor, sampling, flags */
 BPF_PERCPU_ARRAY(stats, struct vtap_stats, VTAP_IF_SLOTS);             /* counters per interface slot */
@@ -106,52 +99,31 @@ static __always_inline int watched_v6(struct ipv6hdr *ip6)
 	return NOT_WATCHED;
 }
 
-/* Parse Ethernet, up to two 802.1Q/802.1ad tags and the IP header, then look the
- * addresses up. At ingress the kernel has usually moved the outer tag into
- * skb->vlan_tci already, so a tag may or may not be in the data: either is fine,
- * only the tags still in the data are skipped here. */
+/* Parse Ethernet, up to two 802.1Q/802.1ad tags and the IP header (the shared
+ * parsing_helpers.h, each step bounds-checked there), then look the addresses
+ * up. A frame whose headers are cut short or invalid is MALFORMED; one that is
+ * not IP is NON_IP: a watch-list can match neither. */
 static __always_inline int classify(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	__u32 off = ETH_HLEN;
-	__be16 proto;
+	struct hdr_cursor nh = {.pos = (void *)(long)skb->data};
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	struct ipv6hdr *ip6h;
+	int proto = parse_ethhdr(&nh, data_end, &eth);
 
-	/* Every access below is checked against data_end: the verifier rejects a
-	 * packet read it cannot prove is inside the linear data. */
-	if (data + ETH_HLEN > data_end)
+	if (proto < 0)
 		return MALFORMED;
-	proto = eth->h_proto;
-
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
-			break;
-		struct vlan_tag *tag = data + off;
-		if ((void *)(tag + 1) > data_end)
-			return MALFORMED;
-		proto = tag->encapsulated_proto;
-		off += sizeof(*tag);
-	}
-
 	if (proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = data + off;
-		if ((void *)(ip + 1) > data_end)
+		if (parse_iphdr(&nh, data_end, &iph) < 0)
 			return MALFORMED;
-		/* Options (ihl > 5) do not move the addresses; ihl < 5 is not IPv4. */
-		if (ip->version != 4 || ip->ihl < 5)
-			return MALFORMED;
-		return watched_v4(ip->saddr, ip->daddr);
+		return watched_v4(iph->saddr, iph->daddr);
 	}
 	if (proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = data + off;
-		if ((void *)(ip6 + 1) > data_end)
-			return MALFORMED;
-		if (ip6->version != 6)
+		if (parse_ip6hdr(&nh, data_end, &ip6h) < 0)
 			return MALFORMED;
 		/* Extension headers come after the addresses: nothing to skip. */
-		return watched_v6(ip6);
+		return watched_v6(ip6h);
 	}
 	return NON_IP;
 }
@@ -166,12 +138,12 @@ static __always_inline __u32 l2_len(struct __sk_buff *skb, __be16 *proto)
 
 	bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &p, sizeof(p));
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
-		if (p != bpf_htons(ETH_P_8021Q) && p != bpf_htons(ETH_P_8021AD))
+	for (int i = 0; i < VLAN_MAX_DEPTH; i++) {
+		if (!proto_is_vlan(p))
 			break;
-		if (bpf_skb_load_bytes(skb, off + offsetof(struct vlan_tag, encapsulated_proto), &p, sizeof(p)) < 0)
+		if (bpf_skb_load_bytes(skb, off + offsetof(struct vlan_hdr, h_vlan_encapsulated_proto), &p, sizeof(p)) < 0)
 			break;
-		off += sizeof(struct vlan_tag);
+		off += sizeof(struct vlan_hdr);
 	}
 	*proto = p;
 	return off;

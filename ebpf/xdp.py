@@ -1,36 +1,33 @@
-"""XDP hooks through netlink (pyroute2), and BPF_PROG_TEST_RUN through libbpf.
+"""XDP hooks through netlink (pyroute2). Running a program on frames of our own
+(BPF_PROG_TEST_RUN) is in testrun.py.
 
 attach() refuses to replace a program somebody else put on the device
 (XDP_FLAGS_UPDATE_IF_NOEXIST), and detach() removes a program only while it is
 still ours (XDP_FLAGS_REPLACE), so the lab can never silently unhook a foreign
-XDP program. Modes: "native" (the driver hook; veth has one) or "generic" (the
-skb hook every device has, after the skb is built, so it costs more).
+XDP program. Modes:
 
-test_run_live() drives a loaded XDP program with BPF_F_TEST_XDP_LIVE_FRAMES: the
-kernel builds real frames from the given data in a page pool and really
-transmits what the program returns XDP_TX/XDP_REDIRECT for (kernel 5.18+). It
-resolves the context's ingress ifindex in the calling thread's network
-namespace, so callers enter the namespace first.
+    native   the driver's hook, before an skb exists (veth has one)
+    generic  the skb hook every device has, after the skb is built: costs more
+    offload  the NIC runs the program (Netronome nfp): the program must have been
+             loaded for that device (BpfProgram.attach_xdp does so); on any other
+             device the kernel refuses, and that is said, never emulated
 """
 
-import ctypes
-import ctypes.util
 import errno
-import os
 from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import AttachError, BpfError, NoSuchNamespace
+from .errors import AttachError, InputError, NoSuchNamespace
 from .holders import prog_id
 from . import netdev
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_REPLACE = 1 << 4  # with IFLA_XDP_EXPECTED_FD: change the hook only if that program is on it (5.7+)
-MODES = {"generic": 1 << 1, "native": 1 << 2}
-ATTACHED_MODE = {"native": "xdp", "generic": "xdpgeneric"}  # IFLA_XDP_ATTACHED as pyroute2 names it
-PROG_ID_ATTR = {"native": "IFLA_XDP_DRV_PROG_ID", "generic": "IFLA_XDP_SKB_PROG_ID"}
-BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+MODES = {"generic": 1 << 1, "native": 1 << 2, "offload": 1 << 3}
+ATTACHED_MODE = {"native": "xdp", "generic": "xdpgeneric", "offload": "xdpoffload"}  # IFLA_XDP_ATTACHED, pyroute2's names
+PROG_ID_ATTR = {"native": "IFLA_XDP_DRV_PROG_ID", "generic": "IFLA_XDP_SKB_PROG_ID", "offload": "IFLA_XDP_HW_PROG_ID"}
+OFFLOAD_NEEDS = "offload needs a NIC that runs BPF, such as Netronome nfp"
 
 
 @dataclass
@@ -56,7 +53,7 @@ def attached_mode(ip, ifindex):
 
 def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
     if mode not in MODES:
-        raise AttachError(f"unknown XDP mode {mode!r} (native or generic)")
+        raise InputError(f"unknown XDP mode {mode!r} (native, generic or offload)")
     with netdev.ipr(netns) as ip:
         ifindex = netdev.ifindex_of(ip, ifname, netns)
         if attached_mode(ip, ifindex):
@@ -66,7 +63,8 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
                 ("IFLA_XDP_FD", prog_fd),
                 ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]})
         except NetlinkError as e:
-            raise AttachError(f"attaching XDP ({mode}) to {ifname}: {os.strerror(e.code)}") from None
+            need = f"{OFFLOAD_NEEDS}: " if mode == "offload" else ""
+            raise AttachError(f"attaching XDP ({mode}) to {ifname}: {need}{netdev.netlink_reason(e)}") from None
     return XdpAttachment(netns, ifname, ifindex, mode, prog_fd)
 
 
@@ -107,70 +105,3 @@ def detach(a: XdpAttachment) -> bool:
     except NetlinkError as e:
         raise AttachError(f"detaching XDP from {a.where}: {netdev.netlink_reason(e)}") from None
     return True
-
-
-# --- BPF_PROG_TEST_RUN ------------------------------------------------------
-
-class _TestRunOpts(ctypes.Structure):
-    """struct bpf_test_run_opts (libbpf 1.x, bpf.h)."""
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32),
-    ]
-
-
-class XdpMd(ctypes.Structure):
-    """struct xdp_md, the context an XDP program sees (uapi bpf.h)."""
-    _fields_ = [(n, ctypes.c_uint32) for n in
-                ("data", "data_end", "data_meta", "ingress_ifindex", "rx_queue_index", "egress_ifindex")]
-
-
-_libbpf = None
-
-
-def libbpf():
-    global _libbpf
-    if _libbpf is None:
-        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-        try:
-            lib = ctypes.CDLL(name, use_errno=True)
-        except OSError:
-            raise BpfError("libbpf.so.1 not found (Debian package libbpf1; run `make setup`)") from None
-        lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.POINTER(_TestRunOpts)]
-        lib.bpf_prog_test_run_opts.restype = ctypes.c_int
-        _libbpf = lib
-    return _libbpf
-
-
-class LiveFrames:
-    """One frame, ready to be pushed through an XDP program N times per call.
-
-    The ctypes buffers are built once, so a paced sender can call run() in a loop
-    without allocating; the syscall releases the GIL.
-    """
-
-    def __init__(self, prog_fd, frame: bytes, ingress_ifindex, batch_size=0):
-        self.prog_fd = prog_fd
-        self.frame = frame
-        self._data = ctypes.create_string_buffer(frame, len(frame))
-        self._ctx = XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
-        self._opts = _TestRunOpts(
-            sz=ctypes.sizeof(_TestRunOpts),
-            data_in=ctypes.cast(self._data, ctypes.c_void_p), data_size_in=len(frame),
-            ctx_in=ctypes.cast(ctypes.pointer(self._ctx), ctypes.c_void_p),
-            ctx_size_in=ctypes.sizeof(XdpMd),
-            flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)
-        self._run = libbpf().bpf_prog_test_run_opts
-
-    def run(self, repeat: int):
-        """Run the program `repeat` times on fresh copies of the frame."""
-        self._opts.repeat = repeat
-        if self._run(self.prog_fd, ctypes.byref(self._opts)) != 0:
-            err = ctypes.get_errno()
-            raise BpfError(f"BPF_PROG_TEST_RUN (live frames): {os.strerror(err)}")

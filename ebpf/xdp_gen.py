@@ -15,7 +15,7 @@ and namespaces are the caller's business (lab.traffic.XdpGenerator).
 """
 
 from .program import BpfProgram
-from .xdp import LiveFrames
+from .testrun import LiveFrames
 
 
 class XdpGen(BpfProgram):

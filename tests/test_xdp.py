@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ebpf import xdp
+from ebpf import AttachError, testrun, xdp
 from ebpf.xdp_sink import XdpSink
 from lab import netns, testbeds
 from lab.netns import LabError
@@ -64,7 +64,7 @@ def test_detach_leaves_a_program_attached_through_a_bpf_link(topo):
     """libbpf's bpf_program__attach_xdp() attaches through a bpf_link: the kernel
     answers a netlink detach with EBUSY, which is not ours to report either."""
     ns = topo.ns("a")
-    lib = xdp.libbpf()
+    lib = testrun.libbpf()
     lib.bpf_link_create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.bpf_link_create.restype = ctypes.c_int
     with XdpSink() as ours, XdpSink() as theirs:
@@ -140,3 +140,30 @@ def test_rig_close_failure_is_a_note_on_the_error_that_ended_the_run(rig_parts):
     _check_all_freed(rig, namespaces, sockets, " ".join(notes))
     assert raised is None  # __exit__ lets the run's own error propagate, unreplaced
     assert len(notes) == 1
+
+
+@pytest.mark.parametrize("mode, attached", [("native", "xdp"), ("generic", "xdpgeneric")])
+def test_each_mode_attaches_where_it_says(topo, mode, attached):
+    ns = topo.ns("a")
+    with XdpSink() as sink:
+        a = sink.attach("eth0", netns=ns, mode=mode)
+        with netns.ipr(ns) as ip:
+            assert xdp.attached_mode(ip, a.ifindex) == attached
+            assert xdp.attached_prog_id(ip, a.ifindex, mode) == xdp.prog_id(a.prog_fd)
+    with netns.ipr(ns) as ip:
+        assert xdp.attached_mode(ip, ip.link_lookup(ifname="eth0")[0]) is None
+
+
+def test_offload_is_attempted_and_refused_with_the_kernels_reason(topo):
+    """A veth cannot run BPF: the program is really loaded for the device, the
+    kernel refuses, and the error says what offload needs and why, in one line."""
+    ns = topo.ns("a")
+    with XdpSink() as sink:
+        with pytest.raises(AttachError) as e:
+            sink.attach("eth0", netns=ns, mode="offload")
+        assert sink._xdp == []
+    msg = str(e.value)
+    assert msg.startswith("offloading xdp_sink to eth0: offload needs a NIC that runs BPF, such as Netronome nfp: ")
+    assert "Invalid argument" in msg and "\n" not in msg
+    with netns.ipr(ns) as ip:
+        assert xdp.attached_mode(ip, ip.link_lookup(ifname="eth0")[0]) is None

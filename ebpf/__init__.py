@@ -3,6 +3,7 @@
     TcMirror      tc_mirror.bpf.c   the vTAP: clone watched traffic to a monitor (TC clsact)
     XdpSink       xdp_sink.bpf.c    count, then drop or pass, every frame at XDP
     XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
+    XdpRedirect   xdp_redirect.bpf.c  rewrite datagrams to a service so they reach a backend, and back
 
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
@@ -12,10 +13,11 @@ from importlib import import_module
 from .errors import (AttachError, BpfError, CompileError, InputError, NoSuchInterface, NoSuchNamespace,
                      PrivilegeError, VerifierError)
 
-_LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen"}
+_LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen",
+         "XdpRedirect": ".xdp_redirect"}
 
 __all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
-           "NoSuchNamespace", "PrivilegeError", "TcMirror", "VerifierError", "XdpGen", "XdpSink"]
+           "NoSuchNamespace", "PrivilegeError", "TcMirror", "VerifierError", "XdpGen", "XdpRedirect", "XdpSink"]
 
 
 def __getattr__(name):

@@ -6,6 +6,7 @@ keeps the fd of its program open as long as it runs; after `kill -9` only the
 filter is left. So a filter whose program no process holds is an orphan.
 """
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -54,3 +55,23 @@ def comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
+
+
+def prog_name(prog_id: int) -> str | None:
+    """The name the kernel keeps for a program (its function's name, cut to 15
+    characters), or None when no such program is loaded. Asked through libbpf:
+    bpf_prog_get_fd_by_id(), then bpf_obj_get_info_by_fd(); struct
+    bpf_prog_info keeps the name at offset 64."""
+    from .testrun import libbpf
+    lib = libbpf()
+    fd = lib.bpf_prog_get_fd_by_id(ctypes.c_uint32(prog_id))
+    if fd < 0:
+        return None
+    try:
+        info = ctypes.create_string_buffer(256)
+        size = ctypes.c_uint32(len(info))
+        if lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)) != 0:
+            return None
+        return info.raw[64:80].split(b"\0", 1)[0].decode()
+    finally:
+        os.close(fd)

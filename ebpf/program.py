@@ -204,6 +204,10 @@ class BpfProgram:
         self._offloaded[ifname] = (bpf, fn)
         return fn
 
+    @property
+    def xdp_attachments(self):
+        return list(self._xdp)
+
     def detach_xdp(self, a):
         xdp.detach(a)
         self._xdp.remove(a)

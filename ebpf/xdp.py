@@ -14,6 +14,7 @@ XDP program. Modes:
 """
 
 import errno
+import os
 from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -105,3 +106,49 @@ def detach(a: XdpAttachment) -> bool:
     except NetlinkError as e:
         raise AttachError(f"detaching XDP from {a.where}: {netdev.netlink_reason(e)}") from None
     return True
+
+
+def attached(netns=None) -> list[tuple[str, int, str, int]]:
+    """(ifname, ifindex, mode, program id) of every XDP program on an interface
+    of the namespace."""
+    found = []
+    with netdev.ipr(netns) as ip:
+        for link in ip.get_links():
+            x = link.get_attr("IFLA_XDP")
+            for mode, attr in PROG_ID_ATTR.items():
+                pid = x.get_attr(attr) if x else None
+                if pid:
+                    found.append((link.get_attr("IFLA_IFNAME"), link["index"], mode, pid))
+    return found
+
+
+def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str]]:
+    """Remove the XDP programs named `prog_name` from the namespace's interfaces
+    whose program no process holds any more (what a killed tool left), or all of
+    them with spare_live=False. Removal is by program id (XDP_FLAGS_REPLACE with
+    an fd of that very program), so nothing else is touched. Returns (what was
+    removed, what was spared because a process still holds it)."""
+    from .holders import holders, prog_name as name_of
+    from .testrun import libbpf
+    mine = [a for a in attached(netns) if name_of(a[3]) == prog_name]
+    live = holders(a[3] for a in mine)
+    removed, spared = [], []
+    with netdev.ipr(netns) as ip:
+        for ifname, ifindex, mode, pid in mine:
+            if live[pid] and spare_live:
+                spared.append(f"{prog_name} on {ifname} ({mode}): pid {', '.join(map(str, live[pid]))} holds it")
+                continue
+            fd = libbpf().bpf_prog_get_fd_by_id(pid)
+            if fd < 0:
+                continue  # gone in the meantime
+            try:
+                ip.link("set", index=ifindex, xdp={"attrs": [
+                    ("IFLA_XDP_FD", -1), ("IFLA_XDP_EXPECTED_FD", fd),
+                    ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE)]})
+                removed.append(f"{prog_name} on {ifname} ({mode})")
+            except NetlinkError as e:
+                if e.code not in (errno.EEXIST, errno.ENODEV):  # replaced or gone meanwhile
+                    raise AttachError(f"removing {prog_name} from {ifname}: {netdev.netlink_reason(e)}") from None
+            finally:
+                os.close(fd)
+    return removed, spared

@@ -13,6 +13,7 @@ while attached. The action (pass: the kernel routes the rewritten packet;
 forward: the program does, see the C file) is compiled in.
 """
 
+import contextlib
 import ctypes
 import ipaddress
 import re
@@ -188,11 +189,16 @@ class XdpRedirect(BpfProgram):
         return a
 
     def _fill_egress(self):
+        """The kernel resolves a devmap entry's ifindex in the namespace of the
+        process that writes it: written from elsewhere, index 3 would be some
+        other namespace's device (seen: every redirect failed, EOPNOTSUPP, into a
+        root-namespace interface). So the entries are written from inside."""
         egress = self.table("egress")
         with netdev.ipr(self.netns) as ip:
-            for dev in netdev.devices(ip).values():
-                if dev.name != "lo" and dev.index < EGRESS_SLOTS:
-                    egress[ctypes.c_int(dev.index)] = ctypes.c_int(dev.index)
+            indexes = [d.index for d in netdev.devices(ip).values() if d.name != "lo" and d.index < EGRESS_SLOTS]
+        with netdev.entered(self.netns) if self.netns else contextlib.nullcontext():
+            for index in indexes:
+                egress[ctypes.c_int(index)] = ctypes.c_int(index)
 
     def reply_interfaces(self):
         """The interfaces the backends are reached through (a route lookup per

@@ -61,9 +61,14 @@ def main(argv=None):
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
     for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
         bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY))
+    from . import redirect
+    redirect.add_arguments(sub.add_parser("redirect", help="rewrite datagrams to a service so that they reach a "
+                                          "backend (XDP), and back"))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
+    if a.cmd == "redirect":  # a tool in the conventions of vtap: its own checks, signals and exit statuses
+        return redirect.main(a)
 
     if os.geteuid() != 0:
         print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)

@@ -109,4 +109,101 @@ def pair(a="a", b="b", name="pair") -> Topology:
     return t
 
 
+@dataclass
+class RouterTestbed:
+    """Seed 000's set-up: a client, a router (the device under test) that the
+    service address is routed to, and a server behind it in a namespace of its own.
+
+        client eth0 ---- eth0 dut eth1 ---- eth0 server
+        .1.1 / 1::1       .1.2 / 1::2        .2.1 / 2::1       .2.2 / 2::2
+        service 198.18.0.17 / 2001:2::17: routed to the dut, not an address of it
+
+    The client reaches the server through the router (a route each way). In the
+    seed, the service address (10.0.8.17) was the router's own; here the router
+    is the way to it but does not hold it, as a load balancer's VIP: a reply
+    rewritten to come *from* an address of the router's own would be dropped by
+    the router's kernel as a martian source on its way to the client (with
+    `pass`, where the kernel routes it; IPv4's fib_validate_source). Two things
+    the data path needs on veth, done here for every method alike: TX checksum offload is off at the client and the server, so
+    their packets carry whole checksums that a rewrite can update (with offload,
+    the field holds only the pseudo-header's sum, finished at transmit); and
+    XDP pass programs sit on the client's and the server's interfaces, because a
+    frame that XDP redirects into a veth reaches the far end only if an XDP
+    program runs there (it turns on the veth's NAPI).
+    """
+    topo: Topology
+    client: str = "client"
+    dut: str = "dut"
+    server: str = "server"
+    client4: str = "198.18.1.1"
+    dut_in4: str = "198.18.1.2"
+    vip4: str = "198.18.0.17"
+    dut_out4: str = "198.18.2.1"
+    server4: str = "198.18.2.2"
+    client6: str = "2001:2:0:1::1"
+    dut_in6: str = "2001:2:0:1::2"
+    vip6: str = "2001:2::17"
+    dut_out6: str = "2001:2:0:2::1"
+    server6: str = "2001:2:0:2::2"
+    service_port: int = 8080
+    backend_port: int = 8083
+    dut_in: str = "eth0"
+    dut_out: str = "eth1"
+
+    def __post_init__(self):
+        self._sinks = []
+
+    def __enter__(self):
+        from ebpf.xdp_sink import XdpSink
+        self.topo.build()
+        try:
+            for host in (self.client, self.server):
+                self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
+                sink = XdpSink("pass")
+                self._sinks.append(sink)
+                sink.attach("eth0", netns=self.ns(host))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for sink in self._sinks:
+            sink.close()
+        self._sinks.clear()
+        self.topo.teardown()
+        return False
+
+    def ns(self, host):
+        return self.topo.ns(host)
+
+    def rules(self, proto="udp", families=(4, 6)):
+        """The service -> backend rules for this testbed, in the command line's form."""
+        out = []
+        if 4 in families:
+            out.append(f"{proto}:{self.vip4}:{self.service_port}={self.server4}:{self.backend_port}")
+        if 6 in families:
+            out.append(f"{proto}:[{self.vip6}]:{self.service_port}=[{self.server6}]:{self.backend_port}")
+        return out
+
+
+def router_testbed() -> RouterTestbed:
+    tb = RouterTestbed(None)
+    t = Topology("router")
+    for h in (tb.client, tb.dut, tb.server):
+        t.add_host(h, forwarding=h == tb.dut)
+    t.add_link(tb.client, tb.dut, b_if=tb.dut_in, a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
+               b_addrs=[f"{tb.dut_in4}/24", f"{tb.dut_in6}/64"])
+    t.add_link(tb.dut, tb.server, a_if=tb.dut_out, a_addrs=[f"{tb.dut_out4}/24", f"{tb.dut_out6}/64"],
+               b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"])
+    t.add_route(tb.client, f"{tb.vip4}/32", tb.dut_in4)
+    t.add_route(tb.client, f"{tb.vip6}/128", tb.dut_in6)
+    t.add_route(tb.client, "198.18.2.0/24", tb.dut_in4)
+    t.add_route(tb.client, "2001:2:0:2::/64", tb.dut_in6)
+    t.add_route(tb.server, "198.18.1.0/24", tb.dut_out4)
+    t.add_route(tb.server, "2001:2:0:1::/64", tb.dut_out6)
+    tb.topo = t
+    return tb
+
+
 TESTBEDS = {1: testbed1, 2: testbed2}

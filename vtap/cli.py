@@ -14,14 +14,13 @@ while it ran).
 import argparse
 import json
 import math
-import os
-import select
-import signal
 import sys
 import time
 
 from ebpf.abi import VTAP
-from ebpf.errors import BpfError, InputError
+from ebpf.errors import BpfError
+
+from .console import SIGNALS, UsageError, run_command, say, warn
 
 EXAMPLES = """\
 examples:
@@ -47,18 +46,6 @@ TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malfo
 HEADS = {"sampled_out": "SAMPLED", "non_ip": "NON-IP"}
 SAMPLE_MAX = VTAP["VTAP_SAMPLE_MAX"]
 WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line, exit status 2."""
-
-
-class Stop(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP: leave the run and detach."""
-
-
-class OutputClosed(Exception):
-    """Whoever reads our output went away (`| head`): detach and exit quietly."""
 
 
 def parse_args(argv):
@@ -130,21 +117,6 @@ def watch_list(a):
     return nets  # parsed: TcMirror takes them as they are
 
 
-def say(line, out=None):
-    """One line to standard output; the reader going away (`| head`) ends the run."""
-    try:
-        print(line, file=out or sys.stdout, flush=True)
-    except BrokenPipeError:
-        raise OutputClosed() from None
-
-
-def warn(msg):
-    try:
-        print(f"vtap: warning: {msg}", file=sys.stderr, flush=True)
-    except (BrokenPipeError, ValueError):
-        pass
-
-
 class Printer:
     """Live counters: rates over the last interval, and totals, per interface
     (and for all of them when there are several). The final block shows rates
@@ -208,46 +180,6 @@ class Printer:
 
     def _emit(self, obj):
         say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
-
-
-class Signals:
-    """Ctrl-C, SIGTERM and SIGHUP as a request to stop, never as an exception.
-
-    An exception raised from a handler lands wherever the program is, e.g.
-    half-way through pyroute2 building an event loop, which then fails noisily
-    when collected. So the handler only sets a flag; the run checks it between
-    steps and waits for it on a pipe that the kernel-side handler writes to
-    (signal.set_wakeup_fd), so nothing in a handler takes a lock."""
-
-    def __init__(self):
-        self.requested = False
-        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def install(self):
-        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._note)
-
-    def _note(self, signum, frame):
-        self.requested = True
-
-    def check(self):
-        if self.requested:
-            raise Stop()
-
-    def wait(self, seconds) -> bool:
-        """Sleep up to `seconds`; True as soon as a stop was requested."""
-        if not self.requested and seconds > 0:
-            select.select([self._read], [], [], seconds)
-            try:
-                while os.read(self._read, 512):
-                    pass
-            except BlockingIOError:
-                pass
-        return self.requested
-
-
-SIGNALS = Signals()
 
 
 def cleanup(a):
@@ -387,41 +319,7 @@ def run(a):
     return 0
 
 
-def _quiet_stdout():
-    """After the reader went away: point fd 1 at /dev/null, so that the
-    interpreter's last flush does not raise BrokenPipeError again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-
-
 def main(argv=None):
     SIGNALS.install()  # first, so that a signal during compile or attach detaches too
     a = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        check_args(a)
-        from ebpf import privileges
-        lacking = privileges.message()
-        if lacking:
-            raise UsageError(lacking)
-        from ebpf.program import import_bcc
-        import_bcc()
-        return run(a)
-    except (UsageError, InputError) as e:
-        print(f"vtap: error: {e}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Stop):  # KeyboardInterrupt: Ctrl-C before SIGNALS.install()
-        return 0
-    except OutputClosed:
-        _quiet_stdout()
-        return 0
-    except ImportError as e:
-        print(f"vtap: error: Python package {e.name!r} is missing; run `make setup` as root and use .venv/bin/python",
-              file=sys.stderr)
-        return 1
-    except BpfError as e:
-        print(f"vtap: error: {e}", file=sys.stderr)
-        return 1
+    return run_command("vtap", lambda: check_args(a), lambda: run(a))

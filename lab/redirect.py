@@ -1,0 +1,217 @@
+"""python -m lab redirect: rewrite datagrams to a service so that they reach a
+backend, with ebpf.XdpRedirect at the XDP hook, and give the replies the
+service's address back. In the conventions of `python -m vtap`: it works in the
+namespace it starts in, every exit detaches what it attached, and the same exit
+statuses (vtap/console.py).
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from vtap.console import SIGNALS, UsageError, run_command, say, warn
+
+EXAMPLES = """\
+examples:
+  python -m lab redirect --iface eth0 --rule udp:198.18.0.17:8080=198.18.2.2:8083
+                        # the seed's rewrite; replies are given the service's address back
+                        # on the interface the backend is reached through (a route lookup)
+  python -m lab redirect --iface eth0 --rule 'udp:[2001:2::17]:8080=[2001:2:0:2::2]:8083' \\
+                         --rule tcp:198.18.0.17:80=198.18.2.2:8080 --action forward
+                        # IPv6 in brackets; forward: the program routes, the stack never sees them
+  python -m lab redirect --iface eth0 --rule ... --mode generic --duration 10 --json
+  ip netns exec dut python -m lab redirect ...   # inside a network namespace
+  python -m lab redirect --cleanup       # remove what a killed run left attached
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, program removed while running);
+  2 cannot run as given (bad option or rule, unknown interface, not root)
+"""
+
+REASONS = ("not_ip", "no_rule", "fragment", "malformed")
+SLOW = ("slow_no_neigh", "slow_ttl", "slow_too_big", "slow_no_route")
+
+
+def add_arguments(p):
+    p.description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
+                     "backend at the XDP hook, and the source of the backend's replies back to the service.")
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--iface", metavar="IF", action="append", default=[],
+                   help="where the clients' datagrams arrive (repeatable); the program is also attached where "
+                        "each backend is reached, for its replies")
+    p.add_argument("--rule", metavar="PROTO:VIP:PORT=BACKEND:PORT", action="append", default=[],
+                   help="udp or tcp; IPv6 addresses in brackets (repeatable)")
+    p.add_argument("--action", default="pass", choices=("pass", "forward"),
+                   help="pass: the kernel routes the rewritten packet (the seed's design); forward: the program "
+                        "looks the route up and sends it out itself (default %(default)s)")
+    p.add_argument("--mode", default="native", choices=("native", "generic", "offload"),
+                   help="XDP mode (default %(default)s); offload needs a NIC that runs BPF")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between lines (default 1)")
+    p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove redirect programs a killed run left attached in this namespace (running ones "
+                        "are spared)")
+    p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running redirects too")
+    p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+
+
+def check_args(a):
+    if a.all and not a.cleanup:
+        raise UsageError("--all goes with --cleanup")
+    if a.cleanup:
+        return
+    if not a.iface:
+        raise UsageError("--iface is required (where the clients' datagrams arrive)")
+    if not a.rule:
+        raise UsageError("--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
+    if len(set(a.iface)) != len(a.iface):
+        raise UsageError("an interface is given twice with --iface")
+    if not (math.isfinite(a.interval) and a.interval > 0):
+        raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
+    if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
+        raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
+
+
+def local_services(prog):
+    """Rules whose service address is an address of this namespace: with `pass`
+    the kernel drops the replies given that source as martians (IPv4)."""
+    from ebpf import netdev
+    with netdev.ipr(prog.netns) as ip:
+        mine = {a.get_attr("IFA_ADDRESS") for a in ip.get_addr()}
+    return [r for r in prog.rules if str(r.vip) in mine and r.vip.version == 4]
+
+
+class Printer:
+    def __init__(self, as_json):
+        self.json = as_json
+        self.start = self.last = None
+        self.lines = 0
+
+    def header(self, prog, ifaces, mode):
+        msg = dict(event="attached", ifaces=ifaces, rules=[str(r) for r in prog.rules], action=prog.action,
+                   mode=mode)
+        if self.json:
+            say(json.dumps(msg))
+        else:
+            say(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
+
+    def sample(self, prog, final=False):
+        now = time.monotonic()
+        stats, rules = prog.counters(), prog.rule_counters()
+        if self.start is None:
+            self.start = (now, rules)
+        t0, before = self.start if final else (self.last or self.start)
+        self.last = (now, rules)
+        dt = now - t0
+
+        def rate(rule, key):
+            return (rules[rule][key] - before.get(rule, {}).get(key, 0)) / dt if dt > 0 else 0.0
+
+        if self.json:
+            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
+                   "rules": {r: {**c, "packets_pps": round(rate(r, "packets"), 1),
+                                 "reply_packets_pps": round(rate(r, "reply_packets"), 1)} for r, c in rules.items()}}
+            say(json.dumps(out))
+            return
+        width = max(10, *(len(r) for r in rules))
+        if self.lines % 20 == 0 or final:
+            say(f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
+                f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}")
+        self.lines += 1
+        label = "total" if final else time.strftime("%H:%M:%S")
+        for r, c in rules.items():
+            say(f"{label:8} {r:{width}} {rate(r, 'packets'):>12.0f} {rate(r, 'reply_packets'):>10.0f} | "
+                f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}")
+        untouched = ", ".join(f"{k.replace('_', '-')} {stats[k]}" for k in REASONS)
+        slow = ", ".join(f"{k[5:].replace('_', '-')} {stats[k]}" for k in SLOW)
+        say(f"{'':8} untouched: {untouched}" + (f"; to the kernel (forward): {slow}" if prog.action == "forward"
+                                               else ""))
+
+
+def cleanup(a):
+    from ebpf import xdp
+    removed, spared = xdp.cleanup("xdp_redirect", spare_live=not a.all)
+    for what in removed:
+        say(f"redirect: removed {what}")
+    for what in spared:
+        say(f"redirect: left {what}; --cleanup --all removes it too")
+    if not removed and not spared:
+        say("redirect: nothing to clean up in this namespace")
+    return 0
+
+
+def removed_from(prog):
+    """The interfaces our program was taken off from outside, or []."""
+    from ebpf import holders, xdp
+    mine = holders.prog_id(prog.load_program().fd)
+    on = {(ifindex, mode) for _, ifindex, mode, pid in xdp.attached(prog.netns) if pid == mine}
+    return [a.ifname for a in prog.xdp_attachments if (a.ifindex, a.mode) not in on]
+
+
+def run(a):
+    from ebpf import BpfError, XdpRedirect, netdev
+
+    if a.cleanup:
+        return cleanup(a)
+    prog = XdpRedirect(a.rule, action=a.action)
+    with netdev.ipr(None) as ip:
+        for name in a.iface:
+            netdev.ifindex_of(ip, name)
+    ifaces = list(a.iface)
+    for name, backends in prog.reply_interfaces().items():
+        if name not in ifaces:
+            ifaces.append(name)
+            warn(f"also attaching to {name}: replies from {', '.join(backends)} arrive there")
+    if a.action == "pass":
+        for r in local_services(prog):
+            warn(f"service address {r.vip} is an address of this host: with --action pass the kernel drops the "
+                 f"replies given it as their source (a martian); use --action forward, or a service address "
+                 f"this host routes but does not hold")
+    if a.ebpf:
+        say(prog.c_text())
+        say("// cflags: " + " ".join(prog.cflags))
+        return 0
+    printer = Printer(a.json)
+    SIGNALS.check()
+    with prog:
+        prog.load_program()
+        SIGNALS.check()
+        for name in ifaces:  # all or nothing: `with prog` detaches what was attached
+            prog.attach(name, a.mode)
+        SIGNALS.check()
+        printer.header(prog, ifaces, a.mode)
+        printer.sample(prog)
+        deadline = time.monotonic() + a.duration if a.duration else None
+        failure = None
+        try:
+            while True:
+                wait = a.interval if deadline is None else min(a.interval, deadline - time.monotonic())
+                if SIGNALS.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                gone = removed_from(prog)
+                if gone:
+                    raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
+                                   "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
+                printer.sample(prog)
+        except BpfError as e:
+            failure = e
+        finally:
+            printer.sample(prog, final=True)
+        if failure:
+            raise failure
+    return 0
+
+
+def main(a):
+    """python -m lab redirect (lab/__main__.py parses the arguments)."""
+    SIGNALS.install()
+    return run_command("python -m lab redirect", lambda: check_args(a), lambda: run(a))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m lab redirect")
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

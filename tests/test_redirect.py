@@ -1,0 +1,239 @@
+"""XdpRedirect on the real kernel, in the seed's set-up (lab.testbeds.router_testbed):
+a file arrives whole through every action and mode, and the client's connected
+socket takes the replies (so they came from the service's address); counters
+are exact; rules change live; the fast path's fallbacks are counted; and the
+command line as a user runs it."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ebpf import XdpRedirect, xdp
+from lab import netns, testbeds
+from lab.traffic import FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 300
+
+
+@pytest.fixture
+def rtb():
+    with testbeds.router_testbed() as tb:
+        yield tb
+
+
+def nft_counter(tb, host, port):
+    """An nftables counter of UDP datagrams to `port` arriving at host (before any socket)."""
+    netns.run(tb.ns(host), ["nft", "-f", "-"], text=True, input=(
+        "table inet vtl_count {\n chain pre {\n type filter hook prerouting priority -400;\n"
+        f" udp dport {port} counter\n }}\n}}\n"))
+
+    def read():
+        out = netns.run(tb.ns(host), ["nft", "-j", "list", "table", "inet", "vtl_count"], capture_output=True,
+                        text=True).stdout
+        rule = next(x["rule"] for x in json.loads(out)["nftables"] if "rule" in x)
+        return next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+    return read
+
+
+def to_service(tb, n, family=4, ttl=64, size=200, dport=None):
+    """n datagrams from the client to the service, as crafted frames (one flow)."""
+    src, dst = (tb.client4, tb.vip4) if family == 4 else (tb.client6, tb.vip6)
+    flow = Flow("s", src, dst, "udp", sport=40000, dport=dport or tb.service_port, count=n, size=size)
+    frames = build([flow], Marker(), tb.topo.mac("client", "eth0"), tb.topo.mac("dut", "eth0"))
+    if ttl != 64:
+        from scapy.layers.l2 import Ether
+        frames = [bytes(Ether(f)) for f in frames]
+        frames = [bytes(_with_ttl(Ether(f), ttl)) for f in frames]
+    return frames
+
+
+def _with_ttl(p, ttl):
+    from scapy.layers.inet import IP
+    p[IP].ttl = ttl
+    del p[IP].chksum
+    return p.__class__(bytes(p))
+
+
+@pytest.mark.parametrize("family", [4, 6])
+@pytest.mark.parametrize("mode", ["native", "generic"])
+@pytest.mark.parametrize("action", ["pass", "forward"])
+def test_a_file_arrives_whole_and_replies_come_from_the_service(rtb, action, mode, family):
+    vip, server = (rtb.vip4, rtb.server4) if family == 4 else (rtb.vip6, rtb.server6)
+    with XdpRedirect(rtb.rules("udp"), action=action, netns=rtb.ns("dut")) as prog:
+        prog.attach(rtb.dut_in, mode)
+        prog.attach(rtb.dut_out, mode)
+        with FileTransferServer(rtb.ns("server"), server, rtb.backend_port) as srv:
+            # a connected client: a reply from anywhere but vip:8080 never reaches it
+            rep = FileTransfer(rtb.ns("client"), "eth0", vip, rtb.service_port, size=2 << 20).send(seconds=30)
+            done = srv.wait_result(timeout=10)
+        c = prog.counters()
+        rules = prog.rule_counters()
+    assert rep.extra["ok"] and done["ok"] and rep.extra["sha256"] == done["sha256"]
+    rule = rules[rtb.rules("udp")[0 if family == 4 else 1]]
+    assert rule["packets"] == c["to_backend"] == rep.extra["datagrams"]  # every datagram the client sent
+    assert rule["reply_packets"] == c["to_client"] > 0
+    verdict = "xdp_pass" if action == "pass" else "xdp_redirect"
+    assert c[verdict] == c["to_backend"] + c["to_client"] + c["no_rule"] + c["not_ip"]
+
+
+@pytest.mark.parametrize("action", ["pass", "forward"])
+def test_counts_are_exact_and_rules_change_live(rtb, action):
+    at_server = nft_counter(rtb, "server", rtb.backend_port)
+    frames = to_service(rtb, N)
+    with XdpRedirect(rtb.rules("udp", families=(4,)), action=action, netns=rtb.ns("dut")) as prog:
+        prog.attach(rtb.dut_in)
+        prog.attach(rtb.dut_out)
+        send_frames(rtb.ns("client"), "eth0", frames, rate_pps=20000)
+        assert at_server() == N and prog.counters()["to_backend"] == N
+        prog.remove_rule(prog.rules[0])  # live: the same program, a map entry less
+        send_frames(rtb.ns("client"), "eth0", frames, rate_pps=20000)
+        assert at_server() == N and prog.counters()["no_rule"] >= N
+        prog.add_rule(rtb.rules("udp", families=(4,))[0])
+        send_frames(rtb.ns("client"), "eth0", frames, rate_pps=20000)
+        assert at_server() == 2 * N and prog.rule_counters()[str(prog.rules[0])]["packets"] == N
+
+
+def test_forward_leaves_to_the_kernel_what_its_fast_path_cannot_take(rtb):
+    """TTL 1 (the kernel sends the ICMP error), no neighbour entry yet (the kernel
+    resolves it, and the fast path takes over), larger than the egress MTU (the
+    kernel fragments): each handed over rewritten, and counted by reason."""
+    at_server = nft_counter(rtb, "server", rtb.backend_port)
+    with XdpRedirect(rtb.rules("udp", families=(4,)), action="forward", netns=rtb.ns("dut")) as prog:
+        prog.attach(rtb.dut_in)
+        prog.attach(rtb.dut_out)
+        send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, ttl=1), rate_pps=2000)
+        c = prog.counters()
+        assert c["slow_ttl"] == 20 and c["xdp_pass"] >= 20 and at_server() == 0
+
+        rtb.topo.run("dut", ["ip", "neigh", "del", rtb.server4, "dev", rtb.dut_out])
+        send_frames(rtb.ns("client"), "eth0", to_service(rtb, 50), rate_pps=200)
+        c = prog.counters()
+        assert c["slow_no_neigh"] >= 1 and c["xdp_redirect"] >= 1  # resolved by the kernel, then fast again
+
+        rtb.topo.run("dut", ["ip", "link", "set", rtb.dut_out, "mtu", "1000"])
+        send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, size=1200), rate_pps=2000)
+        c = prog.counters()
+        assert c["slow_too_big"] == 20
+    time.sleep(0.2)
+    assert at_server() == 50 + 20  # the kernel delivered them all (the big ones in fragments)
+
+
+def redirect_cli(tb, *args, **kw):
+    return tb.topo.run("dut", [sys.executable, "-m", "lab", "redirect", *args], check=False, capture_output=True,
+                       text=True, cwd=ROOT, timeout=60, **kw)
+
+
+@pytest.mark.parametrize("args, status, message", [
+    (["--iface", "eth9", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], 2, "no interface named 'eth9'"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080"], 2, "bad rule 'udp:198.18.0.17:8080'"),
+    (["--iface", "eth0", "--rule", "sctp:198.18.0.17:80=198.18.2.2:80"], 2, "bad rule"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:0=198.18.2.2:8083"], 2, "port 0 is out of range"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:65536"], 2, "port 65536 is out of range"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=[2001:2:0:2::2]:8083"], 2,
+     "an IPv4 service cannot have an IPv6 backend"),
+    (["--iface", "eth0", "--rule", "udp:2001:2::17:8080=[2001:2:0:2::2]:8083"], 2, "bad rule"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083",
+      "--rule", "udp:198.18.0.17:8080=198.18.2.2:9999"], 2, "two rules for udp:198.18.0.17:8080"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083",
+      "--rule", "udp:198.18.0.18:8080=198.18.2.2:8083"], 2, "two rules send to backend udp:198.18.2.2:8083"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--mode", "turbo"], 2,
+     "argument --mode: invalid choice: 'turbo'"),
+    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--mode", "offload"], 1,
+     "offload needs a NIC that runs BPF, such as Netronome nfp: Invalid argument"),
+    (["--iface", "eth0"], 2, "--rule is required"),
+])
+def test_bad_input_is_one_line_and_attaches_nothing(rtb, args, status, message):
+    r = redirect_cli(rtb, *args)
+    assert r.returncode == status, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
+    others = [ln for ln in r.stderr.splitlines() if ": error: " not in ln and ": warning: " not in ln
+              and not ln.startswith(("usage:", " "))]  # argparse's usage lines come with its errors
+    assert len(errors) == 1 and message in errors[0] and not others, r.stderr
+    assert xdp.attached(rtb.ns("dut")) == []
+
+
+def test_not_root(rtb):
+    r = rtb.topo.run("dut", ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "lab",
+                             "redirect", "--iface", "eth0", "--rule", rtb.rules()[0]],
+                     check=False, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.startswith("python -m lab redirect: error: must run as root"), r.stderr
+
+
+def test_verifier_rejection_shows_the_verifiers_line(rtb, tmp_path):
+    src = (ROOT / "ebpf/xdp_redirect.bpf.c").read_text()
+    count = "\tst->seen++;\n"
+    assert count in src
+    broken = tmp_path / "xdp_redirect.bpf.c"
+    broken.write_text(src.replace(count, "\tst->seen += *(__u8 *)(long)ctx->data;  /* no bounds check */\n"))
+    code = ("import sys; from ebpf import XdpRedirect\n"
+            f"p = XdpRedirect({rtb.rules()!r}, source={str(broken)!r})\n"
+            "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    r = rtb.topo.run("dut", [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.startswith("VerifierError verifier rejected xdp_redirect: ") and "packet" in r.stdout, r.stdout
+
+
+def test_runs_counts_and_detaches_on_sigterm(rtb):
+    at_server = nft_counter(rtb, "server", rtb.backend_port)
+    proc = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0",
+                                  *sum((["--rule", r] for r in rtb.rules()), []), "--json", "--interval", "0.2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    first = json.loads(proc.stdout.readline())
+    assert first["event"] == "attached" and first["ifaces"] == ["eth0", "eth1"]  # eth1: where replies arrive
+    send_frames(rtb.ns("client"), "eth0", to_service(rtb, N), rate_pps=20000)
+    send_frames(rtb.ns("client"), "eth0", to_service(rtb, N, family=6), rate_pps=20000)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "also attaching to eth1: replies from 198.18.2.2, 2001:2:0:2::2 arrive there" in err
+    final = json.loads(out.splitlines()[-1])
+    assert final["event"] == "final" and final["to_backend"] == 2 * N
+    assert [v["packets"] for v in final["rules"].values()] == [N, N]
+    assert at_server() == 2 * N  # both families reached the server (the inet table counts both)
+    assert xdp.attached(rtb.ns("dut")) == []
+
+
+def test_cleanup_after_sigkill_spares_a_running_one(rtb):
+    killed = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule",
+                                    rtb.rules()[0], "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    assert json.loads(killed.stdout.readline())["event"] == "attached"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    left = xdp.attached(rtb.ns("dut"))
+    assert len(left) == 2, "SIGKILL leaves the program on eth0 and eth1"
+    r = redirect_cli(rtb, "--cleanup")
+    assert r.returncode == 0 and r.stdout.count("removed xdp_redirect on") == 2, r.stdout
+    assert xdp.attached(rtb.ns("dut")) == []
+    live = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule",
+                                  rtb.rules()[0], "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT)
+    try:
+        assert json.loads(live.stdout.readline())["event"] == "attached"
+        r = redirect_cli(rtb, "--cleanup")
+        assert "left xdp_redirect on eth0 (native): pid" in r.stdout and len(xdp.attached(rtb.ns("dut"))) == 2
+        r = redirect_cli(rtb, "--cleanup", "--all")
+        assert r.stdout.count("removed") == 2
+        out, err = live.communicate(timeout=15)
+        assert live.returncode == 1 and "stopped: the program was removed from" in err, err
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+
+
+def test_a_service_address_the_router_holds_is_warned_about_with_pass(rtb):
+    """With pass, the kernel drops a reply given the router's own address as its
+    source (an IPv4 martian): said at start. (The testbed routes the service
+    address to the router instead of giving it one, for this reason.)"""
+    rtb.topo.run("dut", ["ip", "addr", "add", f"{rtb.vip4}/32", "dev", "lo"])
+    r = redirect_cli(rtb, "--iface", "eth0", "--rule", rtb.rules()[0], "--duration", "0.3")
+    assert r.returncode == 0, r.stderr
+    assert f"service address {rtb.vip4} is an address of this host: with --action pass the kernel drops" in r.stderr
+    r = redirect_cli(rtb, "--iface", "eth0", "--rule", rtb.rules()[0], "--duration", "0.3", "--action", "forward")
+    assert "martian" not in r.stderr

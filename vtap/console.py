@@ -1,0 +1,128 @@
+"""What every command line of the project shares: one-line errors and their exit
+statuses, output that ends quietly when its reader goes away, and signals taken
+as a request to stop.
+
+Exit statuses (vtap, python -m lab redirect): 0 when the run was stopped (its
+duration, Ctrl-C, SIGTERM, SIGHUP, its output closed); 2 when the command as
+given cannot run (UsageError, ebpf.InputError); 1 when it was tried and failed.
+"""
+
+import os
+import select
+import signal
+import sys
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class Stop(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP: leave the run and detach."""
+
+
+class OutputClosed(Exception):
+    """Whoever reads our output went away (`| head`): detach and exit quietly."""
+
+
+def say(line, out=None):
+    """One line to standard output; the reader going away (`| head`) ends the run."""
+    try:
+        print(line, file=out or sys.stdout, flush=True)
+    except BrokenPipeError:
+        raise OutputClosed() from None
+
+
+NAME = "vtap"  # how the running command calls itself in errors and warnings (run_command sets it)
+
+
+def warn(msg):
+    try:
+        print(f"{NAME}: warning: {msg}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+class Signals:
+    """Ctrl-C, SIGTERM and SIGHUP as a request to stop, never as an exception.
+
+    An exception raised from a handler lands wherever the program is, e.g.
+    half-way through pyroute2 building an event loop, which then fails noisily
+    when collected. So the handler only sets a flag; the run checks it between
+    steps and waits for it on a pipe that the kernel-side handler writes to
+    (signal.set_wakeup_fd), so nothing in a handler takes a lock."""
+
+    def __init__(self):
+        self.requested = False
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def install(self):
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, frame):
+        self.requested = True
+
+    def check(self):
+        if self.requested:
+            raise Stop()
+
+    def wait(self, seconds) -> bool:
+        """Sleep up to `seconds`; True as soon as a stop was requested."""
+        if not self.requested and seconds > 0:
+            select.select([self._read], [], [], seconds)
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        return self.requested
+
+
+SIGNALS = Signals()
+
+
+def quiet_stdout():
+    """After the reader went away: point fd 1 at /dev/null, so that the
+    interpreter's last flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def run_command(name, check, body):
+    """Check a command line's input, then that it may run (privileges, BCC), then
+    run its body, and turn how that ended into one line on stderr and an exit
+    status (see the module docstring). Input first: a bad option is said even to
+    a user who may not run the command."""
+    from ebpf.errors import BpfError, InputError
+    global NAME
+    NAME = name
+    try:
+        check()
+        from ebpf import privileges
+        lacking = privileges.message()
+        if lacking:
+            raise UsageError(lacking)
+        from ebpf.program import import_bcc
+        import_bcc()
+        return body()
+    except (UsageError, InputError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Stop):  # KeyboardInterrupt: Ctrl-C before SIGNALS.install()
+        return 0
+    except OutputClosed:
+        quiet_stdout()
+        return 0
+    except ImportError as e:
+        print(f"{name}: error: Python package {e.name!r} is missing; run `make setup` as root and use "
+              ".venv/bin/python", file=sys.stderr)
+        return 1
+    except BpfError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1

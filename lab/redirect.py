@@ -7,11 +7,10 @@ statuses (vtap/console.py).
 
 import argparse
 import json
-import math
 import sys
 import time
 
-from vtap.console import SIGNALS, UsageError, run_command, say, warn
+from vtap.console import SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped, say, show_program, warn
 
 EXAMPLES = """\
 examples:
@@ -48,19 +47,11 @@ def add_arguments(p):
                         "looks the route up and sends it out itself (default %(default)s)")
     p.add_argument("--mode", default="native", choices=("native", "generic", "offload"),
                    help="XDP mode (default %(default)s); offload needs a NIC that runs BPF")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between lines (default 1)")
-    p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
-    p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    p.add_argument("--cleanup", action="store_true",
-                   help="remove redirect programs a killed run left attached in this namespace (running ones "
-                        "are spared)")
-    p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running redirects too")
-    p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    add_run_options(p, "the redirect programs")
 
 
 def check_args(a):
-    if a.all and not a.cleanup:
-        raise UsageError("--all goes with --cleanup")
+    check_run_options(a)
     if a.cleanup:
         return
     if not a.iface:
@@ -69,10 +60,6 @@ def check_args(a):
         raise UsageError("--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
     if len(set(a.iface)) != len(a.iface):
         raise UsageError("an interface is given twice with --iface")
-    if not (math.isfinite(a.interval) and a.interval > 0):
-        raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
-    if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
-        raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
 
 
 def local_services(prog):
@@ -171,9 +158,7 @@ def run(a):
                  f"replies given it as their source (a martian); use --action forward, or a service address "
                  f"this host routes but does not hold")
     if a.ebpf:
-        say(prog.c_text())
-        say("// cflags: " + " ".join(prog.cflags))
-        return 0
+        return show_program(prog)
     printer = Printer(a.json)
     SIGNALS.check()
     with prog:
@@ -184,24 +169,14 @@ def run(a):
         SIGNALS.check()
         printer.header(prog, ifaces, a.mode)
         printer.sample(prog)
-        deadline = time.monotonic() + a.duration if a.duration else None
-        failure = None
-        try:
-            while True:
-                wait = a.interval if deadline is None else min(a.interval, deadline - time.monotonic())
-                if SIGNALS.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
-                    break
-                gone = removed_from(prog)
-                if gone:
-                    raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
-                                   "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
-                printer.sample(prog)
-        except BpfError as e:
-            failure = e
-        finally:
-            printer.sample(prog, final=True)
-        if failure:
-            raise failure
+
+        def tick():
+            gone = removed_from(prog)
+            if gone:
+                raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
+                               "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
+            printer.sample(prog)
+        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(prog, final=True))
     return 0
 
 

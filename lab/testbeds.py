@@ -179,12 +179,9 @@ class RouterTestbed:
 
     def rules(self, proto="udp", families=(4, 6)):
         """The service -> backend rules for this testbed, in the command line's form."""
-        out = []
-        if 4 in families:
-            out.append(f"{proto}:{self.vip4}:{self.service_port}={self.server4}:{self.backend_port}")
-        if 6 in families:
-            out.append(f"{proto}:[{self.vip6}]:{self.service_port}=[{self.server6}]:{self.backend_port}")
-        return out
+        ends = {4: (self.vip4, self.server4), 6: (f"[{self.vip6}]", f"[{self.server6}]")}
+        return [f"{proto}:{vip}:{self.service_port}={backend}:{self.backend_port}"
+                for family, (vip, backend) in ends.items() if family in families]
 
 
 def router_testbed() -> RouterTestbed:

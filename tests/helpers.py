@@ -79,3 +79,15 @@ def in_a_thread_without_net_admin(fn):
     if "error" in out:
         raise out["error"]
     return out.get("raised")
+
+
+def unchecked_copy(source, ctx_data, tmp_path):
+    """A copy of a program's C file that reads a byte of the frame without proving
+    it is there (its `st->seen++;` becomes such a read): the verifier must refuse it."""
+    from pathlib import Path
+    src = Path(source).read_text()
+    count = "\tst->seen++;\n"
+    assert count in src, f"{source} has no `st->seen++;` line to break"
+    broken = tmp_path / Path(source).name
+    broken.write_text(src.replace(count, f"\tst->seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
+    return broken

@@ -14,7 +14,7 @@ from ebpf import tc
 from lab.demo import start_vtap, stop_vtap
 from lab.traffic import Flow
 import time
-from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, invariant, run_flows
+from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, invariant, run_flows, unchecked_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,12 +186,7 @@ def test_monitor_veth_peer_is_refused():
 
 
 def test_verifier_rejection_shows_the_verifiers_line(tb1, tmp_path):
-    # A copy of the program that reads a byte of the frame without proving it is there.
-    src = (ROOT / "ebpf/tc_mirror.bpf.c").read_text()
-    count = "\tst->seen++;\n"
-    assert count in src
-    broken = tmp_path / "tc_mirror_unchecked.bpf.c"
-    broken.write_text(src.replace(count, "\tst->seen += *(__u8 *)(long)skb->data;  /* no bounds check */\n"))
+    broken = unchecked_copy(ROOT / "ebpf/tc_mirror.bpf.c", "skb->data", tmp_path)
     before = tc.hook_snapshot(tb1.ns("receiver"))
     r = vtap(tb1, "--monitor", "mon0", "--watch", "198.18.0.0/15", "--program", str(broken))
     assert r.returncode == 1

@@ -15,6 +15,7 @@ import pytest
 
 from ebpf import XdpRedirect, xdp
 from lab import netns, testbeds
+from helpers import unchecked_copy
 from lab.traffic import FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,11 +167,7 @@ def test_not_root(rtb):
 
 
 def test_verifier_rejection_shows_the_verifiers_line(rtb, tmp_path):
-    src = (ROOT / "ebpf/xdp_redirect.bpf.c").read_text()
-    count = "\tst->seen++;\n"
-    assert count in src
-    broken = tmp_path / "xdp_redirect.bpf.c"
-    broken.write_text(src.replace(count, "\tst->seen += *(__u8 *)(long)ctx->data;  /* no bounds check */\n"))
+    broken = unchecked_copy(ROOT / "ebpf/xdp_redirect.bpf.c", "ctx->data", tmp_path)
     code = ("import sys; from ebpf import XdpRedirect\n"
             f"p = XdpRedirect({rtb.rules()!r}, source={str(broken)!r})\n"
             "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")

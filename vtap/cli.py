@@ -13,14 +13,13 @@ while it ran).
 
 import argparse
 import json
-import math
 import sys
 import time
 
 from ebpf.abi import VTAP
 from ebpf.errors import BpfError
 
-from .console import SIGNALS, UsageError, run_command, say, warn
+from .console import SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped, say, show_program, warn
 
 EXAMPLES = """\
 examples:
@@ -72,22 +71,14 @@ def parse_args(argv):
     p.add_argument("--clone", default="action", choices=("action", "helper"),
                    help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
                         "or the program itself with bpf_clone_redirect()")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between counter lines (default 1)")
-    p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
-    p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    p.add_argument("--cleanup", action="store_true",
-                   help="remove vtap filters (and the clsact qdiscs vtap created) that a killed vtap left in this "
-                        "namespace; filters of running vtaps are spared")
-    p.add_argument("--all", action="store_true", help="with --cleanup: remove the filters of running vtaps too")
-    # For developers: print the C text, or load a modified copy of it.
-    p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    add_run_options(p, "vtap filters (and the clsact qdiscs vtap created)")
+    # For developers: load a modified copy of the C text.
     p.add_argument("--program", metavar="FILE", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def check_args(a):
-    if a.all and not a.cleanup:
-        raise UsageError("--all goes with --cleanup")
+    check_run_options(a)
     if a.cleanup:
         return
     if not a.monitor:
@@ -96,10 +87,6 @@ def check_args(a):
         raise UsageError(f"--sample must be from 1 (every matched packet) to {SAMPLE_MAX}, not {a.sample}")
     if a.watch_max is not None and a.watch_max < 1:
         raise UsageError(f"--watch-max must be at least 1, not {a.watch_max}")
-    if not (math.isfinite(a.interval) and a.interval > 0):
-        raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
-    if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
-        raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
     if a.monitor in a.iface:
         raise UsageError(f"monitor {a.monitor} is also a tapped interface (its own clones would loop)")
     if len(set(a.iface)) != len(a.iface):
@@ -284,9 +271,7 @@ def run(a):
         raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
                          "(use --iface)")
     if a.ebpf:
-        say(tap.c_text())
-        say("// cflags: " + " ".join(tap.cflags))
-        return 0
+        return show_program(tap)
 
     printer = Printer(a.json)
     SIGNALS.check()
@@ -300,22 +285,12 @@ def run(a):
         watcher.check()
         printer.header(tap, ifaces, a.direction)  # after the warnings: "attached" means ready
         printer.sample(*tap.snapshot())
-        deadline = time.monotonic() + a.duration if a.duration else None
-        failure = None
-        try:
-            while True:
-                wait = a.interval if deadline is None else min(a.interval, deadline - time.monotonic())
-                if SIGNALS.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
-                    break
-                totals, per_iface = tap.snapshot()
-                watcher.check(totals)
-                printer.sample(totals, per_iface)
-        except BpfError as e:
-            failure = e
-        finally:
-            printer.sample(*tap.snapshot(), final=True)
-        if failure:
-            raise failure
+
+        def tick():
+            totals, per_iface = tap.snapshot()
+            watcher.check(totals)
+            printer.sample(totals, per_iface)
+        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(*tap.snapshot(), final=True))
     return 0
 
 

@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import sys
+import time
 
 
 class UsageError(Exception):
@@ -92,6 +93,55 @@ def quiet_stdout():
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def add_run_options(p, cleans):
+    """The options every command line that runs a program shares, in its words:
+    `cleans` says what --cleanup removes."""
+    import argparse
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="seconds between counter lines (default 1)")
+    p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    p.add_argument("--cleanup", action="store_true",
+                   help=f"remove {cleans} that a killed run left in this namespace; those of running ones are spared")
+    p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running ones too")
+    # For developers: print the C text as it will be compiled.
+    p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+
+
+def check_run_options(a):
+    """Checks of add_run_options' values (UsageError: exit 2)."""
+    import math
+    if a.all and not a.cleanup:
+        raise UsageError("--all goes with --cleanup")
+    if not (math.isfinite(a.interval) and a.interval > 0):
+        raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
+    if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
+        raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
+
+
+def show_program(prog):
+    """The hidden --ebpf: the C text as it will be compiled, and its flags."""
+    say(prog.c_text())
+    say("// cflags: " + " ".join(prog.cflags))
+    return 0
+
+
+def run_until_stopped(interval, duration, tick, finish):
+    """The body of a running command: tick() every `interval` seconds until
+    `duration` has passed or a stop was requested, then finish() (the summary),
+    whatever ended it. A BpfError from tick() (the program removed from outside)
+    ends the run too, after finish()."""
+    deadline = time.monotonic() + duration if duration else None
+    try:
+        while True:
+            wait = interval if deadline is None else min(interval, deadline - time.monotonic())
+            if SIGNALS.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
+                break
+            tick()
+    finally:
+        finish()
 
 
 def run_command(name, check, body):

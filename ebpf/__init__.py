@@ -4,6 +4,7 @@
     XdpSink       xdp_sink.bpf.c    count, then drop or pass, every frame at XDP
     XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
     XdpRedirect   xdp_redirect.bpf.c  rewrite datagrams to a service so they reach a backend, and back
+    TcRedirect    tc_redirect.bpf.c   the same rules at the TC (clsact) ingress hook, for comparison
 
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
@@ -14,10 +15,11 @@ from .errors import (AttachError, BpfError, CompileError, InputError, NoSuchInte
                      PrivilegeError, VerifierError)
 
 _LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen",
-         "XdpRedirect": ".xdp_redirect"}
+         "XdpRedirect": ".xdp_redirect", "TcRedirect": ".tc_redirect"}
 
 __all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
-           "NoSuchNamespace", "PrivilegeError", "TcMirror", "VerifierError", "XdpGen", "XdpRedirect", "XdpSink"]
+           "NoSuchNamespace", "PrivilegeError", "TcMirror", "TcRedirect", "VerifierError", "XdpGen", "XdpRedirect",
+           "XdpSink"]
 
 
 def __getattr__(name):

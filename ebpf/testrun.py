@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .errors import BpfError
 
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+BPF_F_TEST_SKB_CHECKSUM_COMPLETE = 1 << 2  # 6.11+
 XDP_VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
 MAX_FRAME = 9216  # room for the output frame: a program may grow it (encapsulation)
 
@@ -45,6 +46,14 @@ class XdpMd(ctypes.Structure):
     """struct xdp_md, the context an XDP program sees (uapi bpf.h)."""
     _fields_ = [(n, ctypes.c_uint32) for n in
                 ("data", "data_end", "data_meta", "ingress_ifindex", "rx_queue_index", "egress_ifindex")]
+
+
+class SkbCtx(ctypes.Structure):
+    """The head of struct __sk_buff (uapi bpf.h), up to the fields a test run
+    takes from user space that we set; the kernel zero-fills the rest."""
+    _fields_ = [(n, ctypes.c_uint32) for n in ("len", "pkt_type", "mark", "queue_mapping", "protocol",
+                                                "vlan_present", "vlan_tci", "vlan_proto", "priority",
+                                                "ingress_ifindex", "ifindex")]
 
 
 _libbpf = None
@@ -78,17 +87,25 @@ class TestRun:
         return XDP_VERDICTS.get(self.retval, self.retval)
 
 
-def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1) -> TestRun:
-    """Run the program once (or `repeat` times) on `frame`."""
+def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_complete=False) -> TestRun:
+    """Run the program once (or `repeat` times) on `frame`. For a TC program
+    (xdp=False), checksum_complete makes the skb CHECKSUM_COMPLETE: the kernel
+    sums the frame into skb->csum first, and fails the run (EBADMSG) when the
+    program left skb->csum out of step with the bytes."""
     data = ctypes.create_string_buffer(bytes(frame), len(frame))
     out = ctypes.create_string_buffer(MAX_FRAME)
     opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts),
                         data_in=ctypes.cast(data, ctypes.c_void_p), data_size_in=len(frame),
-                        data_out=ctypes.cast(out, ctypes.c_void_p), data_size_out=MAX_FRAME, repeat=repeat)
+                        data_out=ctypes.cast(out, ctypes.c_void_p), data_size_out=MAX_FRAME, repeat=repeat,
+                        flags=BPF_F_TEST_SKB_CHECKSUM_COMPLETE if checksum_complete else 0)
+    ctx = None
     if xdp:
         ctx = XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
+    elif ingress_ifindex:
+        ctx = SkbCtx(ingress_ifindex=ingress_ifindex, ifindex=ingress_ifindex)
+    if ctx is not None:
         opts.ctx_in = ctypes.cast(ctypes.pointer(ctx), ctypes.c_void_p)
-        opts.ctx_size_in = ctypes.sizeof(XdpMd)
+        opts.ctx_size_in = ctypes.sizeof(ctx)
     if libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)) != 0:
         raise BpfError(f"BPF_PROG_TEST_RUN: {os.strerror(ctypes.get_errno())}")
     return TestRun(opts.retval, out.raw[:opts.data_size_out], opts.duration)

@@ -31,10 +31,13 @@
 #include "parsing_helpers.h"
 #include "rewrite_helpers.h"
 #include "xdp_redirect.h"
+#include "redirect_match.h" /* the maps, the parse and the lookup, shared with tc_redirect.bpf.c */
 
 #ifndef REDIRECT_ACTION
 #define REDIRECT_ACTION REDIRECT_ACTION_PASS
 #endif
+
+REDIRECT_MAPS();
 
 #ifndef AF_INET
 #define AF_INET 2
@@ -43,61 +46,13 @@
 #define AF_INET6 10
 #endif
 
-/* service -> backend; written by user space, live */
-BPF_HASH(rules, struct redirect_key, struct redirect_target, REDIRECT_MAX_RULES);
-/* backend -> service, for the replies; written by user space with `rules` */
-BPF_HASH(replies, struct redirect_key, struct redirect_target, REDIRECT_MAX_RULES);
-/* packets and bytes per rule, both ways; index given by user space */
-BPF_PERCPU_ARRAY(rule_stats, struct rule_stats, REDIRECT_MAX_RULES);
-/* verdicts and reasons, summed by user space */
-BPF_PERCPU_ARRAY(stats, struct redirect_stats, 1);
 /* ifindex -> ifindex of every interface `forward` may send out of; user space
  * fills it. A devmap indexed by ifindex (BCC knows no devmap_hash): an interface
  * whose index is REDIRECT_EGRESS_SLOTS or more goes the kernel's way, counted */
 BPF_DEVMAP(egress, REDIRECT_EGRESS_SLOTS);
 
-/* The one exit: every verdict is counted here, so no path can miss the count. */
-static __always_inline int count_verdict(struct redirect_stats *st, int action)
-{
-	switch (action) {
-	case XDP_PASS:
-		st->xdp_pass++;
-		break;
-	case XDP_REDIRECT:
-		st->xdp_redirect++;
-		break;
-	case XDP_DROP:
-		st->xdp_drop++;
-		break;
-	default:
-		st->xdp_aborted++;
-	}
-	return action;
-}
-
-/* The L4 header of a TCP or UDP packet: its checksum and its two ports.
- * Returns 0, or -1 when the header is cut short. */
-static __always_inline int parse_ports(struct hdr_cursor *nh, void *data_end, int l4, __sum16 **csum,
-				       __be16 **sport, __be16 **dport)
-{
-	struct udphdr *udph;
-	struct tcphdr *tcph;
-
-	if (l4 == IPPROTO_UDP) {
-		if (parse_udphdr(nh, data_end, &udph) < 0)
-			return -1;
-		*csum = &udph->check;
-		*sport = &udph->source;
-		*dport = &udph->dest;
-		return 0;
-	}
-	if (parse_tcphdr(nh, data_end, &tcph) < 0)
-		return -1;
-	*csum = &tcph->check;
-	*sport = &tcph->source;
-	*dport = &tcph->dest;
-	return 0;
-}
+/* The one exit (redirect_match.h): every verdict is counted. */
+#define count_verdict(st, action) count_verdict_as(st, action, XDP_PASS, XDP_REDIRECT, XDP_DROP)
 
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
 /* Send the rewritten packet out ourselves, or say why the kernel must. */
@@ -165,119 +120,56 @@ static __always_inline int forward(struct xdp_md *ctx, struct redirect_stats *st
 
 int xdp_redirect(struct xdp_md *ctx)
 {
+	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct hdr_cursor nh = {.pos = (void *)(long)ctx->data};
+	struct redirect_pkt p = {};
 	struct redirect_key key = {};
-	struct redirect_target *to;
-	struct rule_stats *rs;
-	struct ethhdr *eth;
-	struct iphdr *iph = NULL;
-	struct ipv6hdr *ip6h = NULL;
-	int v4; /* which of the two: branch on this, not on a pointer being NULL
-	         * (the verifier does not take a packet pointer to be non-NULL) */
-	__sum16 *l4csum;
-	__be16 *sport, *dport;
-	__u32 zero = 0, rule;
-	int proto, l4, udp, reply = 0;
+	struct redirect_target *to = NULL;
+	struct rule_stats *rs = NULL;
+	__u32 zero = 0;
+	int match, udp;
 	struct redirect_stats *st = stats.lookup(&zero);
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return XDP_PASS;
 	st->seen++;
 
-	proto = parse_ethhdr(&nh, data_end, &eth);
-	if (proto == bpf_htons(ETH_P_IP)) {
-		l4 = parse_iphdr(&nh, data_end, &iph);
-		if (l4 < 0)
-			goto malformed;
-		if (ip_is_fragment(iph)) {
-			st->fragment++;
-			return count_verdict(st, XDP_PASS);
-		}
-		key.family = 4;
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		l4 = parse_ip6hdr(&nh, data_end, &ip6h);
-		if (l4 < 0)
-			goto malformed;
-		l4 = skip_ip6hdrext(&nh, data_end, l4);
-		if (l4 < 0)
-			goto malformed;
-		if (l4 == IPPROTO_FRAGMENT) {
-			st->fragment++;
-			return count_verdict(st, XDP_PASS);
-		}
-		key.family = 6;
-	} else {
-		if (proto < 0)
-			goto malformed;
-		st->not_ip++;
-		return count_verdict(st, XDP_PASS);
-	}
-	if (l4 != IPPROTO_UDP && l4 != IPPROTO_TCP) {
-		st->no_rule++;
-		return count_verdict(st, XDP_PASS);
-	}
-	if (parse_ports(&nh, data_end, l4, &l4csum, &sport, &dport) < 0)
-		goto malformed;
-	udp = l4 == IPPROTO_UDP;
-	v4 = key.family == 4;
-	key.proto = l4;
-
-	/* To a service? */
-	key.port = *dport;
-	if (v4)
-		key.addr[0] = iph->daddr;
-	else
-		__builtin_memcpy(key.addr, &ip6h->daddr, sizeof(key.addr));
-	to = rules.lookup(&key);
-	if (!to) {
-		/* From a backend? (a reply) */
-		key.port = *sport;
-		if (v4)
-			key.addr[0] = iph->saddr;
-		else
-			__builtin_memcpy(key.addr, &ip6h->saddr, sizeof(key.addr));
-		to = replies.lookup(&key);
+	match = redirect_parse(data, data_end, &p, &key);
+	if (match == MATCH_PARSED) {
+		/* to a service? else, from a backend (a reply)? */
+		to = rules.lookup(&key);
+		match = MATCH_TO_BACKEND;
 		if (!to) {
-			st->no_rule++;
-			return count_verdict(st, XDP_PASS);
+			reply_key(&p, &key);
+			to = replies.lookup(&key);
+			match = to ? MATCH_REPLY : MATCH_NO_RULE;
 		}
-		reply = 1;
+		if (to) {
+			__u32 rule = to->rule;
+			rs = rule_stats.lookup(&rule);
+		}
 	}
+	count_match(st, match, rs, data_end - data);
+	if (!to) /* untouched, counted by reason */
+		return count_verdict(st, XDP_PASS);
 
-	rule = to->rule;
-	rs = rule_stats.lookup(&rule);
-	if (rs) {
-		if (reply) {
-			rs->reply_packets++;
-			rs->reply_bytes += data_end - (void *)(long)ctx->data;
-		} else {
-			rs->packets++;
-			rs->bytes += data_end - (void *)(long)ctx->data;
-		}
-	}
-	if (reply) {
-		st->to_client++;
-		if (v4)
-			rewrite_ipv4_addr(iph, &iph->saddr, to->addr[0], l4csum, udp);
+	udp = p.l4 == IPPROTO_UDP;
+	if (match == MATCH_REPLY) {
+		if (p.v4)
+			rewrite_ipv4_addr(p.iph, &p.iph->saddr, to->addr[0], p.l4csum, udp);
 		else
-			rewrite_ipv6_addr(&ip6h->saddr, (struct in6_addr *)to->addr, l4csum, udp);
-		rewrite_port(sport, to->port, l4csum, udp);
+			rewrite_ipv6_addr(&p.ip6h->saddr, (struct in6_addr *)to->addr, p.l4csum, udp);
+		rewrite_port(p.sport, to->port, p.l4csum, udp);
 	} else {
-		st->to_backend++;
-		if (v4)
-			rewrite_ipv4_addr(iph, &iph->daddr, to->addr[0], l4csum, udp);
+		if (p.v4)
+			rewrite_ipv4_addr(p.iph, &p.iph->daddr, to->addr[0], p.l4csum, udp);
 		else
-			rewrite_ipv6_addr(&ip6h->daddr, (struct in6_addr *)to->addr, l4csum, udp);
-		rewrite_port(dport, to->port, l4csum, udp);
+			rewrite_ipv6_addr(&p.ip6h->daddr, (struct in6_addr *)to->addr, p.l4csum, udp);
+		rewrite_port(p.dport, to->port, p.l4csum, udp);
 	}
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
-	return count_verdict(st, forward(ctx, st, eth, v4, iph, ip6h, l4, *sport, *dport));
+	return count_verdict(st, forward(ctx, st, p.eth, p.v4, p.iph, p.ip6h, p.l4, *p.sport, *p.dport));
 #else
 	return count_verdict(st, XDP_PASS);
 #endif
-
-malformed:
-	st->malformed++;
-	return count_verdict(st, XDP_PASS);
 }

@@ -1,10 +1,14 @@
-/* xdp_sink.bpf.c — count every frame and drop it (or pass it on) at the XDP hook.
+/* xdp_sink.bpf.c — count every frame at the XDP hook, then give one verdict.
  *
  * The lab's packet sink: receivers and monitors in throughput runs count here,
  * at the first place a frame can be seen, so the stack's own cost never limits
- * what they can absorb. Needs kernel 4.8+ (XDP), 5.9+ for native XDP on veth
- * receiving XDP_TX frames from its peer.
- * Built with -D SINK_VERDICT=XDP_DROP (default) or XDP_PASS.
+ * what they can absorb. The same program, with another verdict, is the
+ * simplest program of each kind the XDP-modes bench compares (seed 004): drop,
+ * pass, send back (XDP_TX: out of the same device, nothing rewritten) and
+ * redirect (XDP_REDIRECT to one other device, nothing rewritten).
+ * Needs kernel 4.8+ (XDP), 5.9+ for native XDP on veth receiving XDP_TX frames.
+ * Built with -D SINK_VERDICT=XDP_DROP (default), XDP_PASS, XDP_TX or
+ * XDP_REDIRECT, the last with -D SINK_REDIRECT_IFINDEX=<ifindex>.
  */
 #include <uapi/linux/bpf.h>
 
@@ -29,5 +33,9 @@ int xdp_sink(struct xdp_md *ctx)
 		s->packets++;
 		s->bytes += ctx->data_end - ctx->data;
 	}
+#ifdef SINK_REDIRECT_IFINDEX /* (the verdicts are an enum: #if cannot compare them) */
+	return bpf_redirect(SINK_REDIRECT_IFINDEX, 0);
+#else
 	return SINK_VERDICT;
+#endif
 }

@@ -1,28 +1,35 @@
-"""XdpSink: count and drop (or pass) every frame at a device's XDP hook (xdp_sink.bpf.c).
+"""XdpSink: count every frame at a device's XDP hook, then drop it, pass it on,
+send it back (tx) or redirect it to another device (xdp_sink.bpf.c).
 
     >>> with XdpSink() as sink:                            # doctest: +SKIP
     ...     sink.attach("eth0", netns="vtl-...-monitor")
     ...     sink.counters()
     {'packets': ..., 'bytes': ...}
+    >>> XdpSink("redirect", redirect_ifindex=3)            # doctest: +SKIP
 
 On veth a native XDP program also turns on the device's NAPI, which is what
 lets it receive XDP_TX frames from its peer at all.
 """
 
-from .errors import BpfError
+from .errors import InputError
 from .program import BpfProgram
 
-VERDICTS = ("drop", "pass")
+VERDICTS = ("drop", "pass", "tx", "redirect")
 
 
 class XdpSink(BpfProgram):
     SOURCE = "xdp_sink.bpf.c"
     FUNCTION = "xdp_sink"
 
-    def __init__(self, verdict="drop", source=None):
+    def __init__(self, verdict="drop", source=None, redirect_ifindex=None):
         if verdict not in VERDICTS:
-            raise BpfError(f"unknown sink verdict {verdict!r} (drop or pass)")
-        super().__init__([f"-DSINK_VERDICT=XDP_{verdict.upper()}"], source)
+            raise InputError(f"unknown sink verdict {verdict!r} ({', '.join(VERDICTS)})")
+        if (verdict == "redirect") != (redirect_ifindex is not None):
+            raise InputError("a redirecting sink needs redirect_ifindex, and only it")
+        flags = [f"-DSINK_VERDICT=XDP_{verdict.upper()}"]
+        if redirect_ifindex is not None:
+            flags.append(f"-DSINK_REDIRECT_IFINDEX={int(redirect_ifindex)}")
+        super().__init__(flags, source)
         self.verdict = verdict
 
     def attach(self, ifname, netns=None, mode="native"):

@@ -36,7 +36,7 @@ from ebpf import TcMirror
 from ebpf import tc as ebpf_tc
 from ebpf.netdev import ifindex_of, netlink_reason
 
-from . import netns
+from . import netns, nft
 from .metrics import iface_counters
 from .netns import LabError
 from .peers import Peer
@@ -174,20 +174,10 @@ class NftDup(Mirror):
     name = "nft-dup"
     TABLE = "vtl_dup"
 
-    def _nft(self, commands):
-        import nftables  # Debian's python3-nftables
-        with netns.entered(self.ns):  # libnftables talks netlink in this thread's namespace
-            nft = nftables.Nftables()
-            nft.set_json_output(True)
-            rc, out, err = nft.json_cmd({"nftables": commands})
-        if rc != 0:
-            raise LabError(f"nft: {err.strip().splitlines()[0] if err.strip() else f'exit {rc}'}")
-        return out
-
     def attach(self):
         self._ifindex(self.tap_iface), self._ifindex(self.monitor_iface)
         t = {"family": "netdev", "table": self.TABLE}
-        self._nft([
+        nft.run(self.ns, [
             {"add": {"table": {"family": "netdev", "name": self.TABLE}}},
             {"add": {"chain": {**t, "name": "ingress", "type": "filter", "hook": "ingress",
                                "dev": self.tap_iface, "prio": 0, "policy": "accept"}}},
@@ -197,22 +187,14 @@ class NftDup(Mirror):
         self.attached = True
 
     def counters(self):
-        out = self._nft([{"list": {"table": {"family": "netdev", "name": self.TABLE}}}])
-        for item in out.get("nftables", []):
-            rule = item.get("rule")
-            if rule:
-                for e in rule["expr"]:
-                    if "counter" in e:
-                        return {"mirrored": e["counter"]["packets"], "mirrored_bytes": e["counter"]["bytes"]}
-        return {"mirrored": 0, "mirrored_bytes": 0}
+        (packets, nbytes), = nft.counters(self.ns, "netdev", self.TABLE) or [(0, 0)]
+        return {"mirrored": packets, "mirrored_bytes": nbytes}
 
     def tables(self):
-        out = self._nft([{"list": {"tables": {"family": "netdev"}}}])
-        return [i["table"]["name"] for i in out.get("nftables", []) if "table" in i]
+        return nft.tables(self.ns, "netdev")
 
     def detach(self):
-        if netns.exists(self.ns) and self.TABLE in self.tables():
-            self._nft([{"delete": {"table": {"family": "netdev", "name": self.TABLE}}}])
+        nft.delete_table(self.ns, "netdev", self.TABLE)
         self.attached = False
 
 

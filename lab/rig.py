@@ -50,6 +50,24 @@ def napi_threads():
     return found
 
 
+def threaded_napi(ns, ifname, cpu) -> list[int]:
+    """Switch the interface's NAPI to a kthread of its own and pin that to `cpu`,
+    so that its receive work runs there and is counted there. The interface
+    must have NAPI (on veth: an XDP program, or GRO). Returns the kthreads' pids."""
+    before = set(napi_threads())
+    netns.run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{ifname}/threaded"])
+    deadline = time.monotonic() + 5
+    pids = []
+    while not pids and time.monotonic() < deadline:
+        pids = sorted(set(napi_threads()) - before)
+        time.sleep(0.02)
+    if not pids:
+        raise netns.LabError(f"threaded NAPI on {ifname} in {ns}: no napi kthread appeared")
+    for pid in pids:
+        os.sched_setaffinity(pid, {cpu})
+    return pids
+
+
 class ThroughputRig:
     def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001, dut_sink=True):
         ncpu = os.cpu_count()
@@ -103,15 +121,7 @@ class ThroughputRig:
             for end in (link.a, link.b):
                 if end.host == tb.tap_host and end.name != self.dut_iface:
                     netns.run(self.dut_ns, ["ethtool", "-K", end.name, "tso", "off"], capture_output=True)
-        before = set(napi_threads())
-        netns.run(self.dut_ns, ["sh", "-c", f"echo 1 > /sys/class/net/{self.dut_iface}/threaded"])
-        deadline = time.monotonic() + 5
-        while not self.napi_pids and time.monotonic() < deadline:
-            self.napi_pids = sorted(set(napi_threads()) - before)
-            time.sleep(0.02)
-        if not self.napi_pids:
-            raise netns.LabError(f"threaded NAPI on {self.dut_iface}: no napi kthread appeared")
-        self.pin_napi(self.dut_cpu)
+        self.napi_pids = threaded_napi(self.dut_ns, self.dut_iface, self.dut_cpu)
 
     def _sink(self, label, verdict, ns, ifname):
         s = XdpSink(verdict)
@@ -195,3 +205,116 @@ class ThroughputRig:
         if sink is not None:
             sink.close()
         return sink is not None
+
+
+class RouterRig:
+    """The router testbed (lab.testbeds.router_testbed) made ready for load runs:
+    the device under test is the router, and its core does the router's work alone.
+
+    - The router's receiving interface has GRO on, which gives a veth its NAPI
+      for good, whichever method's XDP program comes and goes (an XDP program
+      would too, but it is the methods' to put there); that NAPI runs threaded,
+      pinned to `dut_cpu`. UDP is not merged by GRO on a forwarding path.
+    - The server's and the client's receive work runs threaded on `gen_cpu`,
+      with the client, the server and the generator: none of it is the router's.
+    - For rate runs, a UDP socket on the backend's port that never reads, so
+      that the server drops datagrams at the socket instead of answering each
+      with an ICMP error that would cross the router again.
+    Counted: frames sent (the generator), forwarded (the server's XDP pass sink,
+    which the testbed keeps there for redirected frames anyway) and the router's
+    CPU (lab.metrics.CpuSampler, wall minus idle).
+    """
+
+    def __init__(self, testbed, gen_cpu=0, dut_cpu=1):
+        ncpu = os.cpu_count()
+        if gen_cpu == dut_cpu or max(gen_cpu, dut_cpu) >= ncpu:
+            raise ValueError(f"generator and DUT need two different CPUs of 0..{ncpu - 1}")
+        self.tb, self.gen_cpu, self.dut_cpu = testbed, gen_cpu, dut_cpu
+
+    def __enter__(self):
+        self.tb.__enter__()
+        try:
+            tb = self.tb
+            netns.run(tb.ns(tb.dut), ["ethtool", "-K", tb.dut_in, "gro", "on"], capture_output=True)
+            threaded_napi(tb.ns(tb.dut), tb.dut_in, self.dut_cpu)
+            for host in (tb.server, tb.client):  # what arrives there (forwarded, or sent back) is not the router's
+                threaded_napi(tb.ns(host), "eth0", self.gen_cpu)
+        except BaseException:
+            self.tb.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.tb.__exit__()
+        return False
+
+    def _sockets(self):
+        """Never-reading UDP sockets on the backend's port, both families."""
+        socks = []
+        with netns.entered(self.tb.ns(self.tb.server)):
+            for family, any_addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+                s = socket.socket(family, socket.SOCK_DGRAM)
+                socks.append(s)
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
+                s.bind((any_addr, self.tb.backend_port))
+        return socks
+
+    @staticmethod
+    def _quiet(read, still=0.1, bound=2.0):
+        """Wait until `read()` (what the run counts, everywhere it counts) has not
+        changed for `still` seconds (bounded): attaching an XDP program to a veth
+        makes the kernel send MLD reports out of it (seen: two, 12 ms apart),
+        which a sink or the program would count as the run's."""
+        deadline = time.monotonic() + bound
+        last = read()
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = read()
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= still:
+                return
+
+    def run_rate(self, generator, method, seconds, rate_pps=None, settle=0.3):
+        """One bounded load run of frames through `method`. Returns the send
+        report, the frames forwarded to the server, the CPU sampler and how much
+        the method's counters grew."""
+        sink = self.tb.sinks[self.tb.server]
+        socks = self._sockets()
+        try:
+            with method:
+                method.ready()
+                self._quiet(lambda: ([s.counters()["packets"] for s in self.tb.sinks.values()],
+                                     method.counters()))
+                sink.reset_counters()
+                base = method.counters()
+                with CpuSampler(interval=1.0) as cpu:
+                    report = generator.send(seconds=seconds, rate_pps=rate_pps)
+                    time.sleep(settle)  # let queues drain into the sink
+                forwarded = sink.counters()["packets"]
+                grown = {k: v - base.get(k, 0) for k, v in method.counters().items()}
+        finally:
+            for s in socks:
+                s.close()
+        return {"report": report, "forwarded": forwarded, "cpu": cpu, "method": grown}
+
+    def run_transfer(self, method, size, seconds, family=4):
+        """One file transfer of `size` bytes through `method`, the client and the
+        server on the generator's core. Returns the transfer's report, the
+        server's own account, and the CPU sampler (one sample a second)."""
+        from .traffic import FileTransfer, FileTransferServer
+        tb = self.tb
+        server = tb.server4 if family == 4 else tb.server6
+        with method:
+            method.ready()
+            to, port = method.target(family)
+            with FileTransferServer(tb.ns(tb.server), server, tb.backend_port, cpu=self.gen_cpu) as srv:
+                client = FileTransfer(tb.ns(tb.client), "eth0", to, port, size=size, cpu=self.gen_cpu)
+                with CpuSampler(interval=1.0) as cpu:
+                    report = client.send(seconds=seconds)
+                done = srv.wait_result(timeout=10)
+            grown = method.counters()
+        return {"report": report, "server": done, "cpu": cpu, "method": grown}

@@ -151,7 +151,7 @@ class RouterTestbed:
     dut_out: str = "eth1"
 
     def __post_init__(self):
-        self._sinks = []
+        self.sinks = {}  # host -> its XDP pass sink (ebpf.XdpSink): also counts what arrives
 
     def __enter__(self):
         from ebpf.xdp_sink import XdpSink
@@ -160,7 +160,7 @@ class RouterTestbed:
             for host in (self.client, self.server):
                 self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
                 sink = XdpSink("pass")
-                self._sinks.append(sink)
+                self.sinks[host] = sink
                 sink.attach("eth0", netns=self.ns(host))
         except BaseException:
             self.__exit__()
@@ -168,9 +168,9 @@ class RouterTestbed:
         return self
 
     def __exit__(self, *exc):
-        for sink in self._sinks:
+        for sink in self.sinks.values():
             sink.close()
-        self._sinks.clear()
+        self.sinks.clear()
         self.topo.teardown()
         return False
 

@@ -91,3 +91,17 @@ def unchecked_copy(source, ctx_data, tmp_path):
     broken = tmp_path / Path(source).name
     broken.write_text(src.replace(count, f"\tst->seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
     return broken
+
+
+def nft_udp_counter(ns, port):
+    """An nftables counter of UDP datagrams to `port` arriving in namespace `ns`
+    (prerouting, before any socket, IPv4 and IPv6): returns a function that reads it."""
+    from lab import nft
+    t = {"family": "inet", "table": "vtl_count"}
+    nft.run(ns, [{"add": {"table": {"family": "inet", "name": "vtl_count"}}},
+                 {"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting", "prio": -400,
+                                    "policy": "accept"}}},
+                 {"add": {"rule": {**t, "chain": "pre", "expr": [
+                     {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}},
+                                "right": port}}, {"counter": None}]}}}])
+    return lambda: nft.counters(ns, "inet", "vtl_count")[0][0]

@@ -2,7 +2,6 @@
 receiving kernel counted (its UDP MIB), and a file arrives byte for byte."""
 
 import hashlib
-import json
 import os
 import socket
 import subprocess
@@ -12,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT, require_tool
-from helpers import RX4, RX6, snmp
+from helpers import RX4, RX6, nft_udp_counter, snmp
 from lab import netns
 from lab.metrics import iface_counters
 from lab.traffic.filetransfer import (HDR, MAGIC, MAX_RANGES, SPOOL_DIR, SPOOL_PREFIX, START, START_BODY, FileTransfer,
@@ -28,20 +27,6 @@ UDP_ARRIVALS = ("InDatagrams", "NoPorts", "InErrors")  # delivered, no socket, r
 def udp_in(ns):
     """IPv4 datagrams that reached the namespace's UDP layer, delivered or not."""
     return sum(snmp(ns, "Udp", k) for k in UDP_ARRIVALS)
-
-
-def nft_udp_counter(ns, port):
-    """An nftables counter of UDP datagrams to `port` arriving in ns (prerouting,
-    before any socket): returns a function that reads it."""
-    netns.run(ns, ["nft", "-f", "-"], text=True, input=(
-        "table inet vtl_count {\n chain pre {\n type filter hook prerouting priority -400;\n"
-        f" udp dport {port} counter\n }}\n}}\n"))
-
-    def read():
-        out = netns.run(ns, ["nft", "-j", "list", "table", "inet", "vtl_count"], capture_output=True, text=True).stdout
-        rules = [x["rule"] for x in json.loads(out)["nftables"] if "rule" in x]
-        return next(e["counter"]["packets"] for e in rules[0]["expr"] if "counter" in e)
-    return read
 
 
 @pytest.mark.parametrize("addr", [RX4, RX6], ids=["ipv4", "ipv6"])

@@ -322,8 +322,8 @@ class FileTransferServer:
         argv = _module_argv("serve", "--bind", self.bind, "--port", self.port)
         if self.out_dir:
             argv += ["--out", self.out_dir]
-        if self.cpu is not None:
-            argv += ["--cpu", self.cpu]
+        if self.cpu is not None:  # pinned from its first instruction, imports included
+            argv = ["taskset", "-c", str(self.cpu), *argv]
         self.proc = netns.popen(self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=REPO, start_new_session=True)  # REPO: so `-m lab...` imports
         threading.Thread(target=self._read, daemon=True).start()
@@ -393,8 +393,8 @@ class FileTransfer(Generator):
         argv += ["--file", self.path] if self.path else ["--size", self.size]
         if rate_pps:
             argv += ["--rate-pps", rate_pps]
-        if self.cpu is not None:
-            argv += ["--cpu", self.cpu]
+        if self.cpu is not None:  # pinned from its first instruction, imports included
+            argv = ["taskset", "-c", str(self.cpu), *argv]
         rc, out, elapsed = run_bounded(self.ns, argv, seconds + 5, cwd=REPO)
         try:
             res = json.loads(out.strip().splitlines()[-1])

@@ -1,0 +1,191 @@
+"""python -m lab bench xdp-modes: seed 004's comparison of XDP's modes (generic,
+native, hardware offload), with the simplest program of each kind and with the
+redirect, on the router testbed (lab.testbeds.router_testbed, lab.rig.RouterRig).
+
+Programs, on the router's receiving interface:
+  drop      count and XDP_DROP (the cheapest thing XDP does)
+  tx        count and XDP_TX: back out of the same interface, nothing rewritten
+  redirect  count and XDP_REDIRECT to the router's other interface, nothing rewritten
+  forward   ebpf.XdpRedirect, action forward: rewrite, route lookup, redirect
+each in native and generic mode, at the generator's ceiling and at one equal
+offered rate: packets/s handled, the router core's ns per packet, mpstat's
+columns. Offload is attempted for real and recorded as unavailable, with the
+kernel's reason, where the NIC cannot run BPF (every veth). Modes and programs
+run interleaved within each trial.
+"""
+
+import argparse
+import sys
+
+import pandas as pd
+
+from .. import testbeds
+from ..metrics import CPU_COLUMNS, write_results
+from ..peers import Peer
+from ..rig import RouterRig
+from ..traffic import GENERATORS
+from .common import Progress, interleaved, parse_list, summarize, udp_frames
+
+NAME = "xdp-modes"
+SUMMARY = "seed 004: XDP generic vs native (vs offload): drop, tx, redirect, forward; pps and CPU"
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+EXAMPLES = """\
+examples:
+  python -m lab bench xdp-modes                       # every program and mode, ceiling and 100 kpps, 5 trials
+  python -m lab bench xdp-modes --programs drop --sizes 64,1518 --trials 10
+  python -m lab bench xdp-modes --rates 200000 --trials 3 --out datasets/reference
+  python -m lab bench xdp-modes --programs drop,forward --trials 1 --duration 1
+                                                      # a smoke test
+"""
+PROGRAMS = ("drop", "tx", "redirect", "forward")
+MODES = ("native", "generic", "offload")
+COLUMNS = ["program", "mode", "size", "trial", "duration_s", "offered_pps", "sender_pps", "handled_pps",
+           "dut_ns_per_pkt", "cpu_usr", "cpu_sys", "cpu_soft", "cpu_idle", "status", "reason"]
+
+
+class XdpProgram(Peer):
+    """One of the programs above, on the router's receiving interface, in one
+    mode. counters()["handled"] is where its frames were counted: the program's
+    own count (drop), the client's sink (tx), the server's sink (redirect, forward)."""
+    owns_dut_xdp = True
+
+    def __init__(self, tb, program, mode):
+        super().__init__()
+        self.tb, self.program, self.mode = tb, program, mode
+        self.name = f"{program}:{mode}"
+        ns = tb.ns(tb.dut)
+        if program == "forward":
+            from ebpf import XdpRedirect
+            self.prog = XdpRedirect(tb.rules("udp", families=(4,)), action="forward", netns=ns)
+        else:
+            from ebpf import netdev
+            from ebpf.xdp_sink import XdpSink
+            with netdev.ipr(ns) as ip:
+                out = netdev.ifindex_of(ip, tb.dut_out, ns)
+            self.prog = XdpSink(program, redirect_ifindex=out if program == "redirect" else None)
+        self.counted_at = {"drop": None, "tx": tb.client, "redirect": tb.server, "forward": tb.server}[program]
+
+    def attach(self):
+        ns = self.tb.ns(self.tb.dut)
+        if self.program == "forward":
+            self.prog.attach(self.tb.dut_in, self.mode)
+            self.prog.attach(self.tb.dut_out, self.mode)  # the devmap's far side needs no program, replies do
+        else:
+            self.prog.attach(self.tb.dut_in, netns=ns, mode=self.mode)
+        self.attached = True
+
+    def detach(self):
+        for a in self.prog.xdp_attachments:
+            self.prog.detach_xdp(a)
+        self.attached = False
+
+    def counters(self):
+        if self.counted_at is None:
+            return {"handled": self.prog.counters()["packets"]}
+        return {"handled": self.tb.sinks[self.counted_at].counters()["packets"]}
+
+    def close(self):
+        super().close()
+        self.prog.close()
+
+
+def add_arguments(p):
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--programs", default=",".join(PROGRAMS), help="any of %(default)s (default: all)")
+    p.add_argument("--modes", default=",".join(MODES), help="any of %(default)s (default: all)")
+    p.add_argument("--sizes", default="64", help="frame sizes with FCS (default %(default)s)")
+    p.add_argument("--rates", default="ceiling,100000",
+                   help="offered loads, 'ceiling' or packets/s (default %(default)s)")
+    p.add_argument("--trials", type=int, default=5, help="trials per program, mode and setting (default %(default)s)")
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per run (default %(default)s)")
+    p.add_argument("--cpus", default="0,1", help="generator CPU,router CPU (default %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
+
+
+def main(a):
+    programs = parse_list(a.programs, str, PROGRAMS, "program")
+    modes = parse_list(a.modes, str, MODES, "mode")
+    sizes = parse_list(a.sizes, int, what="size")
+    rates = [None if r == "ceiling" else int(r) for r in parse_list(a.rates, str, what="rate")]
+    cpus = tuple(parse_list(a.cpus, int, what="cpu"))
+    if len(cpus) != 2:
+        raise ValueError("--cpus takes two CPUs: generator,router")
+    if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60:
+        raise ValueError("--trials must be 1..100 and --duration 0.5..60 s")
+    df, path = run(programs, modes, sizes, rates, a.trials, a.duration, cpus, a.out)
+    print_summary(df)
+    print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+    return 0
+
+
+def offload_row(tb, program, size, rate):
+    """Offload, tried for real: the kernel's refusal is the row."""
+    p = XdpProgram(tb, program, "offload")
+    try:
+        p.prog.attach_xdp(p.prog.FUNCTION, tb.dut_in, tb.ns(tb.dut), "offload")
+        status, reason = "attached", ""
+    except Exception as e:  # AttachError: the NIC cannot run BPF
+        status, reason = "unavailable", str(e)
+    finally:
+        p.close()
+    return {"program": program, "mode": "offload", "size": size, "trial": 0, "offered_pps": rate or 0,
+            "status": status, "reason": reason}
+
+
+def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progress=True):
+    gen_cpu, dut_cpu = cpus
+    rows = []
+    run_modes = [m for m in modes if m != "offload"]
+    variants = [(p, m) for p in programs for m in run_modes]
+    settings = [(s, r) for s in sizes for r in rates]
+    bar = Progress(max(1, trials * len(settings) * len(variants))) if progress else None
+    with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
+        tb = rig.tb
+        if "offload" in modes:
+            rows += [offload_row(tb, p, s, r) for p in programs for s, r in settings]
+        peers = {v: XdpProgram(tb, *v) for v in variants}
+        gens = {}
+        try:
+            for trial, (size, rate), variant in interleaved(trials, settings, variants):
+                peer = peers[variant]
+                if size not in gens:
+                    frames = udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
+                                        tb.topo.mac(tb.dut, tb.dut_in), size, 1, dport=tb.service_port)
+                    gens[size] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=gen_cpu).open()
+                r = rig.run_rate(gens[size], peer, seconds=duration, rate_pps=rate)
+                rep = r["report"]
+                handled = r["method"]["handled"]
+                core = r["cpu"].summary().loc[dut_cpu]
+                rows.append({"program": peer.program, "mode": peer.mode, "size": size, "trial": trial,
+                             "duration_s": round(rep.seconds, 3), "offered_pps": rate or 0, "sender_pps": rep.pps,
+                             "handled_pps": handled / rep.seconds,
+                             "dut_ns_per_pkt": float(core["busy_ns"]) / handled if handled else None,
+                             **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS}, "status": "ok", "reason": "",
+                             "sent_packets": rep.packets, "sender_dropped": rep.dropped, "handled_packets": handled})
+                if bar:
+                    bar.step(f"{peer.name} {size}B {rate or 'max'} t{trial + 1}")
+        finally:
+            for g in gens.values():
+                g.close()
+            for p in peers.values():
+                p.close()
+    df = pd.DataFrame(rows)
+    df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+    params = {"programs": programs, "modes": modes, "sizes": sizes, "rates": rates, "trials": trials,
+              "duration_s": duration, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
+    return df, write_results(df, "xdp_modes", params, out)
+
+
+def print_summary(df, stream=sys.stdout):
+    ok = df[df["status"] == "ok"]
+    if len(ok):
+        s = summarize(ok, ["program", "mode", "size", "offered_pps"], ["handled_pps", "dut_ns_per_pkt"])
+        stream.write("\nmedian [min..max] over trials; ns of router CPU per handled packet\n")
+        for _, r in s.iterrows():
+            offered = "max" if not r["offered_pps"] else f"{r['offered_pps'] / 1e3:.0f}k"
+            stream.write(f"  {r['program']:<9} {r['mode']:<8} {int(r['size']):>5} B {offered:>5}  "
+                         f"{r['handled_pps_median'] / 1e3:8.0f} kpps [{r['handled_pps_min'] / 1e3:.0f}.."
+                         f"{r['handled_pps_max'] / 1e3:.0f}]  {r['dut_ns_per_pkt_median']:7.0f} ns/pkt "
+                         f"[{r['dut_ns_per_pkt_min']:.0f}..{r['dut_ns_per_pkt_max']:.0f}]\n")
+    for _, r in df[df["status"] != "ok"].drop_duplicates(["program", "mode"]).iterrows():
+        stream.write(f"  {r['program']:<9} {r['mode']:<8} {r['status']}: {r['reason']}\n")

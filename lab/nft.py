@@ -1,0 +1,46 @@
+"""nftables inside a lab namespace, through libnftables' JSON API (Debian's
+python3-nftables): commands and answers as data, never text to parse.
+
+    >>> nft.run(ns, [{"add": {"table": {"family": "inet", "name": "vtl_x"}}}])   # doctest: +SKIP
+    >>> nft.counters(ns, "inet", "vtl_x")      # [(packets, bytes)] of its rules' counters, in order
+"""
+
+from . import netns
+from .netns import LabError
+
+
+def run(ns, commands) -> dict:
+    """Run JSON commands in namespace `ns`; the answer (for list commands)."""
+    try:
+        import nftables
+    except ImportError:
+        raise LabError("python3-nftables is missing (Debian package; run `make setup`)") from None
+    with netns.entered(ns):  # libnftables talks netlink in this thread's namespace
+        nft = nftables.Nftables()
+        nft.set_json_output(True)
+        rc, out, err = nft.json_cmd({"nftables": commands})
+    if rc != 0:
+        raise LabError(f"nft: {err.strip().splitlines()[0] if err.strip() else f'exit {rc}'}")
+    return out
+
+
+def tables(ns, family) -> list[str]:
+    out = run(ns, [{"list": {"tables": {"family": family}}}])
+    return [i["table"]["name"] for i in out.get("nftables", []) if "table" in i]
+
+
+def delete_table(ns, family, name):
+    """Delete a table of ours if it is there (and the namespace still is)."""
+    if netns.exists(ns) and name in tables(ns, family):
+        run(ns, [{"delete": {"table": {"family": family, "name": name}}}])
+
+
+def counters(ns, family, table) -> list[tuple[int, int]]:
+    """(packets, bytes) of each counter in the table's rules, in rule order."""
+    out = run(ns, [{"list": {"table": {"family": family, "name": table}}}])
+    found = []
+    for item in out.get("nftables", []):
+        for e in item.get("rule", {}).get("expr", []):
+            if "counter" in e:
+                found.append((e["counter"]["packets"], e["counter"]["bytes"]))
+    return found

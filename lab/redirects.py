@@ -1,0 +1,209 @@
+"""Ways to get a client's datagrams for a service to its backend, and the
+backend's replies back, on the router testbed (lab.testbeds.router_testbed),
+all driven the same way (lab.peers.Peer), so experiments can swap them:
+
+    >>> m = METHODS["nft-dnat"](tb)                     # doctest: +SKIP
+    >>> m.attach(); m.target(4); ...; m.counters(); m.detach()
+
+    route          no translation: the client sends to the backend itself (the ceiling)
+    nft-dnat       nftables `dnat` in the nat prerouting hook; conntrack translates the replies
+    nft-stateless  nftables payload rewrites in the raw prerouting hook with `notrack`, both
+                   ways: the closest this kernel has to the seed's netfilter module (it loads
+                   no modules)
+    xdp-pass       ebpf.XdpRedirect, action pass (the seed's design), mode native or generic
+    xdp-forward    ebpf.XdpRedirect, action forward, mode native or generic
+    tc-bpf         ebpf.TcRedirect (forward) at the TC ingress hook: what XDP buys over TC
+
+target(family) is the (address, port) the client sends to: the service's, or for
+route the backend's. counters()["translated"] is what the method itself counts
+as rewritten toward the backend (program or rule counters); route translates
+nothing. Everything goes through netlink or the nftables JSON API, and detach()
+leaves nothing behind.
+"""
+
+from . import nft
+from .peers import Peer
+
+
+class RedirectMethod(Peer):
+    name = "route"
+    modes = (None,)  # XDP modes the method runs in (None: it has none)
+
+    def __init__(self, tb, mode=None, proto="udp"):
+        super().__init__()
+        mode = self.modes[0] if mode is None else mode  # the first mode is the default
+        if mode not in self.modes:
+            raise ValueError(f"{self.name} runs in mode {' or '.join(map(str, self.modes))}, not {mode}")
+        self.tb, self.mode, self.proto = tb, mode, proto
+        self.ns = tb.ns(tb.dut)
+
+    @property
+    def label(self):
+        return self.name if self.mode is None else f"{self.name}:{self.mode}"
+
+    def target(self, family=4):
+        tb = self.tb
+        return (tb.vip4 if family == 4 else tb.vip6), tb.service_port
+
+    def counters(self):
+        return {"translated": 0}
+
+
+class Route(RedirectMethod):
+    """No translation at all: what forwarding alone costs."""
+    name = "route"
+
+    def target(self, family=4):
+        tb = self.tb
+        return (tb.server4 if family == 4 else tb.server6), tb.backend_port
+
+
+def _match(family, field, value):
+    proto = "ip" if family == 4 else "ip6"
+    return {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": field}}, "right": value}}
+
+
+def _port(proto, field, value):
+    return {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": field}}, "right": value}}
+
+
+def _set(proto, field, value):
+    return {"mangle": {"key": {"payload": {"protocol": proto, "field": field}}, "value": value}}
+
+
+class NftDnat(RedirectMethod):
+    """table inet vtl_dnat { chain pre { type nat hook prerouting priority dstnat;
+    ip daddr VIP udp dport 8080 counter dnat ip to BACKEND:8083 (and ip6) } }"""
+    name = "nft-dnat"
+    TABLE = "vtl_dnat"
+
+    def attach(self):
+        tb, p = self.tb, self.proto
+        t = {"family": "inet", "table": self.TABLE}
+        rules = [{"add": {"rule": {**t, "chain": "pre", "expr": [
+            _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"counter": None},
+            {"dnat": {"family": "ip" if fam == 4 else "ip6", "addr": backend, "port": tb.backend_port}}]}}}
+            for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6))]
+        nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}},
+                          {"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100,
+                                             "policy": "accept"}}}, *rules])
+        self.attached = True
+
+    def counters(self):
+        return {"translated": sum(p for p, _ in nft.counters(self.ns, "inet", self.TABLE))}
+
+    def detach(self):
+        nft.delete_table(self.ns, "inet", self.TABLE)
+        self.attached = False
+
+
+class NftStateless(RedirectMethod):
+    """table inet vtl_stateless { chain pre { type filter hook prerouting priority raw;
+        ip daddr VIP udp dport 8080 notrack counter ip daddr set BACKEND udp dport set 8083
+        ip saddr BACKEND udp sport 8083 notrack counter ip saddr set VIP udp sport set 8080 } }
+    (and ip6): nftables updates the checksums a payload change touches."""
+    name = "nft-stateless"
+    TABLE = "vtl_stateless"
+
+    def attach(self):
+        tb, p = self.tb, self.proto
+        t = {"family": "inet", "table": self.TABLE}
+        rules = []
+        for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6)):
+            ip = "ip" if fam == 4 else "ip6"
+            rules.append({"add": {"rule": {**t, "chain": "pre", "expr": [
+                _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"notrack": None},
+                {"counter": None}, _set(ip, "daddr", backend), _set(p, "dport", tb.backend_port)]}}})
+            rules.append({"add": {"rule": {**t, "chain": "pre", "expr": [
+                _match(fam, "saddr", backend), _port(p, "sport", tb.backend_port), {"notrack": None},
+                {"counter": None}, _set(ip, "saddr", vip), _set(p, "sport", tb.service_port)]}}})
+        nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}},
+                          {"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting",
+                                             "prio": -300, "policy": "accept"}}}, *rules])
+        self.attached = True
+
+    def counters(self):
+        counts = nft.counters(self.ns, "inet", self.TABLE)
+        return {"translated": sum(p for p, _ in counts[0::2]), "replies": sum(p for p, _ in counts[1::2])}
+
+    def detach(self):
+        nft.delete_table(self.ns, "inet", self.TABLE)
+        self.attached = False
+
+
+class XdpMethod(RedirectMethod):
+    """ebpf.XdpRedirect on the router's two interfaces (clients' side and
+    backend's side). Compiled once; attach/detach only move the hooks."""
+    name = "xdp-pass"
+    action = "pass"
+    modes = ("native", "generic")
+    owns_dut_xdp = True
+
+    def __init__(self, tb, mode=None, proto="udp"):
+        super().__init__(tb, mode, proto)
+        self.prog = self._program()
+
+    def _program(self):
+        from ebpf import XdpRedirect
+        return XdpRedirect(self.tb.rules(self.proto), action=self.action, netns=self.ns)
+
+    def _attach_to(self, ifname):
+        return self.prog.attach(ifname, self.mode)
+
+    def attach(self):
+        self.prog.load_program()
+        try:
+            for ifname in (self.tb.dut_in, self.tb.dut_out):
+                self._attach_to(ifname)
+        except BaseException:
+            self.detach()
+            raise
+        self.prog.reset_counters()
+        self.attached = True
+
+    def detach(self):
+        for a in self.prog.xdp_attachments:
+            self.prog.detach_xdp(a)
+        for f in self.prog.tc_filters:
+            self.prog.detach_tc(f)
+        self.attached = False
+
+    def counters(self):
+        c = self.prog.counters()
+        return {"translated": c["to_backend"], "replies": c["to_client"], **c}
+
+    def close(self):
+        super().close()
+        self.prog.close()
+
+
+class XdpForward(XdpMethod):
+    name = "xdp-forward"
+    action = "forward"
+
+
+class TcBpf(XdpMethod):
+    """The same rules at the TC ingress hook (ebpf.TcRedirect, forward): the skb
+    exists already, and bpf_redirect_neigh() sends it on."""
+    name = "tc-bpf"
+    action = "forward"
+    modes = (None,)
+    owns_dut_xdp = False
+
+    def _program(self):
+        from ebpf import TcRedirect
+        return TcRedirect(self.tb.rules(self.proto), action=self.action, netns=self.ns)
+
+    def _attach_to(self, ifname):
+        return self.prog.attach(ifname)
+
+
+METHODS = {m.name: m for m in (Route, NftDnat, NftStateless, XdpMethod, XdpForward, TcBpf)}
+
+
+def method(spec, tb, proto="udp"):
+    """A method from its label: "nft-dnat", "xdp-forward:generic" (native by default)."""
+    name, _, mode = spec.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
+    return METHODS[name](tb, mode or None, proto)

@@ -88,8 +88,11 @@ def test_bench_transfer_and_rate_tiny(tmp_path):
 
 def test_bench_xdp_modes_tiny(tmp_path):
     """Every program in native and generic handles every frame of a modest paced
-    load (counted where it ends: the program, the client or the server), and the
-    offload rows say why they could not run."""
+    load (the router's own count), delivers them where they end (the program, the
+    client or the server; the far end's ring, on the generator's busy core, may
+    overflow: seen once, 326 of 10000 reflected frames in a full suite run, while
+    the kernel tore down earlier tests' namespaces), and the offload rows say why
+    they could not run."""
     r = subprocess.run([sys.executable, "-m", "lab", "bench", "xdp-modes", "--trials", "1", "--duration", "0.5",
                         "--rates", "20000", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
                        cwd=ROOT)
@@ -100,6 +103,7 @@ def test_bench_xdp_modes_tiny(tmp_path):
         (p, m) for p in ("drop", "tx", "redirect", "forward") for m in ("native", "generic"))
     for _, row in ran.iterrows():
         assert row["handled_packets"] == row["sent_packets"] - row["sender_dropped"] > 0, row.to_dict()
+        assert 0 < row["delivered_packets"] <= row["handled_packets"], row.to_dict()
     off = d[d["mode"] == "offload"]
     assert len(off) == 4 and (off["status"] == "unavailable").all()
     assert off["reason"].str.contains("offload needs a NIC that runs BPF").all()

@@ -1,7 +1,7 @@
 """Kernel programs as Python classes: one class per program, its C beside it.
 
     TcMirror      tc_mirror.bpf.c   the vTAP: clone watched traffic to a monitor (TC clsact)
-    XdpSink       xdp_sink.bpf.c    count, then drop or pass, every frame at XDP
+    XdpSink       xdp_sink.bpf.c    count every frame at XDP, then drop, pass, tx or redirect it
     XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
     XdpRedirect   xdp_redirect.bpf.c  rewrite datagrams to a service so they reach a backend, and back
     TcRedirect    tc_redirect.bpf.c   the same rules at the TC (clsact) ingress hook, for comparison

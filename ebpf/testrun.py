@@ -69,6 +69,8 @@ def libbpf():
             raise BpfError("libbpf.so.1 not found (Debian package libbpf1; run `make setup`)") from None
         lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.POINTER(_TestRunOpts)]
         lib.bpf_prog_test_run_opts.restype = ctypes.c_int
+        lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+        lib.bpf_map_update_elem.restype = ctypes.c_int
         _libbpf = lib
     return _libbpf
 
@@ -132,7 +134,10 @@ class LiveFrames:
         self._run = libbpf().bpf_prog_test_run_opts
 
     def run(self, repeat: int):
-        """Run the program `repeat` times on fresh copies of the frame."""
+        """Run the program `repeat` times on the frame. The kernel copies the
+        frame into each page of its pool once, not on every run: a program (or
+        anyone downstream) that rewrites the frame rewrites later runs' frames
+        too (see xdp_gen.bpf.c)."""
         self._opts.repeat = repeat
         if self._run(self.prog_fd, ctypes.byref(self._opts)) != 0:
             err = ctypes.get_errno()

@@ -21,8 +21,13 @@ nothing. Everything goes through netlink or the nftables JSON API, and detach()
 leaves nothing behind.
 """
 
-from . import nft
+import os
+import socket
+
+from . import netns, nft
 from .peers import Peer
+
+NETLINK_NETFILTER = 12  # linux/netlink.h
 
 
 class RedirectMethod(Peer):
@@ -58,13 +63,13 @@ class Route(RedirectMethod):
         return (tb.server4 if family == 4 else tb.server6), tb.backend_port
 
 
-def _match(family, field, value):
-    proto = "ip" if family == 4 else "ip6"
-    return {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": field}}, "right": value}}
-
-
 def _port(proto, field, value):
+    """nftables JSON for `proto field == value` (proto: ip, ip6, udp, tcp)."""
     return {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": field}}, "right": value}}
+
+
+def _match(family, field, value):
+    return _port("ip" if family == 4 else "ip6", field, value)
 
 
 def _set(proto, field, value):
@@ -84,17 +89,47 @@ class NftDnat(RedirectMethod):
             _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"counter": None},
             {"dnat": {"family": "ip" if fam == 4 else "ip6", "addr": backend, "port": tb.backend_port}}]}}}
             for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6))]
+        _flush_conntrack(self.ns)  # so that every flow starts a connection, as in a fresh router
         nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}},
                           {"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100,
                                              "policy": "accept"}}}, *rules])
         self.attached = True
 
     def counters(self):
+        """translated: what the nat chain saw, a connection's first packets only:
+        one, or up to a receive batch of them (8 here) that reached the hook
+        before conntrack confirmed the connection."""
         return {"translated": sum(p for p, _ in nft.counters(self.ns, "inet", self.TABLE))}
 
     def detach(self):
         nft.delete_table(self.ns, "inet", self.TABLE)
+        _flush_conntrack(self.ns)  # its connections would go on translating for 30 s
         self.attached = False
+
+
+def conntrack(ns):
+    """pyroute2's Conntrack on a netlink socket opened inside lab namespace `ns`.
+    Conntrack() itself opens its socket lazily, at its first call: made in an
+    entered namespace and used after leaving it, it flushed the root
+    namespace's table. Close it after use."""
+    from pyroute2 import Conntrack
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_NETFILTER)
+    fd = sock.detach()
+    try:
+        return Conntrack(fileno=fd, nfgen_family=socket.AF_UNSPEC)  # both IP versions
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _flush_conntrack(ns):
+    """Forget every connection the router's conntrack holds."""
+    ct = conntrack(ns)
+    try:
+        ct.flush()
+    finally:
+        ct.close()
 
 
 class NftStateless(RedirectMethod):

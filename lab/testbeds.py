@@ -168,10 +168,12 @@ class RouterTestbed:
         return self
 
     def __exit__(self, *exc):
-        for sink in self.sinks.values():
-            sink.close()
-        self.sinks.clear()
-        self.topo.teardown()
+        try:
+            for sink in self.sinks.values():
+                sink.close()
+        finally:
+            self.sinks.clear()
+            self.topo.teardown()
         return False
 
     def ns(self, host):

@@ -2,7 +2,12 @@
 code where the kernel refuses it."""
 
 import ctypes
+import os
 import threading
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
 
 from lab import netns
 from lab.testbeds import Testbed
@@ -105,3 +110,41 @@ def nft_udp_counter(ns, port):
                      {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}},
                                 "right": port}}, {"counter": None}]}}}])
     return lambda: nft.counters(ns, "inet", "vtl_count")[0][0]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def execute_notebook(path, env):
+    """A notebook run as Jupyter runs it (an ipykernel, from the repository root)
+    with `env` set for the kernel; returns the executed notebook."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nb
+
+
+def assert_every_figure_shown_once(nb, figures):
+    """Each cell that saves a figure also shows it, once, as a PNG in the notebook
+    (when lab.plots forced matplotlib's Agg backend, the notebook showed none),
+    and no cell raised."""
+    shown = 0
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        pngs = [o for o in c.outputs if o.output_type in ("display_data", "execute_result")
+                and "image/png" in o.get("data", {})]
+        assert len(pngs) == c.source.count(".savefig("), c.source
+        shown += len(pngs)
+    assert shown == len(figures)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
-from nbclient import NotebookClient
 
 from lab.bench import vtap_throughput as vt
 from lab.metrics import CPU_COLUMNS
+
+from helpers import assert_every_figure_shown_once, execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,63 +62,27 @@ FIGURES = ["vtap_cpu.png", "vtap_monitor_mbps.png", "vtap_monitor_pps.png", "vta
            "vtap_ratios.png", "vtap_receiver_pps.png"]
 
 
-def _execute_notebook(env):
-    """The notebook run as Jupyter runs it (an ipykernel, from the repository root)
-    with `env` set for the kernel; returns the executed notebook."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        nb = nbformat.read(NOTEBOOK, as_version=4)
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT)}}).execute()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return nb
-
-
-def _assert_every_figure_shown_once(nb):
-    """Each cell that saves a figure also shows it, once, as a PNG in the notebook
-    (when lab.plots forced matplotlib's Agg backend, the notebook showed none)."""
-    shown = 0
-    for c in nb.cells:
-        if c.cell_type != "code":
-            continue
-        pngs = [o for o in c.outputs if o.output_type in ("display_data", "execute_result")
-                and "image/png" in o.get("data", {})]
-        assert len(pngs) == c.source.count(".savefig("), c.source
-        shown += len(pngs)
-    assert shown == len(FIGURES)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-
-
 def test_notebook_executes_and_writes_figures(tmp_path):
     env = {"VTL_TESTBEDS": "1", "VTL_SIZES": "64,512", "VTL_MIRRORS": "none,ebpf,tc-mirred",
            "VTL_TRIALS": "1", "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"),
            "VTL_FIGURES": str(tmp_path / "figures")}
-    nb = _execute_notebook(env)
+    nb = execute_notebook(NOTEBOOK, env)
     figs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
     assert figs == FIGURES
     assert all((tmp_path / "figures" / f).stat().st_size > 10_000 for f in figs)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-    _assert_every_figure_shown_once(nb)
+    assert_every_figure_shown_once(nb, FIGURES)
 
 
 def test_notebook_on_the_reference_csv_shows_every_figure(tmp_path):
     # Every mirror and both testbeds, as the copy in the repository was run; no sweep.
-    nb = _execute_notebook({"VTL_CSV": REFERENCE_CSV, "VTL_FIGURES": str(tmp_path)})
+    nb = execute_notebook(NOTEBOOK, {"VTL_CSV": REFERENCE_CSV, "VTL_FIGURES": str(tmp_path)})
     assert sorted(p.name for p in tmp_path.glob("*.png")) == FIGURES
-    _assert_every_figure_shown_once(nb)
+    assert_every_figure_shown_once(nb, FIGURES)
 
 
 def test_committed_notebook_holds_its_figures():
     """What a reader sees on opening the notebook without running it."""
-    _assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4))
+    assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4), FIGURES)
 
 
 def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outside():

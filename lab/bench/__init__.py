@@ -7,6 +7,8 @@ A bench is a module of this package that defines NAME (its command), SUMMARY
 
     vtap_throughput.py   the vTAP paper's Tables 1-2: PPS/Mbps/CPU per frame size and mirror
     generators.py        our XDP generator against trafgen, at the ceiling, per frame size
+    redirect.py          seed 000: a UDP destination rewrite by netfilter, XDP or TC (file transfer, rate)
+    xdp_modes.py         seed 004: XDP drop, tx, redirect and forward in native, generic and offload mode
 """
 
 import importlib

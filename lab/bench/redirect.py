@@ -8,8 +8,10 @@ Two workloads:
             the router core's busy time; per second, mpstat's columns for every core
             (a second CSV, *_cpu, for the seed's per-second graphs)
   rate      frames at the generator's ceiling and at a paced rate, per size and
-            number of flows (many flows make conntrack insert instead of look up):
-            forwarded packets/s and the router core's ns per forwarded packet
+            number of flows (nft-dnat: that many conntrack entries; each flow comes
+            in bursts of up to 4096 frames, so lookups still dominate): forwarded packets/s (out of the router's egress: sent, or refused by
+            the server's full ring), delivered packets/s (what the server got) and
+            the router core's ns per forwarded packet
 Methods run interleaved within each trial (common.interleaved).
 """
 
@@ -163,7 +165,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                 size, nflows, rate = setting
                 m = methods[spec]
                 to, port = m.target(family)
-                key = (size, nflows, to)
+                key = (size, nflows, to, port)
                 if key not in gens:
                     src = tb.client4 if family == 4 else tb.client6
                     frames = udp_frames(src, to, tb.topo.mac(tb.client, "eth0"), tb.topo.mac(tb.dut, tb.dut_in),
@@ -177,6 +179,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                              "flows": nflows, "trial": trial, "duration_s": round(secs, 3),
                              "sender_pps": rep.pps, "forwarded_pps": r["forwarded"] / secs,
                              "dut_ns_per_pkt": busy / r["forwarded"] if r["forwarded"] else None, **cols,
+                             "delivered_pps": r["delivered"] / secs, "delivered_packets": r["delivered"],
                              "offered_pps": rate or 0, "sent_packets": rep.packets, "sender_dropped": rep.dropped,
                              "forwarded_packets": r["forwarded"],
                              "forwarded_mbps": r["forwarded"] * (size * 8) / secs / 1e6,

@@ -71,11 +71,15 @@ class XdpProgram(Peer):
 
     def attach(self):
         ns = self.tb.ns(self.tb.dut)
-        if self.program == "forward":
-            self.prog.attach(self.tb.dut_in, self.mode)
-            self.prog.attach(self.tb.dut_out, self.mode)  # the devmap's far side needs no program, replies do
-        else:
-            self.prog.attach(self.tb.dut_in, netns=ns, mode=self.mode)
+        try:
+            if self.program == "forward":
+                self.prog.attach(self.tb.dut_in, self.mode)
+                self.prog.attach(self.tb.dut_out, self.mode)  # the devmap's far side needs no program, replies do
+            else:
+                self.prog.attach(self.tb.dut_in, netns=ns, mode=self.mode)
+        except BaseException:
+            self.detach()  # nothing left half-attached
+            raise
         self.attached = True
 
     def detach(self):
@@ -176,7 +180,7 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
             for p in peers.values():
                 p.close()
     df = pd.DataFrame(rows)
-    df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+    df = df.reindex(columns=COLUMNS + [c for c in df.columns if c not in COLUMNS])  # offload rows alone lack most
     params = {"programs": programs, "modes": modes, "sizes": sizes, "rates": rates, "trials": trials,
               "duration_s": duration, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
     return df, write_results(df, "xdp_modes", params, out)

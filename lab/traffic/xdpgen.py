@@ -42,7 +42,7 @@ class XdpGenerator(Generator):
     def __init__(self, ns, ifname, frames, cpu=None, burst=CEILING_BURST):
         super().__init__(ns, ifname, frames, cpu)
         self.burst = burst
-        self._prog = XdpGen()
+        self._prog = XdpGen(max_frames=max(1, len(self.frames)), max_len=max(map(len, self.frames), default=64))
         self._live = None
         self._holder = None
 

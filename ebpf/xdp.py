@@ -65,7 +65,10 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
                 ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]})
         except NetlinkError as e:
             need = f"{OFFLOAD_NEEDS}: " if mode == "offload" else ""
-            raise AttachError(f"attaching XDP ({mode}) to {ifname}: {need}{netdev.netlink_reason(e)}") from None
+            # a device whose driver has no XDP hook of its own (vxlan, a tunnel, ...): say what works
+            hint = " (its driver has no native XDP: use mode generic)" if (
+                mode == "native" and e.code == errno.EOPNOTSUPP) else ""
+            raise AttachError(f"attaching XDP ({mode}) to {ifname}: {need}{netdev.netlink_reason(e)}{hint}") from None
     return XdpAttachment(netns, ifname, ifindex, mode, prog_fd)
 
 

@@ -43,6 +43,18 @@ def _benches_help(benches):
 
 
 def main(argv=None):
+    """`python -m lab ...`; a reader that goes away (`| head`) ends it quietly."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not in the interpreter's exit, where EPIPE is a traceback
+        return status
+    except BrokenPipeError:
+        from vtap.console import quiet_stdout
+        quiet_stdout()
+        return 0
+
+
+def _main(argv=None):
     from .bench import benches as find_benches
     benches = find_benches()
     p = argparse.ArgumentParser(prog="python -m lab",
@@ -87,6 +99,11 @@ def main(argv=None):
             print("lab: nothing to clean up")
         return 0
     if a.cmd == "bench":
+        from .cleanup import live_runs
+        others = live_runs()
+        if others:  # two benches at once ran, and each measured the other's load (40 us/pkt instead of 0.5)
+            print(f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
+                  "so the measurements will include its load", file=sys.stderr)
         try:
             return next(m for m in benches if m.NAME == a.bench).main(a)
         except (ValueError, LabError, BpfError) as e:

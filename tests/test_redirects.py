@@ -151,3 +151,21 @@ def test_generator_frames_leave_as_built_while_the_router_rewrites_them(rtb, flo
         m.close()
     assert rep.packets == 400_000
     assert translated == rep.packets - rep.dropped > 0
+
+
+def test_bench_offload_alone_and_a_reader_that_goes_away(rtb, tmp_path):
+    """`--modes offload` alone runs nothing and records the refusals (it raised
+    ZeroDivisionError); a bench piped into a reader that leaves early ends
+    quietly with 0 (it ended in a BrokenPipeError traceback, status 1); and a
+    bench started while another lab run is live (here this module's testbed)
+    warns that the two share the CPUs (two benches at once measured each
+    other's load without a word)."""
+    cmd = (f"set -o pipefail; {sys.executable} -m lab bench xdp-modes --modes offload --programs drop,forward "
+           f"--out {tmp_path} | true")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"lab bench: warning: another lab run is live ({rtb.topo.run_id}): it shares these CPUs, "
+                        "so the measurements will include its load\n")
+    d = pd.read_csv(next(tmp_path.glob("xdp_modes-*.csv")))
+    assert sorted(d["program"]) == ["drop", "drop", "forward", "forward"]  # at the ceiling and at 100 kpps
+    assert (d["status"] == "unavailable").all() and d["reason"].str.contains("offload needs a NIC").all()

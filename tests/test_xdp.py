@@ -167,3 +167,21 @@ def test_offload_is_attempted_and_refused_with_the_kernels_reason(topo):
     assert "Invalid argument" in msg and "\n" not in msg
     with netns.ipr(ns) as ip:
         assert xdp.attached_mode(ip, ip.link_lookup(ifname="eth0")[0]) is None
+
+
+def test_a_tunnel_without_native_xdp_is_told_to_use_generic(topo):
+    """Seen using `python -m lab redirect` on a VXLAN device: native mode failed
+    with a bare "Operation not supported". The line now says what works, and
+    generic mode does."""
+    ns = topo.ns("a")
+    netns.run(ns, ["ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "dstport", "4789", "dev", "eth0",
+                   "remote", str(topo.hosts["b"].ifaces["eth0"].addrs[0].ip)], check=True)
+    netns.run(ns, ["ip", "link", "set", "vx0", "up"], check=True)
+    with XdpSink() as sink:
+        with pytest.raises(AttachError) as e:
+            sink.attach("vx0", netns=ns, mode="native")
+        assert str(e.value) == ("attaching XDP (native) to vx0: Operation not supported "
+                                "(its driver has no native XDP: use mode generic)")
+        assert sink.xdp_attachments == []
+        a = sink.attach("vx0", netns=ns, mode="generic")
+        assert _on_hook(ns, "vx0", "generic") == xdp.prog_id(a.prog_fd)

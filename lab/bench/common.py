@@ -39,6 +39,8 @@ def interleaved(trials, sizes, variants):
     """(trial, size, variant) in the order runs happen: every variant once per
     size within a trial, starting with a different variant each trial, so that
     slow drift of the machine (steal time) spreads evenly over the variants."""
+    if not variants:
+        return
     for t in range(trials):
         for s in sizes:
             k = t % len(variants)

@@ -38,9 +38,11 @@ def test_iperf3_udp_count_is_exact_at_the_receiver(tb1, addr):
         r = ip3.send(count=n, seconds=10, rate_pps=RATE)
     assert r.packets == n and arrived() == n + 1  # and the datagram that opens iperf3's UDP stream
     # iperf3's own count may miss the last datagrams: its server stops reading when
-    # the control connection says the test is over, while some are still queued
+    # the control connection says the test is over, while some are still queued; how
+    # many depends on how soon the server ran (597 of 3000 once, on a busy VM), so
+    # only its sum is checked; the receiver's count above is the exact one
     assert r.extra["received_packets"] + r.extra["lost_packets"] == n
-    assert r.extra["received_packets"] >= 0.95 * n
+    assert r.extra["received_packets"] > 0
     frame = ip3.length + 8 + (20 if ":" not in addr else 40) + 14
     assert frame == 1514 and r.bytes == n * frame  # one full frame per datagram, no fragments
 

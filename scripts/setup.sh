@@ -22,17 +22,42 @@ packages=(
   bpftool libbpf1                                 # program inspection; libbpf for BPF_PROG_TEST_RUN
   python3-nftables                                # nftables' JSON API, for the nft dup peer
   openvswitch-switch                              # OVS port mirroring peer (userspace datapath)
-  netsniff-ng iperf3                              # traffic: trafgen, iperf3
+  netsniff-ng iperf3 tcpreplay                    # traffic: trafgen, iperf3, pcap replay (the IDS run)
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing Debian packages: ${missing[*]}"
+backported=(suricata)                             # the IDS run: only bookworm-backports has it
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+missing=() missing_bp=()
+for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
+for p in "${backported[@]}"; do installed "$p" || missing_bp+=("$p"); done
+if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  if [ ${#missing_bp[@]} -gt 0 ] && [ "$codename" = bookworm ] &&
+     ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    # The suite from the mirror the machine already uses.
+    mirror=$( { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list \
+                2>/dev/null || true; } | grep -E '^(URIs:|deb )' | grep -oE 'https?://[^ ]+/debian( |$)' |
+              head -n 1 | tr -d ' ' || true)
+    mirror=${mirror:-http://deb.debian.org/debian}
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+      "$mirror" /usr/share/keyrings/debian-archive-keyring.gpg > /etc/apt/sources.list.d/vtap-lab-backports.sources
+    say "added bookworm-backports from $mirror (for ${missing_bp[*]})"
+  fi
   apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+  if [ ${#missing_bp[@]} -gt 0 ]; then
+    say "installing from bookworm-backports: ${missing_bp[*]}"
+    apt-get install -y -q --no-install-recommends -t bookworm-backports "${missing_bp[@]}"
+    # Debian enables a system Suricata on the root namespace's eth0; the lab runs its own,
+    # in its namespaces, and a second IDS on the host would take CPU from every benchmark.
+    if command -v systemctl >/dev/null && systemctl is-enabled suricata >/dev/null 2>&1; then
+      systemctl disable --now suricata >/dev/null 2>&1 || true
+      say "disabled the suricata service the package enabled (the lab starts its own)"
+    fi
+  fi
 fi
 
 # --- kernel headers for BCC ---------------------------------------------------

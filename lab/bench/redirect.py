@@ -25,7 +25,7 @@ from ..metrics import CPU_COLUMNS, write_results
 from ..redirects import METHODS, method as make_method
 from ..rig import RouterRig
 from ..traffic import GENERATORS
-from .common import FCS, Progress, interleaved, parse_list, summarize, udp_frames
+from .common import FCS, Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
 
 NAME = "redirect"
 SUMMARY = "seed 000: UDP destination rewrite, netfilter vs XDP vs TC: transfer CPU and forwarding rate"
@@ -139,10 +139,8 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
                 if bar:
                     bar.step(f"{m.label} trial {trial + 1}")
         finally:
-            for m in methods.values():
-                m.close()
-    df = pd.DataFrame(rows)
-    df = df[COLUMNS + TRANSFER_COLUMNS + [c for c in df.columns if c not in COLUMNS + TRANSFER_COLUMNS]]
+            close_all(methods)
+    df = columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
     params = {"workload": "transfer", "methods": specs, "trials": trials, "bytes": size, "family": family,
               "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
     path = write_results(df, "redirect_transfer", params, out)
@@ -187,12 +185,8 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                 if bar:
                     bar.step(f"{m.label} {size}B {nflows}f {rate or 'max'} t{trial + 1}")
         finally:
-            for g in gens.values():
-                g.close()
-            for m in methods.values():
-                m.close()
-    df = pd.DataFrame(rows)
-    df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+            close_all(gens, methods)
+    df = columns_first(rows, COLUMNS)
     params = {"workload": "rate", "methods": specs, "trials": trials, "sizes": sizes, "flows": flows_list,
               "rates": rates, "duration_s": duration, "family": family, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu,
               "fcs": FCS}

@@ -17,7 +17,7 @@ from ..metrics import CPU_COLUMNS, write_results
 from ..mirrors import MIRRORS
 from ..rig import ThroughputRig
 from ..traffic import GENERATORS
-from .common import FCS, SIZES, Progress, interleaved, parse_list, summarize, udp_frames
+from .common import FCS, SIZES, Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
 
 NAME = "vtap-throughput"
 MIRROR_ORDER = list(MIRRORS)
@@ -142,12 +142,8 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                     if bar:
                         bar.step(f"tb{tb_no} {name} {size}B trial {trial + 1}")
             finally:
-                for g in gens.values():
-                    g.close()
-                for p in peers.values():
-                    p.close()
-    df = pd.DataFrame(rows)
-    df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+                close_all(gens, peers)
+    df = columns_first(rows, COLUMNS)
     params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
               "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
               "dut_cpu": dut_cpu, "rate_pps": rate_pps}

@@ -17,14 +17,12 @@ run interleaved within each trial.
 import argparse
 import sys
 
-import pandas as pd
-
 from .. import testbeds
 from ..metrics import CPU_COLUMNS, write_results
 from ..peers import Peer
 from ..rig import RouterRig
 from ..traffic import GENERATORS
-from .common import Progress, interleaved, parse_list, summarize, udp_frames
+from .common import Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
 
 NAME = "xdp-modes"
 SUMMARY = "seed 004: XDP generic vs native (vs offload): drop, tx, redirect, forward; pps and CPU"
@@ -175,12 +173,8 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
                 if bar:
                     bar.step(f"{peer.name} {size}B {rate or 'max'} t{trial + 1}")
         finally:
-            for g in gens.values():
-                g.close()
-            for p in peers.values():
-                p.close()
-    df = pd.DataFrame(rows)
-    df = df.reindex(columns=COLUMNS + [c for c in df.columns if c not in COLUMNS])  # offload rows alone lack most
+            close_all(gens, peers)
+    df = columns_first(rows, COLUMNS)  # offload rows alone lack most columns
     params = {"programs": programs, "modes": modes, "sizes": sizes, "rates": rates, "trials": trials,
               "duration_s": duration, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
     return df, write_results(df, "xdp_modes", params, out)

@@ -1,6 +1,6 @@
 """Remove what crashed lab runs left behind: their namespaces (and with them every
-link, qdisc, program and process inside, OVS daemons included) and their run
-files and OVS run directories.
+link, qdisc, program and process inside, OVS daemons and Suricata included),
+their run files, OVS and Suricata run directories, and Suricata's cgroups.
 
 A run whose owning process is still alive is left alone unless all_runs=True, so
 `python -m lab cleanup` in one terminal cannot break a run in another.
@@ -9,7 +9,7 @@ A run whose owning process is still alive is left alone unless all_runs=True, so
 import os
 import shutil
 
-from . import netns
+from . import ids, netns
 from .topology import RUN_DIR
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
@@ -45,6 +45,8 @@ def cleanup(all_runs=False) -> list[str]:
         for pidfile in RUN_DIR.glob("*.pid"):
             if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
                 pidfile.unlink(missing_ok=True)
+    # Suricata run directories and CPU-quota cgroups (lab.ids) of namespaces that are gone
+    removed += ids.cleanup()
     # files a killed file-transfer server was receiving into
     for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
         pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]
@@ -56,5 +58,5 @@ def cleanup(all_runs=False) -> list[str]:
 
 def live_runs() -> list[str]:
     """Run ids whose owner is still alive (what cleanup skipped)."""
-    ids = {n[len(netns.PREFIX):].split("-", 1)[0] for n in netns.lab_namespaces()}
-    return sorted(i for i in ids if _owner_alive(i))
+    run_ids = {n[len(netns.PREFIX):].split("-", 1)[0] for n in netns.lab_namespaces()}
+    return sorted(i for i in run_ids if _owner_alive(i))

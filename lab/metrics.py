@@ -258,6 +258,8 @@ def machine_metadata() -> dict:
             "iperf3": _version(["iperf3", "--version"]),
             "nft": _version(["nft", "--version"]),
             "ovs-vswitchd": _version(["ovs-vswitchd", "--version"]),
+            "suricata": _version(["suricata", "-V"]),
+            "tcpreplay": _version(["tcpreplay", "-V"]),
         },
     }
 

@@ -69,6 +69,14 @@ def threaded_napi(ns, ifname, cpu) -> list[int]:
     return pids
 
 
+def steer_receive(ns, ifname, cpu):
+    """RPS: the receive work of every packet arriving on the interface (from the
+    backlog on: taps, tc, the stack) runs on `cpu`, whichever core the sender
+    used. On veth without NAPI, the sender's core would otherwise do it."""
+    mask = format(1 << cpu, "x")
+    netns.run(ns, ["sh", "-c", f"for q in /sys/class/net/{ifname}/queues/rx-*; do echo {mask} > $q/rps_cpus; done"])
+
+
 class ThroughputRig:
     def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001, dut_sink=True):
         ncpu = os.cpu_count()

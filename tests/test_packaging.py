@@ -79,6 +79,8 @@ def test_wheel_holds_every_package_and_the_c_sources(installed):
         assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} is not in the wheel"
     c_files = sorted(p.name for p in (ROOT / "ebpf").iterdir() if p.suffix in (".c", ".h"))
     assert c_files and all(f"ebpf/{n}" in names for n in c_files)
+    rules = sorted(p.name for p in (ROOT / "lab" / "rules").glob("*.rules"))
+    assert rules and all(f"lab/rules/{n}" in names for n in rules)   # the IDS bench's default ruleset
     assert not any(n.startswith("tests/") for n in names)
 
 

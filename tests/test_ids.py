@@ -10,9 +10,11 @@ import sys
 import time
 from collections import Counter
 
+import nbformat
 import pandas as pd
 import pytest
 
+from helpers import assert_every_figure_shown_once, execute_notebook
 from lab import ids, netns
 from lab.testbeds import pair
 from lab.topology import RUN_DIR
@@ -248,3 +250,26 @@ def test_killed_bench_is_cleaned_up(tmp_path):
     assert "Suricata run directory" in r.stdout and "cgroup" in r.stdout
     assert suricata_leftovers() == before
     assert set(netns.lab_namespaces()) == namespaces
+
+
+# --- the notebook --------------------------------------------------------------------------
+
+NB05 = ROOT / "notebooks" / "05_ids.ipynb"
+FIGURES05 = ["ids_alerts.png", "ids_drop_rates.png"]
+
+
+def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
+    nb = execute_notebook(NB05, {"VTL_RATES": "1,4", "VTL_QUOTAS": "5,none", "VTL_TRIALS": "1", "VTL_LOOP": "2",
+                                 "VTL_OUT": str(tmp_path / "results"), "VTL_FIGURES": str(tmp_path / "figures")})
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES05
+    assert_every_figure_shown_once(nb, FIGURES05)
+    df = pd.read_csv(next(p for p in (tmp_path / "results").glob("ids-*.csv") if "signatures" not in p.name))
+    assert len(df) == 4 and df["receiver_correct"].all() and df["monitor_correct"].all()
+    # the targets table says the 1 Mbps runs were exact
+    out = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
+                  for o in c.outputs)
+    assert "1 Mbps: receiver raises exactly the truth" in out
+
+
+def test_committed_notebook05_holds_its_figures():
+    assert_every_figure_shown_once(nbformat.read(NB05, as_version=4), FIGURES05)

@@ -185,9 +185,8 @@ class Workload:
         lab_ids.check_rules(self.rules, self.home_net)
         if self.own:
             say(f"lab bench ids: generating {self.repetitions} repetitions of the attack mix (seed {self.seed})")
-            traffic = attacks.generate(seed=self.seed, repetitions=self.repetitions)
-            attacks.write_pcap(self.pcap, traffic.frames)
-            self.truth = traffic.truth
+            frames, self.truth = attacks.stream(seed=self.seed, repetitions=self.repetitions)
+            attacks.write_pcap(self.pcap, frames)
         if self.truth_file:
             self.truth = attacks.read_truth(self.truth_file)
             if not self.own and self.loop > 1:
@@ -226,13 +225,26 @@ def main(a):
         raise ValueError(f"--cpus {a.cpus}: this machine has CPUs 0..{(os.cpu_count() or 1) - 1}")
     if not 1 <= a.trials <= 100:
         raise ValueError("--trials must be 1..100")
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
-        work = Workload(a, rates, tmp).prepare(say=lambda m: print(m, file=sys.stderr))
-        df, sigs, path = run(work, rates, quotas, a.trials, cpus, a.out)
+    df, _, path = measure(a, rates, quotas, a.trials, cpus, a.out)
     print_summary(df)
     print(f"\nwrote {path}, {signatures_path(path).name} and {path.with_suffix('.json').name}")
     return 0
+
+
+def measure(a, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
+    """The whole bench for options `a` (an argparse namespace, or see options()):
+    prepare the traffic in a temporary directory, run, write. -> (df, sigs, path)"""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
+        work = Workload(a, rates, tmp).prepare(say=lambda m: print(m, file=sys.stderr))
+        return run(work, rates, quotas, trials, cpus, out, progress)
+
+
+def options(**kw):
+    """The bench's options with their defaults, for measure() from Python (a notebook)."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args([], argparse.Namespace(**kw))
 
 
 def signatures_path(path: Path) -> Path:

@@ -285,9 +285,17 @@ CRAFTED = 4  # repetitions scapy crafts; the rest are derived from them (see der
 
 
 def generate(seed=1, repetitions=1) -> Traffic:
-    """`repetitions` times the whole mix. The first CRAFTED are made by scapy
+    """`repetitions` times the whole mix, in memory (see stream() for long runs)."""
+    frames, truth = stream(seed, repetitions)
+    return Traffic(list(frames), truth, seed, repetitions)
+
+
+def stream(seed=1, repetitions=1):
+    """(frames, truth): an iterator over `repetitions` times the whole mix, and
+    the alerts it must raise. The first CRAFTED repetitions are made by scapy
     (about 1,000 frames/s here); the others are copies of them with new outside
-    addresses and sequence numbers (about 100 times faster, and as exact)."""
+    addresses and sequence numbers (about 100 times faster, and as exact),
+    made as they are read, so a long run never sits in memory."""
     if not 1 <= repetitions <= MAX_REPETITIONS:
         raise ValueError(f"repetitions {repetitions} is outside 1..{MAX_REPETITIONS}")
     b = _Builder(seed)
@@ -297,12 +305,16 @@ def generate(seed=1, repetitions=1) -> Traffic:
         b.repetition()
         crafted.append(b.frames[start:])
     per_rep = Counter({sid: n // len(crafted) for sid, n in b.truth.items()})
-    frames = list(b.frames)
-    for k in range(len(crafted), repetitions):
-        delta = b.rng.randrange(1, 1 << 32)
-        frames += [derive(f, k, delta) for f in crafted[k % len(crafted)]]
     truth = Counter({sid: n * repetitions for sid, n in per_rep.items()})
-    return Traffic(frames, truth, seed, repetitions)
+
+    def frames():
+        for rep in crafted:
+            yield from rep
+        for k in range(len(crafted), repetitions):
+            delta = b.rng.randrange(1, 1 << 32)
+            for f in crafted[k % len(crafted)]:
+                yield derive(f, k, delta)
+    return frames(), truth
 
 
 # --- derived repetitions ------------------------------------------------------------------
@@ -384,14 +396,18 @@ def _patch(f, at, old, new):
 
 # --- files ---------------------------------------------------------------------------
 
-def write_pcap(path, frames):
-    """A classic pcap (microseconds, Ethernet) with fixed timestamps."""
+def write_pcap(path, frames) -> tuple[int, int]:
+    """A classic pcap (microseconds, Ethernet) with fixed timestamps, from any
+    iterable of frames. Returns (frames, bytes) written."""
+    n = nbytes = 0
     with open(path, "wb") as f:
         f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        for i, frame in enumerate(frames):
-            t = PCAP_EPOCH * 1_000_000 + i * PCAP_STEP_US
+        for n, frame in enumerate(frames, start=1):
+            t = PCAP_EPOCH * 1_000_000 + (n - 1) * PCAP_STEP_US
             f.write(struct.pack("<IIII", t // 1_000_000, t % 1_000_000, len(frame), len(frame)))
             f.write(frame)
+            nbytes += len(frame)
+    return n, nbytes
 
 
 def read_pcap(path) -> list[bytes]:
@@ -399,13 +415,7 @@ def read_pcap(path) -> list[bytes]:
     data = Path(path).read_bytes()
     if len(data) < 24:
         raise ValueError(f"{path}: not a pcap file (too short)")
-    magic = data[:4]
-    if magic in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1"):
-        end = "<"
-    elif magic in (b"\xa1\xb2\xc3\xd4", b"\xa1\xb2\x3c\x4d"):
-        end = ">"
-    else:
-        raise ValueError(f"{path}: not a classic pcap file (pcapng is not read here; convert with editcap -F pcap)")
+    end = _byte_order(data[:4], path)
     frames, off = [], 24
     while off + 16 <= len(data):
         _, _, caplen, _ = struct.unpack(end + "IIII", data[off:off + 16])
@@ -416,9 +426,33 @@ def read_pcap(path) -> list[bytes]:
 
 
 def pcap_stats(path) -> tuple[int, int]:
-    """(frames, bytes on the wire without FCS) of a pcap: what one replay sends."""
-    frames = read_pcap(path)
-    return len(frames), sum(len(f) for f in frames)
+    """(frames, bytes on the wire without FCS) of a pcap: what one replay sends.
+    Reads the record headers only."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24:
+            raise ValueError(f"{path}: not a pcap file (too short)")
+        end = _byte_order(head[:4], path)
+        linktype = struct.unpack(end + "I", head[20:24])[0] & 0xFFFF
+        if linktype != 1:
+            raise ValueError(f"{path}: link type {linktype}, not Ethernet (1): the replay sends its frames "
+                             "as they are onto an Ethernet interface")
+        n = nbytes = 0
+        while len(rec := f.read(16)) == 16:
+            caplen = struct.unpack(end + "I", rec[8:12])[0]
+            f.seek(caplen, 1)
+            n += 1
+            nbytes += caplen
+    return n, nbytes
+
+
+def _byte_order(magic, path):
+    if magic in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1"):
+        return "<"
+    if magic in (b"\xa1\xb2\xc3\xd4", b"\xa1\xb2\x3c\x4d"):
+        return ">"
+    raise ValueError(f"{path}: not a classic pcap file (pcapng is not read here; convert it with "
+                     "`editcap -F pcap`)")
 
 
 def write_truth(path, truth: Counter, messages=None):

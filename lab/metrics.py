@@ -264,12 +264,18 @@ def machine_metadata() -> dict:
     }
 
 
-def write_results(df: pd.DataFrame, name: str, params: dict, out_dir=None, extra=None) -> Path:
+def write_results(df: pd.DataFrame, name: str, params: dict, out_dir=None, extra=None, companion_of=None) -> Path:
     """Write df as <out_dir>/<name>-<UTC time>.csv beside a .json sidecar holding
-    the machine metadata and the exact parameters. Returns the CSV path."""
+    the machine metadata and the exact parameters. Returns the CSV path.
+    companion_of: a CSV this one belongs with (`redirect_transfer_cpu-` beside
+    `redirect_transfer-`): it takes that one's time, so one name gives the other,
+    even when the second is written a second later."""
     out = Path(out_dir) if out_dir else results_dir()
     out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if companion_of is not None:
+        stamp = re.search(r"\d{8}T\d{6}Z(-\d+)?$", Path(companion_of).stem).group(0)
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = out / f"{name}-{stamp}.csv"
     n = 1
     while path.exists():

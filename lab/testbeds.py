@@ -78,12 +78,13 @@ class Testbed:
         return self.topo.mac(self.sender, self.sender_iface)
 
 
-def testbed1() -> Testbed:
+def testbed1(mtu=1500) -> Testbed:
+    """mtu: of every link (a replayed pcap of tunnelled frames needs more than 1500)."""
     t = Topology("testbed1")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
-    t.add_link("sender", "receiver", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=RECEIVER_V4 + RECEIVER_V6)
-    t.add_link("receiver", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
+    t.add_link("sender", "receiver", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=RECEIVER_V4 + RECEIVER_V6, mtu=mtu)
+    t.add_link("receiver", "monitor", a_if="mon0", a_addrs=[], b_addrs=[], mtu=mtu)
     return Testbed(t, 1, tap_host="receiver", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0")
 
 

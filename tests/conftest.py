@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import netns  # noqa: E402
+from lab import ids, netns  # noqa: E402
+from lab.topology import RUN_DIR  # noqa: E402
 from lab.testbeds import testbed1, testbed2  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -36,15 +37,23 @@ def pytest_sessionstart(session):
         pytest.exit("the test suite runs real namespaces and BPF programs: run it as root (make test)", returncode=4)
 
 
+def _suricata_leftovers():
+    return set(RUN_DIR.glob(f"*{ids.SUFFIX}")) | set(ids.lab_cgroups())
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers():
-    """Every test must leave no lab namespace behind (its own teardown's job)."""
-    before = set(netns.lab_namespaces())
+    """Every test must leave no lab namespace behind (its own teardown's job),
+    nor a Suricata run directory or cgroup (lab.ids)."""
+    before, suricata = set(netns.lab_namespaces()), _suricata_leftovers()
     yield
     left = set(netns.lab_namespaces()) - before
     for name in left:
         netns.remove(name)
     assert not left, f"test left namespaces behind: {sorted(left)}"
+    left = _suricata_leftovers() - suricata
+    ids.cleanup()
+    assert not left, f"test left Suricata run directories or cgroups behind: {sorted(map(str, left))}"
 
 
 @pytest.fixture

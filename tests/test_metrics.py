@@ -77,6 +77,24 @@ def test_results_have_a_sidecar_with_machine_and_parameters(tmp_path):
     assert json.loads(path.with_suffix(".json").read_text())["csv"] == path.name
 
 
+def test_a_companion_csv_takes_its_partners_time(tmp_path):
+    """The redirect bench writes redirect_transfer-T.csv and then
+    redirect_transfer_cpu-T.csv, and notebook 02 finds one from the other's name.
+    Written across a second boundary, the second once got T+1 and the notebook
+    failed (found by a fresh-clone CI run)."""
+    from datetime import datetime, timezone
+    df = pd.DataFrame([{"a": 1}])
+    first = write_results(df, "pair", {}, tmp_path)
+    second = write_results(df, "pair", {}, tmp_path)            # in the same second, it is "-2"
+    start = datetime.now(timezone.utc).second
+    while datetime.now(timezone.utc).second == start:           # the clock moves on, as it did in CI
+        time.sleep(0.01)
+    for p in (first, second):
+        companion = write_results(df, "pair_cpu", {}, tmp_path, companion_of=p)
+        assert companion.name == p.name.replace("pair-", "pair_cpu-")
+        assert companion.with_suffix(".json").exists()
+
+
 def test_busy_time_is_wall_time_minus_idle(tmp_path):
     """The tick may miss bursty work; idle is measured exactly. Over 1 s with 50
     ticks idle and only 10 sampled busy, the core was busy 0.5 s, split as the

@@ -42,6 +42,7 @@ from ..mirrors import EbpfMirror
 from ..rig import steer_receive
 from ..traffic import attacks
 from ..traffic.replay import Tcpreplay, check_pcap
+from ..traffic.report import MAX_LOAD_SECONDS
 from .common import Progress, columns_first, interleaved, parse_list
 
 NAME = "ids"
@@ -60,11 +61,13 @@ RATES = [10, 15, 20, 25, 30]
 DEFAULT_QUOTAS = "5,none"
 TARGET_SECONDS = 8.0     # default repetitions: the mix lasts this long at the highest rate
 TOP_REPETITIONS = 400    # and this many repetitions when the only rate is `top`
+MAX_PCAP_BYTES = 1 << 30  # the project's traffic is at most this big; a bigger pcap of yours is not preloaded
 COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "achieved_mbps", "achieved_kpps", "packets_sent",
            "receiver_packets", "receiver_drops", "receiver_drop_rate", "receiver_alerts",
            "monitor_packets", "monitor_drops", "monitor_drop_rate", "monitor_alerts", "expected_alerts",
            "rate", "duration_s", "mirrored", "receiver_missed", "monitor_missed", "receiver_cpu_s",
-           "monitor_cpu_s", "receiver_correct", "monitor_correct", "receiver_cpu", "monitor_cpu"]
+           "monitor_cpu_s", "receiver_correct", "monitor_correct", "receiver_cpu", "monitor_cpu",
+           "packets_failed"]
 SIG_COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "ids", "sid", "alerts", "expected", "msg", "rate"]
 
 
@@ -171,22 +174,40 @@ class Workload:
         self.truth = None
         self.messages = attacks.rule_messages(self.rules)
 
+    def _per_rep_bytes(self):
+        """Mean bytes of one repetition: derived repetitions cycle through the
+        crafted ones, so the crafted ones' mean is the mean."""
+        if not hasattr(self, "_per_rep"):
+            crafted = attacks.generate(seed=self.seed, repetitions=attacks.CRAFTED)
+            self._per_rep = sum(len(f) for f in crafted.frames) / attacks.CRAFTED
+        return self._per_rep
+
     def _repetitions_for(self, rates):
         numeric = [r for r in rates if r != "top"]
         if not numeric:
             return TOP_REPETITIONS
-        # derived repetitions cycle through the crafted ones: their mean is the mean
-        crafted = attacks.generate(seed=self.seed, repetitions=attacks.CRAFTED)
-        per_rep = sum(len(f) for f in crafted.frames) / attacks.CRAFTED
-        return max(1, math.ceil(TARGET_SECONDS * max(numeric) * 1e6 / 8 / per_rep))
+        return max(1, math.ceil(TARGET_SECONDS * max(numeric) * 1e6 / 8 / self._per_rep_bytes()))
 
-    def prepare(self, say=print):
-        """Write the pcap (own traffic) and settle the truth; check the rules first."""
+    def prepare(self, rates, say=print):
+        """Check everything that can be checked before a namespace exists (the
+        rules with Suricata, each replay's length), then write the pcap (own
+        traffic) and settle the truth."""
         lab_ids.check_rules(self.rules, self.home_net)
         if self.own:
+            estimate = self._per_rep_bytes() * self.repetitions
+            if estimate > MAX_PCAP_BYTES:
+                raise ValueError(f"--loop {self.repetitions} would make a {estimate / 1e9:.1f} GB pcap; the most "
+                                 f"is {MAX_PCAP_BYTES / 1e9:.1f} GB (tcpreplay holds it in memory)")
+            self._check_lengths(rates, estimate)
             say(f"lab bench ids: generating {self.repetitions} repetitions of the attack mix (seed {self.seed})")
             frames, self.truth = attacks.stream(seed=self.seed, repetitions=self.repetitions)
-            attacks.write_pcap(self.pcap, frames)
+            self.frames, self.bytes = attacks.write_pcap(self.pcap, frames)
+            self.longest = 1514
+        else:
+            self.frames, self.bytes, self.longest = attacks.pcap_stats(self.pcap)
+            if self.frames == 0:
+                raise ValueError(f"pcap file {self.pcap} holds no frames")
+            self._check_lengths(rates, self.bytes)
         if self.truth_file:
             self.truth = attacks.read_truth(self.truth_file)
             if not self.own and self.loop > 1:
@@ -196,21 +217,31 @@ class Workload:
         elif not self.own and self.loop == 1:
             say(f"lab bench ids: reading {self.pcap} offline with Suricata for the expected alerts")
             self.truth = lab_ids.offline(self.pcap, self.rules, self.home_net).alerts
-        self.frames, self.bytes = attacks.pcap_stats(self.pcap)
-        if self.frames == 0:
-            raise ValueError(f"pcap file {self.pcap} holds no frames")
         return self
+
+    def _check_lengths(self, rates, nbytes):
+        for rate in rates:
+            if rate != "top":
+                need = nbytes * 8 * self.loop / (rate * 1e6)
+                if need > MAX_LOAD_SECONDS - 10:
+                    raise ValueError(f"one replay at {rate} Mbps would take {need:.0f} s, more than a load run "
+                                     f"may ({MAX_LOAD_SECONDS:.0f} s): use a higher rate or a smaller --loop")
+
+    @property
+    def mtu(self):
+        """The testbed's MTU: 1500, or what the pcap's longest frame needs (a
+        tunnel's frames are longer), so that every frame is replayed unchanged."""
+        return max(1500, self.longest - 14)
+
+    @property
+    def preload(self):
+        return self.bytes <= MAX_PCAP_BYTES
 
     def seconds_at(self, rate):
         """A bound on one replay: its length at the rate, plus room (top: the most any load may take)."""
-        from ..traffic.report import MAX_LOAD_SECONDS
         if rate == "top":
             return MAX_LOAD_SECONDS
-        need = self.bytes * 8 * self.loop / (rate * 1e6)
-        if need > MAX_LOAD_SECONDS - 10:
-            raise ValueError(f"one replay at {rate} Mbps would take {need:.0f} s, more than a load run may "
-                             f"({MAX_LOAD_SECONDS:.0f} s): use a higher rate or a smaller --loop")
-        return need * 1.5 + 10
+        return min(MAX_LOAD_SECONDS, self.bytes * 8 * self.loop / (rate * 1e6) * 1.5 + 10)
 
 
 # --- the runs ------------------------------------------------------------------------
@@ -236,7 +267,7 @@ def measure(a, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
     prepare the traffic in a temporary directory, run, write. -> (df, sigs, path)"""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
-        work = Workload(a, rates, tmp).prepare(say=lambda m: print(m, file=sys.stderr))
+        work = Workload(a, rates, tmp).prepare(rates, say=lambda m: print(m, file=sys.stderr))
         return run(work, rates, quotas, trials, cpus, out, progress)
 
 
@@ -262,7 +293,7 @@ def cores(cpus, trial):
 def run(work, rates, quotas, trials, cpus, out=None, progress=True):
     rows, sig_rows = [], []
     bar = Progress(max(1, trials * len(rates) * len(quotas))) if progress else None
-    tb = testbeds.testbed1()
+    tb = testbeds.testbed1(mtu=work.mtu)
     with tb:
         rx_ns, mon_ns, tx_ns = tb.ns(tb.receiver), tb.ns(tb.monitor), tb.ns(tb.sender)
         with EbpfMirror(rx_ns, tb.tap_iface, tb.monitor_iface, watch=work.watch) as tap:
@@ -277,7 +308,7 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True):
     params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus), "pcap": None if work.own else str(work.pcap), "rules": str(work.rules),
               "home_net": work.home_net, "watch": work.watch, "loop": work.loop,
               "repetitions": work.repetitions, "seed": work.seed, "pcap_frames": work.frames,
-              "pcap_bytes": work.bytes, "truth": "generator" if work.own and not work.truth_file
+              "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": "generator" if work.own and not work.truth_file
               else (work.truth_file or ("offline" if work.truth is not None else None))}
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
@@ -296,7 +327,7 @@ def one_run(work, tb, tap, rate, quota, cpus):
         mon.start()
         before = tap.counters()["mirrored"]
         with Tcpreplay(tb.ns(tb.sender), tb.sender_iface, work.pcap, mbps=None if rate == "top" else rate,
-                       loop=work.loop, cpu=mon_cpu) as replay:
+                       loop=work.loop, cpu=mon_cpu, preload=work.preload) as replay:
             rep = replay.send(seconds=work.seconds_at(rate))
         mirrored = tap.counters()["mirrored"] - before
         rx.wait_idle(rep.packets)
@@ -311,6 +342,7 @@ def one_run(work, tb, tap, rate, quota, cpus):
     row = {"rate_mbps": None if rate == "top" else rate, "rate": str(rate), "cpu_quota_pct": quota,
            "achieved_mbps": rep.mbps, "achieved_kpps": rep.pps / 1e3, "packets_sent": rep.packets,
            "duration_s": round(rep.seconds, 3), "mirrored": mirrored, "expected_alerts": expected,
+           "packets_failed": rep.extra.get("failed", 0),
            "receiver_cpu": rx_cpu, "monitor_cpu": mon_cpu}
     sigs = []
     for who, r in res.items():
@@ -329,6 +361,10 @@ def one_run(work, tb, tap, rate, quota, cpus):
 
 def print_summary(df, stream=sys.stdout):
     """Medians over trials per quota and rate, as the paper's Table 3."""
+    failed = int(df["packets_failed"].fillna(0).sum()) if "packets_failed" in df else 0
+    if failed:
+        stream.write(f"\nwarning: tcpreplay could not send {failed} frames (packets_failed in the CSV): "
+                     "what the IDSes saw is less than the pcap\n")
     stream.write("\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata\n")
     stream.write(f"  {'quota':>6} {'rate':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} | "
                  f"{'monitor alerts':>22} {'drop %':>6} | {'expected':>8}\n")

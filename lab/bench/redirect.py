@@ -144,7 +144,7 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
     params = {"workload": "transfer", "methods": specs, "trials": trials, "bytes": size, "family": family,
               "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
     path = write_results(df, "redirect_transfer", params, out)
-    cpu_path = write_results(pd.DataFrame(seconds_rows), "redirect_transfer_cpu", params, out)
+    cpu_path = write_results(pd.DataFrame(seconds_rows), "redirect_transfer_cpu", params, out, companion_of=path)
     return df, [path, cpu_path]
 
 

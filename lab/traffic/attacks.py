@@ -425,9 +425,9 @@ def read_pcap(path) -> list[bytes]:
     return frames
 
 
-def pcap_stats(path) -> tuple[int, int]:
-    """(frames, bytes on the wire without FCS) of a pcap: what one replay sends.
-    Reads the record headers only."""
+def pcap_stats(path) -> tuple[int, int, int]:
+    """(frames, bytes on the wire without FCS, the longest frame) of a pcap: what
+    one replay sends. Reads the record headers only."""
     with open(path, "rb") as f:
         head = f.read(24)
         if len(head) < 24:
@@ -437,13 +437,14 @@ def pcap_stats(path) -> tuple[int, int]:
         if linktype != 1:
             raise ValueError(f"{path}: link type {linktype}, not Ethernet (1): the replay sends its frames "
                              "as they are onto an Ethernet interface")
-        n = nbytes = 0
+        n = nbytes = longest = 0
         while len(rec := f.read(16)) == 16:
             caplen = struct.unpack(end + "I", rec[8:12])[0]
             f.seek(caplen, 1)
             n += 1
             nbytes += caplen
-    return n, nbytes
+            longest = max(longest, caplen)
+    return n, nbytes, longest
 
 
 def _byte_order(magic, path):

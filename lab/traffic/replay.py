@@ -4,8 +4,8 @@
     ...     report = replay.send(seconds=60)          # the whole file once, or 60 s
 
 The frames go out unchanged (addresses, MACs, checksums: a bad checksum in the
-file stays bad). tcpreplay preloads the file into memory (-K) so that disk reads
-never pace the replay, and its --loop repeats the file: identical sessions
+file stays bad). tcpreplay preloads the file into memory (-K, unless
+preload=False) so that disk reads never pace the replay, and its --loop repeats the file: identical sessions
 again, which an IDS takes for retransmissions (see lab.traffic.attacks for
 repetitions an IDS takes for new traffic). The seconds bound is enforced by
 SIGINT, after which tcpreplay prints its totals.
@@ -33,7 +33,7 @@ class Tcpreplay(Generator):
     name = "tcpreplay"
     needs_frames = False
 
-    def __init__(self, ns, ifname, pcap, mbps=None, loop=1, cpu=None):
+    def __init__(self, ns, ifname, pcap, mbps=None, loop=1, cpu=None, preload=True):
         if not shutil.which("tcpreplay"):
             raise netns.LabError("tcpreplay not found (Debian package tcpreplay; run `make setup`)")
         if mbps is not None and not 0 < mbps <= MAX_MBPS:
@@ -41,7 +41,7 @@ class Tcpreplay(Generator):
         if not 1 <= loop <= 1_000_000:
             raise ValueError(f"replay loop count {loop} is outside 1..1000000")
         super().__init__(ns, ifname, cpu=cpu)
-        self.pcap, self.mbps, self.loop = check_pcap(pcap), mbps, loop
+        self.pcap, self.mbps, self.loop, self.preload = check_pcap(pcap), mbps, loop, preload
         # nanosleep between packets: gtod (the default) spins a whole core, and
         # the sender shares its core with a monitor in the IDS bench; at 30 Mbps
         # nano kept the rate (7.19 s for 7.19 s of traffic) with 17 % of a core
@@ -54,8 +54,9 @@ class Tcpreplay(Generator):
         pass
 
     def argv(self, limit=None):
-        argv = ["tcpreplay", f"--intf1={self.ifname}", "--preload-pcap", f"--loop={self.loop}",
-                f"--timer={self.timer}"]
+        argv = ["tcpreplay", f"--intf1={self.ifname}", f"--loop={self.loop}", f"--timer={self.timer}"]
+        if self.preload:
+            argv.append("--preload-pcap")
         argv += [f"--mbps={self.mbps:g}"] if self.mbps else ["--topspeed"]
         if limit:
             argv.append(f"--limit={limit}")

@@ -52,6 +52,9 @@ def main(argv=None):
         from vtap.console import quiet_stdout
         quiet_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: every `with` block has torn its part down on the way here
+        print("\nlab: interrupted; everything this run started has been removed", file=sys.stderr)
+        return 130
 
 
 def _main(argv=None):

@@ -259,21 +259,41 @@ def test_bench_shows_suricatas_own_error_for_a_rejected_ruleset(tmp_path):
     assert errors == [f"lab bench: error: suricata rejects {bad}: detect-parse: unknown rule keyword 'contnt'."]
 
 
-def test_killed_bench_is_cleaned_up(tmp_path):
-    """SIGKILL mid-run leaves Suricatas running in the namespaces, their run
-    directories and cgroups; `python -m lab cleanup` removes all of it."""
-    before, namespaces = suricata_leftovers(), set(netns.lab_namespaces())
+def _start_bench_and_wait_for_both_idses(tmp_path):
     proc = subprocess.Popen([PY, "-m", "lab", "bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "30",
                              "--loop", "40", "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while len(suricata_leftovers()[2]) < 2:  # both IDSes running: the replay is under way
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-    finally:
+    except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.communicate()
+        raise
+    return proc
+
+
+def test_interrupted_bench_removes_everything_itself(tmp_path):
+    before, namespaces = suricata_leftovers(), set(netns.lab_namespaces())
+    proc = _start_bench_and_wait_for_both_idses(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "lab: interrupted; everything this run started has been removed"
+    assert "Traceback" not in err
+    assert suricata_leftovers() == before and set(netns.lab_namespaces()) == namespaces
+    assert not list(tmp_path.iterdir())   # no half-written results
+
+
+def test_killed_bench_is_cleaned_up(tmp_path):
+    """SIGKILL mid-run leaves Suricatas running in the namespaces, their run
+    directories and cgroups; `python -m lab cleanup` removes all of it."""
+    before, namespaces = suricata_leftovers(), set(netns.lab_namespaces())
+    proc = _start_bench_and_wait_for_both_idses(tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
     dirs, cgroups, procs = suricata_leftovers()
     assert len(dirs) >= 2 and len(cgroups) >= 2 and len(procs) == 2  # what the kill left
     r = lab_cmd("cleanup", timeout=120)

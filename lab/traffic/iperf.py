@@ -79,15 +79,24 @@ class Iperf3(Generator):
             self.server.stderr.close()
             self.server = None
 
-    def _settled_counters(self, quiet=0.05, limit=2.0):
-        """The client interface's counters once they stop moving: when iperf3
-        exits, TCP may still hold written data in the socket, and the kernel
-        sends it afterwards."""
+    def _open_connections(self):
+        """The client's TCP connections to the server not yet in TIME-WAIT: once
+        all are there, the kernel sends nothing more for them."""
+        out = netns.run(self.ns, ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
+                        capture_output=True, text=True).stdout
+        return [ln for ln in out.splitlines() if ln.split() and ln.split()[0] != "TIME-WAIT"]
+
+    def _settled_counters(self, quiet=0.05, limit=5.0):
+        """The client interface's counters once every connection to the server
+        has closed and they stop moving: when iperf3 exits, TCP may still hold
+        written data in the socket, and the kernel sends it afterwards; the last
+        ACK answers the server's FIN, whenever that comes (a quiet 50 ms alone
+        once missed it: one packet more at the receiver than counted here)."""
         last, deadline = iface_counters(self.ns, self.ifname), time.monotonic() + limit
         while time.monotonic() < deadline:
             time.sleep(quiet)
             now = iface_counters(self.ns, self.ifname)
-            if now["tx_packets"] == last["tx_packets"]:
+            if now["tx_packets"] == last["tx_packets"] and (self.proto != "tcp" or not self._open_connections()):
                 return now
             last = now
         return last

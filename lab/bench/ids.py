@@ -219,6 +219,13 @@ class Workload:
             self.truth = lab_ids.offline(self.pcap, self.rules, self.home_net).alerts
         return self
 
+    @property
+    def truth_source(self):
+        """Where the expected alerts came from, for the sidecar."""
+        if self.truth is None:
+            return None
+        return str(self.truth_file) if self.truth_file else ("generator" if self.own else "suricata offline")
+
     def _check_lengths(self, rates, nbytes):
         for rate in rates:
             if rate != "top":
@@ -295,8 +302,7 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True):
     bar = Progress(max(1, trials * len(rates) * len(quotas))) if progress else None
     tb = testbeds.testbed1(mtu=work.mtu)
     with tb:
-        rx_ns, mon_ns, tx_ns = tb.ns(tb.receiver), tb.ns(tb.monitor), tb.ns(tb.sender)
-        with EbpfMirror(rx_ns, tb.tap_iface, tb.monitor_iface, watch=work.watch) as tap:
+        with EbpfMirror(tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, watch=work.watch) as tap:
             for trial, rate, quota in interleaved(trials, rates, quotas):
                 r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial))
                 rows.append({"trial": trial, **r})
@@ -305,11 +311,10 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True):
                     bar.step(f"{rate} Mbps quota {quota or 'none'} t{trial + 1}")
     df = columns_first(rows, COLUMNS)
     sig_df = columns_first(sig_rows, SIG_COLUMNS)
-    params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus), "pcap": None if work.own else str(work.pcap), "rules": str(work.rules),
-              "home_net": work.home_net, "watch": work.watch, "loop": work.loop,
-              "repetitions": work.repetitions, "seed": work.seed, "pcap_frames": work.frames,
-              "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": "generator" if work.own and not work.truth_file
-              else (work.truth_file or ("offline" if work.truth is not None else None))}
+    params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus),
+              "pcap": None if work.own else str(work.pcap), "rules": str(work.rules), "home_net": work.home_net,
+              "watch": work.watch, "loop": work.loop, "repetitions": work.repetitions, "seed": work.seed,
+              "pcap_frames": work.frames, "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": work.truth_source}
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
     return df, sig_df, path

@@ -18,6 +18,7 @@ watched and an unwatched source; the receiver holds .2/::2 and .3/::3 likewise.
 
 from dataclasses import dataclass
 
+from . import netns
 from .topology import Topology
 
 SENDER_V4 = ["198.18.1.1/24", "198.18.1.10/24", "198.18.1.20/24"]
@@ -202,6 +203,82 @@ def router_testbed() -> RouterTestbed:
     t.add_route(tb.client, "2001:2:0:2::/64", tb.dut_in6)
     t.add_route(tb.server, "198.18.1.0/24", tb.dut_out4)
     t.add_route(tb.server, "2001:2:0:1::/64", tb.dut_out6)
+    tb.topo = t
+    return tb
+
+
+@dataclass
+class LbTestbed:
+    """Seeds 001/002's set-up: clients, a load balancer and web servers on one
+    layer-2 segment, a bridge in a "switch" namespace joining them.
+
+        client eth0 --+                              +-- eth0 be1  .11 / ::11
+        .10 / ::10    |-- [br0 in switch] --+-- eth0 lb  .2 / ::2, VIP .100 / ::100
+                      +-- eth0 be2  .12 / ::12
+
+    The VIP is an address of the LB's interface, so the clients' static
+    neighbour entry sends it to the LB's MAC; the LB forwards (its program's
+    bpf_fib_lookup needs that). The switch's port towards the LB carries an
+    XDP program of its own (the lab attaches it): on veth, XDP_TX frames reach
+    the peer only when the peer runs XDP.
+    """
+    topo: Topology
+    backends: list
+    client: str = "client"
+    lb: str = "lb"
+    switch: str = "switch"
+    lb4: str = "198.18.5.2"
+    lb6: str = "2001:2:0:5::2"
+    vip4: str = "198.18.5.100"
+    vip6: str = "2001:2:0:5::100"
+    client4: str = "198.18.5.10"
+    client6: str = "2001:2:0:5::10"
+    backend_port: int = 8080
+    service_port: int = 80
+
+    def ns(self, host):
+        return self.topo.ns(host)
+
+    def backend4(self, i):
+        return f"198.18.5.{11 + i}"
+
+    def backend6(self, i):
+        return f"2001:2:0:5::{11 + i:x}"
+
+    def __enter__(self):
+        self.topo.build()
+        try:
+            # Clients and backends send complete checksums: with TX checksum
+            # offload a veth hands on CHECKSUM_PARTIAL packets whose TCP checksum
+            # holds only the pseudo-header's sum, and a rewrite at XDP (which
+            # cannot see that state) leaves them wrong at the far end (every SYN
+            # went unanswered).
+            for host in [self.client, *self.backends]:
+                netns.run(self.ns(host), ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
+        except BaseException:
+            self.topo.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.topo.teardown()
+        return False
+
+
+def lb_testbed(backends=2) -> LbTestbed:
+    tb = LbTestbed(None, [f"be{i + 1}" for i in range(backends)])
+    t = Topology("lb")
+    t.add_host(tb.switch)
+    t.add_host(tb.client)
+    t.add_host(tb.lb, forwarding=True)
+    hosts = {tb.client: [f"{tb.client4}/24", f"{tb.client6}/64"],
+             tb.lb: [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"]}
+    for i, be in enumerate(tb.backends):
+        t.add_host(be)
+        hosts[be] = [f"{tb.backend4(i)}/24", f"{tb.backend6(i)}/64"]
+    for host, addrs in hosts.items():
+        t.add_link(host, tb.switch, b_if=host, a_addrs=addrs, b_addrs=[])
+    t.add_bridge(tb.switch, "br0", list(hosts))
     tb.topo = t
     return tb
 

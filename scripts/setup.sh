@@ -23,7 +23,9 @@ packages=(
   python3-nftables                                # nftables' JSON API, for the nft dup peer
   openvswitch-switch                              # OVS port mirroring peer (userspace datapath)
   netsniff-ng iperf3 tcpreplay                    # traffic: trafgen, iperf3, pcap replay (the IDS run)
+  nginx libnginx-mod-stream haproxy wrk           # the load balancer's backends, peers and load (issue 11)
 )
+services=(nginx haproxy)                          # daemons their packages start in the root namespace
 backported=(suricata)                             # the IDS run: only bookworm-backports has it
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=() missing_bp=()
@@ -47,6 +49,17 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
     apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # nginx and haproxy start a system daemon on the root namespace's port 80; the
+    # lab runs its own, in its namespaces, and leaves the root namespace alone.
+    for svc in "${services[@]}"; do
+      if command -v systemctl >/dev/null && systemctl is-enabled "$svc" >/dev/null 2>&1; then
+        systemctl disable --now "$svc" >/dev/null 2>&1 || true
+        say "disabled the $svc service its package enabled (the lab starts its own)"
+      fi
+      if [ -f "/run/$svc.pid" ] && kill -0 "$(cat "/run/$svc.pid")" 2>/dev/null; then
+        kill "$(cat "/run/$svc.pid")" && say "stopped the $svc daemon its package started"
+      fi
+    done
   fi
   if [ ${#missing_bp[@]} -gt 0 ]; then
     say "installing from bookworm-backports: ${missing_bp[*]}"

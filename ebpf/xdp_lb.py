@@ -262,6 +262,41 @@ class XdpLoadBalancer(BpfProgram):
     def backend_counters(self) -> dict:
         return {str(b): self.percpu_totals("backend_stats", i) for b, i in self._backends.items()}
 
+    def _timeout(self, state):
+        if state & 0x30 and state & 0x0F != ABI["LB_ST_UDP"]:
+            return self.timeouts["fin"]
+        return self.timeouts[STATES.get(state & 0x0F, "established")]
+
+    def sweep(self) -> int:
+        """Delete the sessions idle past their state's timeout, both directions
+        (the program expires a session only when it next sees it). Returns how
+        many; a command line calls this every second."""
+        now = time.clock_gettime(time.CLOCK_MONOTONIC)
+        by_index = {i: b for b, i in self._backends.items()}
+        gone = 0
+        for table in ("sessions", "half_open"):
+            t = self.table(table)
+            for k, v in list(t.items()):
+                if now - v.last_seen / 1e9 <= self._timeout(v.state):
+                    continue
+                be = by_index.get(v.backend)
+                if be is not None and self.mode == "nat":
+                    rk = self.table("reverse").Key()
+                    rk.backend.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
+                    rk.bport, rk.lb_port, rk.proto, rk.family = socket.htons(be.port), v.lb_port, k.proto, \
+                        be.addr.version
+                    for rt in ("reverse", "reverse_half"):
+                        try:
+                            del self.table(rt)[rk]
+                        except KeyError:
+                            pass
+                try:
+                    del t[k]
+                    gone += 1
+                except KeyError:
+                    pass
+        return gone
+
     def sessions(self) -> list[dict]:
         """Every session in the tables, half-open ones included."""
         by_index = {i: b for b, i in self._backends.items()}

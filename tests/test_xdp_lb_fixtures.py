@@ -296,3 +296,24 @@ def test_attach_refuses_an_interface_that_does_not_forward(net):
         assert attached(net.ns("be")) == []
     finally:
         lb.close()
+
+
+def test_idle_sessions_are_swept_from_both_tables(net):
+    """A half-open session whose client went away, and an idle UDP flow: user
+    space's sweep removes them and their LB ports, and the port is free again."""
+    r = Rig(net, services=("tcp", "udp"), port_count=1)
+    r.lb.timeouts.update(syn=0.2, udp=0.2)
+    r.lb.maps_created()   # write the shorter timeouts
+    try:
+        assert r.run(r.from_client(TCP(sport=40000, dport=80, flags="S"))).verdict == "XDP_TX"
+        assert r.run(r.from_client(UDP(sport=5353, dport=80) / b"q")).verdict == "XDP_TX"
+        assert len(r.lb.sessions()) == 2
+        assert r.run(r.from_client(TCP(sport=40001, dport=80, flags="S"), src="198.18.7.9")).verdict == "XDP_DROP"
+        import time
+        time.sleep(0.3)
+        assert r.lb.sweep() == 2 and r.lb.sessions() == []
+        assert len(r.lb.table("reverse_half")) == 0 and len(r.lb.table("reverse")) == 0
+        # the one LB port is free again
+        assert r.run(r.from_client(TCP(sport=40001, dport=80, flags="S"), src="198.18.7.9")).verdict == "XDP_TX"
+    finally:
+        r.close()

@@ -3,6 +3,7 @@
     python -m lab demo
     python -m lab bench vtap-throughput --testbed 1,2 --trials 5
     python -m lab bench generators --sizes 64,1518
+    python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backend 198.18.5.11:8080
     python -m lab cleanup
 """
 
@@ -76,14 +77,18 @@ def _main(argv=None):
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
     for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
         bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY))
-    from . import redirect
+    from . import lb, redirect
     redirect.add_arguments(sub.add_parser("redirect", help="rewrite datagrams to a service so that they reach a "
                                           "backend (XDP), and back"))
+    lb.add_arguments(sub.add_parser("lb", help="a layer-4 load balancer at the XDP hook (Maglev, conntrack, "
+                                    "NAT or DSR)"))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
     if a.cmd == "redirect":  # a tool in the conventions of vtap: its own checks, signals and exit statuses
         return redirect.main(a)
+    if a.cmd == "lb":
+        return lb.main(a)
 
     if os.geteuid() != 0:
         print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)

@@ -1,6 +1,13 @@
 """XdpLoadBalancer on the real kernel: HTTP from a client namespace through the
 LB (native XDP, XDP_TX on veth) to nginx backends, as in seeds 001/002."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from ebpf.xdp_lb import XdpLoadBalancer
@@ -9,7 +16,7 @@ from lab import netns
 from lab.testbeds import lb_testbed
 from lab.topology import RUN_DIR
 from lab.webservers import SUFFIX, NginxServer
-from tests.conftest import require_tool
+from tests.conftest import ROOT, require_tool
 
 
 @pytest.fixture
@@ -69,3 +76,104 @@ def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     assert sum(v["new_sessions"] for v in per_backend.values()) == 2 * n
     assert all(v["new_sessions"] == w for v, w in zip(per_backend.values(),
                                                        [x.requests() for x in webs + webs6]))
+
+
+def lb_cli(tb, *args):
+    return subprocess.Popen(["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+class Lines:
+    """A child's output stream read by a thread, line by line, so that a test can
+    wait for a line with a timeout (select() on a buffered pipe misses lines
+    already read into the buffer)."""
+
+    def __init__(self, stream):
+        import queue
+        import threading
+        self.q = queue.Queue()
+        self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)],
+                                  daemon=True)
+        self.t.start()
+
+    def wait_for(self, text, timeout=20.0):
+        import queue
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+            assert line is not None, f"the stream ended before a line with {text!r}"
+            if text in line:
+                return line
+
+
+def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
+    """python -m lab lb as a user runs it: weights from a file it re-reads,
+    health checks, SIGTERM detaches; SIGKILL leaves it attached until --cleanup."""
+    from ebpf import xdp
+    tb, _, webs, _ = lab
+    backends = tmp_path / "backends.txt"
+    backends.write_text(f"{tb.backend4(0)}:{tb.backend_port}\n{tb.backend4(1)}:{tb.backend_port}\n")
+    p = lb_cli(tb, "--iface", "eth0", "--service", f"tcp:{tb.vip4}:80", "--backends-file", str(backends),
+               "--json", "--interval", "0.2", "--check-interval", "0.2", "--rise", "1", "--fall", "2")
+    out, err = Lines(p.stdout), Lines(p.stderr)
+    try:
+        first = json.loads(out.wait_for("attached", timeout=60))
+        assert first["event"] == "attached" and first["mode"] == "nat"
+        served = get(tb, f"http://{tb.vip4}/", 30)
+        assert set(served) == {"served by be1", "served by be2"}
+        # drain be2: new connections avoid it
+        backends.write_text(f"{tb.backend4(0)}:{tb.backend_port}\n{tb.backend4(1)}:{tb.backend_port}@0\n")
+        err.wait_for("backends now")
+        assert set(get(tb, f"http://{tb.vip4}/", 20)) == {"served by be1"}
+        # back in, then be2's server dies: the health check takes it out
+        backends.write_text(f"{tb.backend4(0)}:{tb.backend_port}\n{tb.backend4(1)}:{tb.backend_port}\n")
+        err.wait_for("backends now")
+        webs[1].close()
+        err.wait_for("unhealthy")
+        assert set(get(tb, f"http://{tb.vip4}/", 20)) == {"served by be1"}
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+        assert xdp.attached(tb.ns(tb.lb)) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for lines in (out, err):
+            lines.t.join(timeout=10)   # the streams end with the process; then close them
+        p.stdout.close()
+        p.stderr.close()
+    # killed: the program stays on the interface until --cleanup
+    p = lb_cli(tb, "--iface", "eth0", "--service", f"tcp:{tb.vip4}:80", "--backend",
+               f"{tb.backend4(0)}:{tb.backend_port}", "--json", "--health-check", "none")
+    out = Lines(p.stdout)
+    assert json.loads(out.wait_for("attached", timeout=60))["event"] == "attached"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    out.t.join(timeout=10)
+    p.stdout.close()
+    p.stderr.close()
+    assert len(xdp.attached(tb.ns(tb.lb))) == 1
+    r = subprocess.run(["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", "--cleanup"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "lb: removed" in r.stdout, r.stdout + r.stderr
+    assert xdp.attached(tb.ns(tb.lb)) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--iface is required"),
+    (["--iface", "eth0"], "--service is required"),
+    (["--iface", "eth0", "--service", "icmp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "bad service 'icmp:1.2.3.4:80'"),
+    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5"], "bad backend '1.2.3.5'"),
+    (["--iface", "eth0", "--service", "tcp:[2001:2::1]:80", "--backend", "1.2.3.5:80"], "has no IPv6 backend"),
+    (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
+])
+def test_command_line_bad_input_is_one_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "lab", "lb", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m lab lb: error: ") and message in lines[0], r.stderr

@@ -1,0 +1,318 @@
+"""python -m lab lb: a layer-4 load balancer at the XDP hook (ebpf.XdpLoadBalancer),
+with health checks and a live table per backend. In the conventions of `python
+-m vtap`: it works in the namespace it starts in, every exit detaches what it
+attached, and the same exit statuses (vtap/console.py).
+
+Backends serve every service of their address family. Their weights can change
+while it runs: with --backends-file, the file (one ADDR:PORT[@WEIGHT] per line)
+is read again whenever it changes; a weight of 0 drains a backend (no new
+sessions, its sessions go on). A backend that fails its health check (a TCP
+connect, --fall times in a row) leaves the Maglev table until it passes --rise
+times; only its own sessions are affected.
+"""
+
+import argparse
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+from vtap.console import (SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped,
+                          say, show_program, warn)
+
+EXAMPLES = """\
+examples:
+  python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 \\
+                   --backend 198.18.5.11:8080 --backend 198.18.5.12:8080@2
+                        # NAT: backends see this host's address; replies come back through it
+  python -m lab lb --iface eth0 --service 'tcp:[2001:2:0:5::100]:80' --backend '[2001:2:0:5::11]:8080'
+  python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backends-file backends.txt
+                        # edit the file while it runs: weights change, 0 drains
+  python -m lab lb ... --mode dsr       # backends hold the VIP and answer clients directly
+  ip netns exec lb python -m lab lb ...     # inside a network namespace
+  python -m lab lb --cleanup            # remove what a killed run left attached
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, program removed while running);
+  2 cannot run as given (bad option, service or backend, unknown interface, not root)
+"""
+
+
+def add_arguments(p):
+    p.description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
+                     "Maglev consistent hashing, connection tracking, NAT or DSR.")
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
+    p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
+                   help="tcp or udp; IPv6 in brackets (repeatable)")
+    p.add_argument("--backend", metavar="ADDR:PORT[@WEIGHT]", action="append", default=[],
+                   help="a backend of every service of its family, weight 1 unless given (repeatable)")
+    p.add_argument("--backends-file", metavar="FILE", help="backends, one ADDR:PORT[@WEIGHT] per line, read "
+                   "again whenever the file changes")
+    p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
+    p.add_argument("--self", dest="self_addrs", metavar="ADDR", action="append", default=[],
+                   help="the LB's own address the backends see in NAT mode (default: the interface's first "
+                        "address of each family)")
+    p.add_argument("--xdp-mode", default="native", choices=("native", "generic"), help="default %(default)s")
+    p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
+                   help="tcp: connect to each backend every --check-interval (default %(default)s)")
+    p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
+    p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
+    p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
+    add_run_options(p, "load balancer programs")
+
+
+def read_backends(a):
+    """{Backend: weight} from --backend and --backends-file (UsageError on bad lines)."""
+    from ebpf.xdp_lb import Backend
+    entries = [(b, "--backend") for b in a.backend]
+    if a.backends_file:
+        try:
+            lines = Path(a.backends_file).read_text().splitlines()
+        except OSError as e:
+            raise UsageError(f"cannot read --backends-file {a.backends_file}: {e.strerror}") from None
+        entries += [(ln.split("#", 1)[0].strip(), f"{a.backends_file} line {i}") for i, ln in enumerate(lines, 1)
+                    if ln.split("#", 1)[0].strip()]
+    out = {}
+    for text, where in entries:
+        try:
+            be, w = Backend.parse(text)
+        except Exception as e:
+            raise UsageError(f"{where}: {e}") from None
+        out[be] = w
+    return out
+
+
+def check_args(a):
+    check_run_options(a)
+    if a.cleanup:
+        return
+    if not a.iface:
+        raise UsageError("--iface is required (where clients and backends are reached)")
+    if not a.service:
+        raise UsageError("--service is required (PROTO:VIP:PORT)")
+    from ebpf.xdp_lb import Service
+    try:
+        services = [Service.parse(s) for s in a.service]
+    except Exception as e:
+        raise UsageError(str(e)) from None
+    backends = read_backends(a)
+    if not backends:
+        raise UsageError("no backends: give --backend or --backends-file")
+    for svc in services:
+        if not any(b.addr.version == svc.vip.version for b in backends):
+            raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+    if a.check_interval <= 0 or a.rise < 1 or a.fall < 1:
+        raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
+
+
+class HealthChecker:
+    """TCP connects to each backend from this namespace, in a thread: `healthy`
+    follows rise/fall. A backend starts healthy (so a run begins serving at once)."""
+
+    def __init__(self, backends, interval, rise, fall, timeout=None):
+        self.interval, self.rise, self.fall = interval, rise, fall
+        self.timeout = timeout or min(1.0, interval)
+        self.healthy = {b: True for b in backends}
+        self._streak = {b: 0 for b in backends}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lb-health", daemon=True)
+        self.changed = threading.Event()
+
+    def set_backends(self, backends):
+        for b in backends:
+            self.healthy.setdefault(b, True)
+            self._streak.setdefault(b, 0)
+
+    def probe(self, b) -> bool:
+        family = socket.AF_INET6 if b.addr.version == 6 else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.settimeout(self.timeout)
+                s.connect((str(b.addr), b.port))
+            return True
+        except OSError:
+            return False
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            for b in list(self.healthy):
+                ok = self.probe(b)
+                if ok == self.healthy[b]:
+                    self._streak[b] = 0
+                    continue
+                self._streak[b] += 1
+                if self._streak[b] >= (self.rise if ok else self.fall):
+                    self.healthy[b] = ok
+                    self._streak[b] = 0
+                    self.changed.set()
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+class Printer:
+    def __init__(self, as_json):
+        self.json = as_json
+        self.lines = 0
+        self.last = None
+
+    def header(self, lb, iface, a):
+        msg = dict(event="attached", iface=iface, mode=a.mode, xdp_mode=a.xdp_mode,
+                   services=[str(s) for s in lb._services], backends=[str(b) for b in lb._backends])
+        if self.json:
+            say(json.dumps(msg))
+        else:
+            say(f"lb: {a.mode} on {iface} ({a.xdp_mode}); {len(lb._services)} service(s), "
+                f"{len(lb._backends)} backend(s); Ctrl-C to stop")
+
+    def sample(self, lb, weights, health, final=False):
+        weights = {str(b): w for b, w in weights.items()}
+        health = {str(b): ok for b, ok in health.items()}
+        now = time.monotonic()
+        per = lb.backend_counters()
+        sessions = lb.sessions()
+        active = {}
+        for s in sessions:
+            active[s["backend"]] = active.get(s["backend"], 0) + 1
+        dt = now - self.last[0] if self.last else 0
+        before = self.last[1] if self.last else {}
+        self.last = (now, per)
+        stats = lb.counters()
+        rows = {}
+        for b, c in per.items():
+            pps = (c["packets"] - before.get(b, {}).get("packets", 0)) / dt if dt > 0 else 0.0
+            rows[b] = {**c, "active_sessions": active.get(b, 0), "packets_pps": round(pps, 1),
+                       "weight": weights.get(b, 0), "healthy": health.get(b, True)}
+        if self.json:
+            say(json.dumps({"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
+                            "backends": rows}))
+            return
+        if self.lines % 20 == 0 or final:
+            say(f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
+                f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}")
+        self.lines += 1
+        label = "total" if final else time.strftime("%H:%M:%S")
+        for b, r in rows.items():
+            say(f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} {r['active_sessions']:>7} "
+                f"{r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} {r['reply_packets']:>10}")
+        drops = {k: v for k, v in stats.items() if k.startswith("drop_") and v}
+        if drops:
+            say(f"{'':8} dropped: " + ", ".join(f"{k[5:].replace('_', '-')} {v}" for k, v in drops.items()))
+
+
+def cleanup(a):
+    from ebpf import xdp
+    removed, spared = xdp.cleanup("xdp_lb", spare_live=not a.all)
+    for what in removed:
+        say(f"lb: removed {what}")
+    for what in spared:
+        say(f"lb: left {what}; --cleanup --all removes it too")
+    if not removed and not spared:
+        say("lb: nothing to clean up in this namespace")
+    return 0
+
+
+def own_addresses(iface):
+    """The interface's first global address of each family: the NAT source."""
+    from ebpf import netdev
+    found = {}
+    with netdev.ipr(None) as ip:
+        index = netdev.ifindex_of(ip, iface)
+        for m in ip.get_addr(index=index):
+            if m.get("scope", 0) == 0:
+                found.setdefault(m["family"], m.get_attr("IFA_ADDRESS"))
+    return found.get(socket.AF_INET), found.get(socket.AF_INET6)
+
+
+def run(a):
+    from ebpf import BpfError
+    from ebpf.xdp_lb import XdpLoadBalancer
+
+    if a.cleanup:
+        return cleanup(a)
+    self4, self6 = own_addresses(a.iface)
+    for addr in a.self_addrs:
+        if ":" in addr:
+            self6 = addr
+        else:
+            self4 = addr
+    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode)
+    services = [lb.add_service(s) for s in a.service]
+    weights = read_backends(a)
+    health = HealthChecker(weights, a.check_interval, a.rise, a.fall) if a.health_check == "tcp" else None
+
+    def apply(weights):
+        up = health.healthy if health else {}
+        for svc in services:
+            lb.set_backends(svc, {b: (w if up.get(b, True) else 0) for b, w in weights.items()
+                                  if b.addr.version == svc.vip.version})
+
+    apply(weights)
+    if a.ebpf:
+        return show_program(lb)
+    printer = Printer(a.json)
+    mtime = Path(a.backends_file).stat().st_mtime_ns if a.backends_file else None
+    SIGNALS.check()
+    with lb:
+        lb.load_program()
+        SIGNALS.check()
+        lb.attach(a.iface, a.xdp_mode)
+        if health:
+            health.start()
+        try:
+            printer.header(lb, a.iface, a)
+            printer.sample(lb, weights, health.healthy if health else {})
+
+            def tick():
+                nonlocal weights, mtime
+                if not lb.xdp_attachments or removed_from(lb):
+                    raise BpfError(f"stopped: the program was removed from {a.iface} from outside "
+                                   "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
+                if a.backends_file:
+                    m = Path(a.backends_file).stat().st_mtime_ns
+                    if m != mtime:
+                        mtime = m
+                        try:
+                            new = read_backends(a)
+                        except UsageError as e:
+                            warn(f"kept the backends as they were: {e}")
+                        else:
+                            weights = new
+                            if health:
+                                health.set_backends(weights)
+                            apply(weights)
+                            warn(f"backends now: {', '.join(f'{b}@{w}' for b, w in weights.items())}")
+                if health and health.changed.is_set():
+                    health.changed.clear()
+                    apply(weights)
+                    down = [str(b) for b, ok in health.healthy.items() if not ok]
+                    warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
+                lb.sweep()
+                printer.sample(lb, weights, health.healthy if health else {})
+            run_until_stopped(a.interval, a.duration, tick,
+                              lambda: printer.sample(lb, weights, health.healthy if health else {}, final=True))
+        finally:
+            if health:
+                health.stop()
+    return 0
+
+
+def removed_from(lb):
+    from ebpf import holders, xdp
+    mine = holders.prog_id(lb.load_program().fd)
+    on = {(ifindex, mode) for _, ifindex, mode, pid in xdp.attached(lb.netns) if pid == mine}
+    return [x.ifname for x in lb.xdp_attachments if (x.ifindex, x.mode) not in on]
+
+
+def main(a):
+    """python -m lab lb (lab/__main__.py parses the arguments)."""
+    SIGNALS.install()
+    return run_command("python -m lab lb", lambda: check_args(a), lambda: run(a))

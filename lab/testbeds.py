@@ -265,7 +265,8 @@ class LbTestbed:
         return False
 
 
-def lb_testbed(backends=2) -> LbTestbed:
+def lb_testbed(backends=2, dsr=False) -> LbTestbed:
+    """dsr: the backends hold the VIPs on their loopback, to answer clients directly."""
     tb = LbTestbed(None, [f"be{i + 1}" for i in range(backends)])
     t = Topology("lb")
     t.add_host(tb.switch)
@@ -279,6 +280,10 @@ def lb_testbed(backends=2) -> LbTestbed:
     for host, addrs in hosts.items():
         t.add_link(host, tb.switch, b_if=host, a_addrs=addrs, b_addrs=[])
     t.add_bridge(tb.switch, "br0", list(hosts))
+    if dsr:
+        for be in tb.backends:
+            t.add_address(be, "lo", f"{tb.vip4}/32")
+            t.add_address(be, "lo", f"{tb.vip6}/128")
     tb.topo = t
     return tb
 

@@ -143,6 +143,10 @@ class Topology:
         return br
 
     def add_address(self, host, ifname, addr):
+        """An extra address; on "lo" too (a DSR backend holds the service's
+        address there: local, but never answered for on a link)."""
+        if ifname == "lo" and "lo" not in self.hosts[host].ifaces:
+            self._iface(host, "lo", [], 65536)
         self.hosts[host].ifaces[ifname].addrs.append(ipaddress.ip_interface(addr))
 
     def add_route(self, host, dst, via):

@@ -177,3 +177,32 @@ def test_command_line_bad_input_is_one_line(args, message):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m lab lb: error: ") and message in lines[0], r.stderr
+
+
+def test_dsr_backends_answer_the_client_directly():
+    """DSR: the LB changes only the destination MAC; each backend holds the VIP
+    on its loopback, serves the service's port and answers the client itself, so
+    the LB sees the client's packets only."""
+    require_tool("nginx")
+    require_tool("curl")
+    tb = lb_testbed(dsr=True)
+    with tb:
+        webs = [NginxServer(tb.ns(be), tb.vip4, tb.service_port, name=be).start() for be in tb.backends]
+        sink = XdpSink("pass")
+        sink.attach(tb.lb, netns=tb.ns(tb.switch))
+        lb = XdpLoadBalancer(mode="dsr", netns=tb.ns(tb.lb))
+        try:
+            svc = lb.add_service(f"tcp:{tb.vip4}:{tb.service_port}")
+            lb.set_backends(svc, {f"{tb.backend4(i)}:{tb.service_port}": 1 for i in range(2)})
+            lb.attach("eth0")
+            n = 20
+            assert set(get(tb, f"http://{tb.vip4}/", n)) == {"served by be1", "served by be2"}
+            assert {c for w in webs for c in w.clients()} == {tb.client4}   # the client's own address
+            c = lb.counters()
+            assert c["to_client"] == 0 and c["to_backend"] > 0        # replies never came through the LB
+            assert c["new_sessions"] == c["established"] == n
+        finally:
+            lb.close()
+            sink.close()
+            for w in webs:
+                w.close()

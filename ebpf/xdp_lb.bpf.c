@@ -260,32 +260,25 @@ static __always_inline int backend_mac(struct xdp_md *ctx, struct pkt *p, const 
 	return 0;
 }
 
+static __always_inline void add_traffic(struct lb_traffic *t, __u32 len, int reply, int new_session)
+{
+	if (!t)
+		return;
+	if (reply) {
+		t->reply_packets++;
+		t->reply_bytes += len;
+	} else {
+		t->packets++;
+		t->bytes += len;
+	}
+	t->new_sessions += new_session;
+}
+
+/* Map calls stay here, in the main file: BCC rewrites them only there. */
 static __always_inline void count(__u32 service, __u32 backend, __u32 len, int reply, int new_session)
 {
-	struct lb_traffic *t;
-
-	t = service_stats.lookup(&service);
-	if (t) {
-		if (reply) {
-			t->reply_packets++;
-			t->reply_bytes += len;
-		} else {
-			t->packets++;
-			t->bytes += len;
-		}
-		t->new_sessions += new_session;
-	}
-	t = backend_stats.lookup(&backend);
-	if (t) {
-		if (reply) {
-			t->reply_packets++;
-			t->reply_bytes += len;
-		} else {
-			t->packets++;
-			t->bytes += len;
-		}
-		t->new_sessions += new_session;
-	}
+	add_traffic(service_stats.lookup(&service), len, reply, new_session);
+	add_traffic(backend_stats.lookup(&backend), len, reply, new_session);
 }
 
 static __always_inline void reverse_key(struct lb_reverse_key *rk, const struct lb_backend *be, __be16 lb_port,

@@ -10,7 +10,7 @@ import os
 import shutil
 
 from . import ids, netns, webservers
-from .topology import RUN_DIR
+from .topology import RUN_DIR, orphaned_run_dirs
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
 
@@ -38,10 +38,9 @@ def cleanup(all_runs=False) -> list[str]:
     if RUN_DIR.exists():
         # OVS run directories (lab.mirrors.OvsMirror) of namespaces that are gone;
         # their daemons ran inside the namespace and died with it.
-        for ovs_dir in RUN_DIR.glob("*.ovs"):
-            if not netns.exists(ovs_dir.stem):
-                shutil.rmtree(ovs_dir, ignore_errors=True)
-                removed.append(f"OVS run directory {ovs_dir}")
+        for ovs_dir in orphaned_run_dirs(".ovs"):
+            shutil.rmtree(ovs_dir, ignore_errors=True)
+            removed.append(f"OVS run directory {ovs_dir}")
         for pidfile in RUN_DIR.glob("*.pid"):
             if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
                 pidfile.unlink(missing_ok=True)

@@ -49,7 +49,7 @@ from ebpf.netdev import ifindex_of
 
 from . import netns
 from .netns import LabError
-from .topology import RUN_DIR
+from .topology import RUN_DIR, orphaned_run_dirs
 
 SUFFIX = ".suricata"
 CLASSIFICATION = Path("/etc/suricata/classification.config")
@@ -510,18 +510,11 @@ class Suricata:
         return False
 
 
-def leftovers() -> list[Path]:
-    """Run directories of instances whose namespace is gone."""
-    if not RUN_DIR.exists():
-        return []
-    return [d for d in RUN_DIR.glob(f"*{SUFFIX}") if not netns.exists(d.name.split(".", 1)[0])]
-
-
 def cleanup() -> list[str]:
     """Remove what crashed runs left: run directories and cgroups of instances
     whose namespace no longer exists (their processes died with it)."""
     removed = []
-    for d in leftovers():
+    for d in orphaned_run_dirs(SUFFIX):
         shutil.rmtree(d, ignore_errors=True)
         removed.append(f"Suricata run directory {d}")
     for cg in lab_cgroups():

@@ -88,6 +88,16 @@ def _side_lines(ax, d, value, scale=1.0):
                     label=f"{side} IDS", **SIDE_MARKERS[side])
 
 
+def _seed_panel(ax, column, title):
+    """The paper's Table 3 column `column` per side, as a line per side."""
+    s = seed_table3()
+    for side in SIDES:
+        ax.plot(s["rate_mbps"], s[f"{side}_{column}"], color=SIDE_COLORS[side], label=f"{side} IDS",
+                **SIDE_MARKERS[side])
+    ax.set_title(title)
+    return ax
+
+
 def alerts_vs_rate(df: pd.DataFrame, seed=True):
     """Figure 7's analogue: alerts per replay rate at the receiver and the
     monitor (median, whiskers min..max), the expected alerts as a line; one panel
@@ -98,12 +108,7 @@ def alerts_vs_rate(df: pd.DataFrame, seed=True):
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
     axes = list(axes[0])
     if seed:
-        s = seed_table3()
-        ax = axes.pop(0)
-        for side in SIDES:
-            ax.plot(s["rate_mbps"], s[f"{side}_alerts"], color=SIDE_COLORS[side], label=f"{side} IDS",
-                    **SIDE_MARKERS[side])
-        ax.set_title("paper (Suricata 4, 1-vCPU VMs)")
+        ax = _seed_panel(axes.pop(0), "alerts", "paper (Suricata 4, 1-vCPU VMs)")
         ax.set_ylabel("alerts")
     for ax, q in zip(axes, panels):
         dq = d[d["quota"] == q]
@@ -130,12 +135,7 @@ def drop_rates(df: pd.DataFrame, seed=True):
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False, sharey=True)
     axes = list(axes[0])
     if seed:
-        s = seed_table3()
-        ax = axes.pop(0)
-        for side in SIDES:
-            ax.plot(s["rate_mbps"], s[f"{side}_drop_rate_pct"], color=SIDE_COLORS[side], label=f"{side} IDS",
-                    **SIDE_MARKERS[side])
-        ax.set_title("paper")
+        _seed_panel(axes.pop(0), "drop_rate_pct", "paper")
     for ax, q in zip(axes, panels):
         _side_lines(ax, d[d["quota"] == q], "drop_rate", scale=100)
         ax.set_title(f"this lab, {q}")

@@ -235,6 +235,7 @@ def own_addresses(iface):
 def run(a):
     from ebpf import BpfError
     from ebpf.xdp_lb import XdpLoadBalancer
+    from .redirect import removed_from
 
     if a.cleanup:
         return cleanup(a)
@@ -273,7 +274,7 @@ def run(a):
 
             def tick():
                 nonlocal weights, mtime
-                if not lb.xdp_attachments or removed_from(lb):
+                if not lb.xdp_attachments or removed_from(lb):  # the same check as the redirect's
                     raise BpfError(f"stopped: the program was removed from {a.iface} from outside "
                                    "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
                 if a.backends_file:
@@ -303,13 +304,6 @@ def run(a):
             if health:
                 health.stop()
     return 0
-
-
-def removed_from(lb):
-    from ebpf import holders, xdp
-    mine = holders.prog_id(lb.load_program().fd)
-    on = {(ifindex, mode) for _, ifindex, mode, pid in xdp.attached(lb.netns) if pid == mine}
-    return [x.ifname for x in lb.xdp_attachments if (x.ifindex, x.mode) not in on]
 
 
 def main(a):

@@ -44,6 +44,14 @@ HOST_SYSCTLS = {
 }
 
 
+def orphaned_run_dirs(suffix) -> list[Path]:
+    """RUN_DIR/<namespace>.<...><suffix> directories (a daemon's run files) whose
+    namespace is gone: the daemon died with it, and only its files are left."""
+    if not RUN_DIR.exists():
+        return []
+    return [d for d in RUN_DIR.glob(f"*{suffix}") if not netns.exists(d.name.split(".", 1)[0])]
+
+
 @dataclass
 class Iface:
     host: str

@@ -19,7 +19,7 @@ import time
 
 from . import netns
 from .netns import LabError
-from .topology import RUN_DIR
+from .topology import RUN_DIR, orphaned_run_dirs
 
 SUFFIX = ".nginx"
 
@@ -140,9 +140,7 @@ http {{
 def cleanup() -> list[str]:
     """Run directories of servers whose namespace is gone."""
     removed = []
-    if RUN_DIR.exists():
-        for d in RUN_DIR.glob(f"*{SUFFIX}"):
-            if not netns.exists(d.name.split(".", 1)[0]):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(f"nginx run directory {d}")
+    for d in orphaned_run_dirs(SUFFIX):
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(f"nginx run directory {d}")
     return removed

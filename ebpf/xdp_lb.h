@@ -7,8 +7,13 @@
 #define LB_MAX_SERVICES 16
 #define LB_MAX_BACKENDS 256     /* index 0 is "no backend": a ring slot of 0 is empty */
 #define LB_RING_SIZE 65537      /* Maglev table per service, a prime (ebpf/maglev.py) */
+/* table sizes: defaults, which XdpLoadBalancer(max_sessions=, max_half_open=) override */
+#ifndef LB_MAX_SESSIONS
 #define LB_MAX_SESSIONS 131072  /* established sessions, each direction */
+#endif
+#ifndef LB_MAX_HALF_OPEN
 #define LB_MAX_HALF_OPEN 65536  /* SYN-created sessions: a SYN flood evicts only these */
+#endif
 #define LB_PORT_PROBES 8        /* LB ports tried for a new session before the SYN is dropped */
 
 #define LB_MODE_NAT 0           /* client -> LB -> backend, replies back through the LB (the seeds') */

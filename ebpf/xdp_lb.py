@@ -117,9 +117,14 @@ class XdpLoadBalancer(BpfProgram):
     FUNCTION = "xdp_lb"
 
     def __init__(self, self4=None, self6=None, mode="nat", port_min=20000, port_count=40000, timeouts=None,
-                 netns=None, source=None, cflags=()):
+                 netns=None, source=None, cflags=(), max_sessions=None, max_half_open=None):
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (nat or dsr)")
+        self.max_sessions = max_sessions or ABI["LB_MAX_SESSIONS"]
+        self.max_half_open = max_half_open or ABI["LB_MAX_HALF_OPEN"]
+        if self.max_sessions < 1 or self.max_half_open < 1:
+            raise InputError("session tables need at least one entry")
+        cflags = [f"-DLB_MAX_SESSIONS={self.max_sessions}", f"-DLB_MAX_HALF_OPEN={self.max_half_open}", *cflags]
         if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
             raise InputError(f"LB ports {port_min}..{port_min + port_count - 1} are outside 1024..65535")
         super().__init__([f"-DLB_MODE={MODES[mode]}", *cflags], source)

@@ -9,7 +9,7 @@ A run whose owning process is still alive is left alone unless all_runs=True, so
 import os
 import shutil
 
-from . import ids, netns, webservers
+from . import balancers, daemons, ids, netns, webservers  # noqa: F401 (their daemons register for cleanup)
 from .topology import RUN_DIR, orphaned_run_dirs
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
@@ -46,7 +46,7 @@ def cleanup(all_runs=False) -> list[str]:
                 pidfile.unlink(missing_ok=True)
     # Suricata run directories and CPU-quota cgroups (lab.ids) of namespaces that are gone
     removed += ids.cleanup()
-    removed += webservers.cleanup()  # nginx run directories (lab.webservers)
+    removed += daemons.cleanup()  # nginx backends' and proxies' run directories (lab.daemons)
     # files a killed file-transfer server was receiving into
     for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
         pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]

@@ -108,14 +108,18 @@ def check_args(a):
 
 
 class HealthChecker:
-    """TCP connects to each backend from this namespace, in a thread: `healthy`
-    follows rise/fall. A backend starts healthy (so a run begins serving at once)."""
+    """TCP connects to each backend from this namespace (or lab namespace `ns`),
+    in a thread: `healthy` follows rise/fall. A backend starts healthy (so a run
+    begins serving at once). `changes` records each turn as (backend, healthy,
+    failed probes of it so far)."""
 
-    def __init__(self, backends, interval, rise, fall, timeout=None):
-        self.interval, self.rise, self.fall = interval, rise, fall
+    def __init__(self, backends, interval, rise, fall, timeout=None, ns=None):
+        self.interval, self.rise, self.fall, self.ns = interval, rise, fall, ns
         self.timeout = timeout or min(1.0, interval)
         self.healthy = {b: True for b in backends}
         self._streak = {b: 0 for b in backends}
+        self.failed = {b: 0 for b in backends}
+        self.changes = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lb-health", daemon=True)
         self.changed = threading.Event()
@@ -136,9 +140,18 @@ class HealthChecker:
             return False
 
     def _loop(self):
+        if self.ns:
+            from .netns import entered
+            with entered(self.ns):  # this thread's sockets are made in the namespace
+                return self._probe_all()
+        self._probe_all()
+
+    def _probe_all(self):
         while not self._stop.wait(self.interval):
             for b in list(self.healthy):
                 ok = self.probe(b)
+                if not ok:
+                    self.failed[b] = self.failed.get(b, 0) + 1
                 if ok == self.healthy[b]:
                     self._streak[b] = 0
                     continue
@@ -146,6 +159,7 @@ class HealthChecker:
                 if self._streak[b] >= (self.rise if ok else self.fall):
                     self.healthy[b] = ok
                     self._streak[b] = 0
+                    self.changes.append((b, ok, self.failed[b]))
                     self.changed.set()
 
     def start(self):

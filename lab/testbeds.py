@@ -233,6 +233,9 @@ class LbTestbed:
     vip6: str = "2001:2:0:5::100"
     client4: str = "198.18.5.10"
     client6: str = "2001:2:0:5::10"
+    attacker: str = "attacker"
+    attacker4: str = "198.18.5.20"
+    attacker6: str = "2001:2:0:5::20"
     backend_port: int = 8080
     service_port: int = 80
 
@@ -265,8 +268,10 @@ class LbTestbed:
         return False
 
 
-def lb_testbed(backends=2, dsr=False) -> LbTestbed:
-    """dsr: the backends hold the VIPs on their loopback, to answer clients directly."""
+def lb_testbed(backends=2, dsr=False, attacker=False) -> LbTestbed:
+    """dsr: the backends hold the VIPs on their loopback, to answer clients directly.
+    attacker: one more host on the switch (.20 / ::20), for floods from outside
+    the clients' namespace."""
     tb = LbTestbed(None, [f"be{i + 1}" for i in range(backends)])
     t = Topology("lb")
     t.add_host(tb.switch)
@@ -274,6 +279,9 @@ def lb_testbed(backends=2, dsr=False) -> LbTestbed:
     t.add_host(tb.lb, forwarding=True)
     hosts = {tb.client: [f"{tb.client4}/24", f"{tb.client6}/64"],
              tb.lb: [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"]}
+    if attacker:
+        t.add_host(tb.attacker)
+        hosts[tb.attacker] = [f"{tb.attacker4}/24", f"{tb.attacker6}/64"]
     for i, be in enumerate(tb.backends):
         t.add_host(be)
         hosts[be] = [f"{tb.backend4(i)}/24", f"{tb.backend6(i)}/64"]

@@ -5,30 +5,16 @@
     ...     web.requests()                                    # how many it served
 
 nginx, one worker, serving one small static file: Python's http.server would
-be the bottleneck of every measurement. Each server has its own configuration,
-document root, pid file and logs under /run/vtap-lab/<ns>.<port>.nginx, runs in
-the foreground as our child, and is stopped with SIGTERM; `python -m lab
-cleanup` removes the directories of namespaces that are gone (the process died
-with its namespace). The access log (one line per request, the client's address
-first) lets a test count who served what.
+be the bottleneck of every measurement. A lab.daemons.Daemon: its configuration,
+document root, pid file and logs live under /run/vtap-lab/<ns>.<port>.nginx.
+The access log (one line per request, the client's address first) lets a test
+count who served what; benchmarks turn it off (log=False), it costs a write
+per request.
 """
 
-import shutil
-import subprocess
-import time
-
-from . import netns
-from .netns import LabError
-from .topology import RUN_DIR, orphaned_run_dirs
+from .daemons import Daemon, listen_text, nofile, require
 
 SUFFIX = ".nginx"
-
-
-def require_nginx():
-    path = shutil.which("nginx")
-    if not path:
-        raise LabError("nginx not found (Debian package nginx; run `make setup`)")
-    return path
 
 
 def page(name: str, size=512) -> bytes:
@@ -37,73 +23,48 @@ def page(name: str, size=512) -> bytes:
     return head + b"." * max(0, size - len(head) - 1) + b"\n"
 
 
-class NginxServer:
-    def __init__(self, ns, addr, port=8080, cpu=None, body_size=512, name=None):
-        self.binary = require_nginx()
-        self.ns, self.addr, self.port, self.cpu = ns, addr, port, cpu
+def temp_paths(d) -> str:
+    """nginx's temporary directories, in the run directory (its defaults are the system's)."""
+    return "\n".join(f"    {kind}_temp_path {d}/tmp;" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+
+
+class NginxServer(Daemon):
+    suffix = SUFFIX
+    what = "nginx"
+
+    def __init__(self, ns, addr, port=8080, cpu=None, body_size=512, name=None, log=True):
+        self.binary = require("nginx", "nginx")
+        super().__init__(ns, port, port, cpu)
+        self.addr, self.log = addr, log
         self.name = name or f"{addr}:{port}"
         self.body = page(self.name, body_size)
-        self.dir = RUN_DIR / f"{ns}.{port}{SUFFIX}"
-        self.proc = None
+
+    def files(self):
+        return {"nginx.conf": self.config(), "www/index.html": self.body, "tmp/.keep": ""}
+
+    def argv(self):
+        return [self.binary, "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir), "-e", str(self.dir / "error.log")]
 
     def config(self) -> str:
         d = self.dir
-        listen = f"[{self.addr}]:{self.port}" if ":" in str(self.addr) else f"{self.addr}:{self.port}"
         return f"""# written by lab.webservers for one lab run
 worker_processes 1;
 daemon off;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 16384; }}
-worker_rlimit_nofile 40000;
+worker_rlimit_nofile {nofile()};
 http {{
-    access_log {d}/access.log;
-    client_body_temp_path {d}/tmp;
-    proxy_temp_path {d}/tmp;
-    fastcgi_temp_path {d}/tmp;
-    uwsgi_temp_path {d}/tmp;
-    scgi_temp_path {d}/tmp;
+    access_log {f"{d}/access.log" if self.log else "off"};
+{temp_paths(d)}
     keepalive_requests 1000000;
     server {{
-        listen {listen} reuseport backlog=16384;
+        listen {listen_text(self.addr, self.port)} reuseport backlog=16384;
         root {d}/www;
         location / {{ try_files /index.html =404; }}
     }}
 }}
 """
-
-    def start(self, timeout=15.0):
-        try:
-            self._start(timeout)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def _start(self, timeout):
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        (self.dir / "www").mkdir(parents=True)
-        (self.dir / "tmp").mkdir()
-        (self.dir / "www" / "index.html").write_bytes(self.body)
-        (self.dir / "nginx.conf").write_text(self.config())
-        argv = [self.binary, "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir), "-e", str(self.dir / "error.log")]
-        if self.cpu is not None:
-            argv = ["taskset", "-c", str(self.cpu), *argv]
-        self.proc = netns.popen(self.ns, argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not self._listening():
-            if self.proc.poll() is not None:
-                err = (self.proc.stderr.read().strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
-                raise LabError(f"nginx on {self.addr}:{self.port} in {self.ns} did not start: {err}")
-            if time.monotonic() > deadline:
-                raise LabError(f"nginx on {self.addr}:{self.port} in {self.ns} is not listening after {timeout:.0f} s")
-            time.sleep(0.02)
-
-    def _listening(self):
-        out = netns.run(self.ns, ["ss", "-Hltn", f"sport = :{self.port}"], capture_output=True, text=True)
-        return bool(out.stdout.strip())
 
     def requests(self) -> int:
         """Requests served so far (lines of the access log)."""
@@ -120,27 +81,3 @@ http {{
                 return [line.split(" ", 1)[0] for line in f]
         except FileNotFoundError:
             return []
-
-    def close(self):
-        if self.proc is not None:
-            netns.stop(self.proc)
-            if self.proc.stderr:
-                self.proc.stderr.close()
-            self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
-def cleanup() -> list[str]:
-    """Run directories of servers whose namespace is gone."""
-    removed = []
-    for d in orphaned_run_dirs(SUFFIX):
-        shutil.rmtree(d, ignore_errors=True)
-        removed.append(f"nginx run directory {d}")
-    return removed

@@ -24,6 +24,7 @@ packages=(
   openvswitch-switch                              # OVS port mirroring peer (userspace datapath)
   netsniff-ng iperf3 tcpreplay                    # traffic: trafgen, iperf3, pcap replay (the IDS run)
   nginx libnginx-mod-stream haproxy wrk           # the load balancer's backends, peers and load (issue 11)
+  gcc libc6-dev curl                              # cc builds the open-loop generator (lab/traffic/openloop.c); curl for tests
 )
 services=(nginx haproxy)                          # daemons their packages start in the root namespace
 backported=(suricata)                             # the IDS run: only bookworm-backports has it

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import ids, netns  # noqa: E402
+from lab import balancers, daemons, ids, netns  # noqa: E402,F401 (balancers: its daemons register their run directories)
 from lab.topology import RUN_DIR  # noqa: E402
 from lab.testbeds import testbed1, testbed2  # noqa: E402
 
@@ -37,23 +37,26 @@ def pytest_sessionstart(session):
         pytest.exit("the test suite runs real namespaces and BPF programs: run it as root (make test)", returncode=4)
 
 
-def _suricata_leftovers():
-    return set(RUN_DIR.glob(f"*{ids.SUFFIX}")) | set(ids.lab_cgroups())
+def _daemon_leftovers():
+    dirs = {d for suffix in [ids.SUFFIX, *daemons.SUFFIXES] for d in RUN_DIR.glob(f"*{suffix}")}
+    return dirs | set(ids.lab_cgroups())
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
     """Every test must leave no lab namespace behind (its own teardown's job),
-    nor a Suricata run directory or cgroup (lab.ids)."""
-    before, suricata = set(netns.lab_namespaces()), _suricata_leftovers()
+    nor a daemon's run directory (Suricata, nginx, proxies, the LB's command
+    line) or a Suricata cgroup."""
+    before, daemon_files = set(netns.lab_namespaces()), _daemon_leftovers()
     yield
     left = set(netns.lab_namespaces()) - before
     for name in left:
         netns.remove(name)
     assert not left, f"test left namespaces behind: {sorted(left)}"
-    left = _suricata_leftovers() - suricata
+    left = _daemon_leftovers() - daemon_files
     ids.cleanup()
-    assert not left, f"test left Suricata run directories or cgroups behind: {sorted(map(str, left))}"
+    daemons.cleanup()
+    assert not left, f"test left daemon run directories or cgroups behind: {sorted(map(str, left))}"
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Small pieces the tests share: send flows through a testbed and count them; run
 code where the kernel refuses it."""
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -148,3 +149,27 @@ def assert_every_figure_shown_once(nb, figures):
     assert shown == len(figures)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+
+
+@contextlib.contextmanager
+def lb_bed(backends=2, attacker=False, log=True):
+    """lab.testbeds.lb_testbed with an nginx on each backend (port 8080, its
+    page says "served by beN") and the pass program on the switch's port to the
+    LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
+    from ebpf.xdp_sink import XdpSink
+    from lab.testbeds import lb_testbed
+    from lab.webservers import NginxServer
+    tb = lb_testbed(backends=backends, attacker=attacker)
+    with tb:
+        webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
+                for i, be in enumerate(tb.backends)]
+        sink = XdpSink("pass")
+        try:
+            for w in webs:
+                w.start()
+            sink.attach(tb.lb, netns=tb.ns(tb.switch))
+            yield tb, webs
+        finally:
+            sink.close()
+            for w in webs:
+                w.close()

@@ -81,6 +81,7 @@ def test_wheel_holds_every_package_and_the_c_sources(installed):
     assert c_files and all(f"ebpf/{n}" in names for n in c_files)
     rules = sorted(p.name for p in (ROOT / "lab" / "rules").glob("*.rules"))
     assert rules and all(f"lab/rules/{n}" in names for n in rules)   # the IDS bench's default ruleset
+    assert "lab/traffic/openloop.c" in names                           # the LB bench's open-loop generator
     assert not any(n.startswith("tests/") for n in names)
 
 

@@ -9,6 +9,8 @@ A bench is a module of this package that defines NAME (its command), SUMMARY
     generators.py        our XDP generator against trafgen, at the ceiling, per frame size
     redirect.py          seed 000: a UDP destination rewrite by netfilter, XDP or TC (file transfer, rate)
     xdp_modes.py         seed 004: XDP drop, tx, redirect and forward in native, generic and offload mode
+    ids.py               seed 003 Table 3: Suricata at the receiver and at the vTAP's monitor
+    lb.py                seeds 001/002: the XDP load balancer against nginx, HAProxy and nftables
 """
 
 import importlib

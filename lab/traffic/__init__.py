@@ -6,6 +6,8 @@
     iperf.py       Iperf3: iperf3 client and server (TCP or UDP), as a source with the same send()
     filetransfer.py  FileTransfer(+Server): a UDP file transfer with sequence numbers, repair
                    rounds and a SHA-256, as processes in lab namespaces (and a command line)
+    http.py        HTTP load: closed loop (wrk), open loop (openloop.c, ours), Connections
+                   (thousands of keep-alive connections held open)
     generator.py   Generator: the lifecycle, bounds and drop accounting every generator shares
     report.py      SendReport (what a generator actually sent) and the bounds
 

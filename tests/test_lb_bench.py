@@ -1,0 +1,255 @@
+"""What `python -m lab bench lb` stands on: the HTTP load generators (wrk and
+the lab's open-loop generator), the load balancers it compares (lab.balancers),
+the bench's command line and notebook 04."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import nbformat
+import pandas as pd
+import pytest
+
+from ebpf import xdp
+from lab import daemons, netns, nft
+from lab.balancers import BALANCERS
+from lab.bench import lb as bench
+from lab.traffic.http import QUANTILES, Connections, HttpResult, closed_loop, merge, open_loop
+from tests.conftest import ROOT, require_tool
+from tests.helpers import assert_every_figure_shown_once, execute_notebook, lb_bed
+
+
+@pytest.fixture(scope="module")
+def bed():
+    for tool in ("nginx", "haproxy", "wrk", "cc"):
+        require_tool(tool)
+    with lb_bed() as (tb, webs):
+        yield tb, webs
+
+
+def test_open_loop_sends_every_request_on_schedule(bed):
+    tb, webs = bed
+    before = webs[0].requests()
+    r = open_loop(tb.ns(tb.client), tb.backend4(0), tb.backend_port, rate=500, connections=10, seconds=2)
+    assert r.detail["scheduled"] == r.requests == 1000 and r.errors == 0
+    assert settled(webs[0].requests) - before == 1000          # the server saw exactly those
+    assert len(r.quantiles_ms) == len(QUANTILES) and r.quantiles_ms == sorted(r.quantiles_ms)
+
+
+def test_open_loop_charges_a_stall_to_the_requests_due_during_it(bed):
+    """The server stops for 0.5 s in the middle of a 3 s run at 1000 requests/s.
+    Requests due in the stall's first 100 ms (100 of 3000, over 1 %) wait at
+    least 400 ms counted from when they were due, so P99 is at least 400 ms
+    whatever else happens; a closed loop would have paused its clock instead."""
+    tb, webs = bed
+    group = webs[1].proc.pid
+
+    def stall():
+        time.sleep(1.0)
+        os.killpg(group, signal.SIGSTOP)
+        time.sleep(0.5)
+        os.killpg(group, signal.SIGCONT)
+
+    t = threading.Thread(target=stall)
+    t.start()
+    try:
+        r = open_loop(tb.ns(tb.client), tb.backend4(1), tb.backend_port, rate=1000, connections=10, seconds=3)
+    finally:
+        t.join()
+        os.killpg(group, signal.SIGCONT)
+    assert r.requests == 3000 and r.errors == 0
+    assert r.percentile(99) >= 400, r.quantiles_ms[-6:]
+
+
+def test_wrk_counts_requests_the_servers_saw(bed):
+    tb, webs = bed
+    before = webs[0].requests()
+    r = closed_loop(tb.ns(tb.client), tb.backend4(0), tb.backend_port, connections=4, seconds=1, threads=1)
+    assert r.errors == 0 and r.requests > 0
+    served = settled(webs[0].requests)   # nginx logs a request just after answering it
+    # wrk counts the responses it read; the server may have answered one more per connection, cut off at the end
+    assert 0 <= served - before - r.requests <= 4
+
+
+def settled(read, quiet=0.3):
+    """read() once it has returned the same value for `quiet` seconds."""
+    last = read()
+    while True:
+        time.sleep(quiet)
+        now = read()
+        if now == last:
+            return now
+        last = now
+
+
+def test_merge_is_the_mixture_of_the_distributions():
+    a = HttpResult("x", 10, None, 1000, 0, 1.0, [float(q) for q in QUANTILES])          # 0..100 ms
+    b = HttpResult("x", 10, None, 1000, 1, 2.0, [100 + float(q) for q in QUANTILES])    # 100..200 ms
+    m = merge([a, b])
+    assert (m.requests, m.errors, m.connections, m.seconds) == (2000, 1, 20, 2.0)
+    assert m.percentile(50) == pytest.approx(99.5, abs=1.0)       # the middle of the two
+    assert m.percentile(25) == pytest.approx(a.percentile(50), abs=1.0)
+    assert merge([a]) is a and merge([a, a]).quantiles_ms == pytest.approx(a.quantiles_ms, abs=0.01)
+
+
+@pytest.mark.parametrize("name", list(BALANCERS))
+def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
+    tb, webs = bed
+    lbns = tb.ns(tb.lb)
+    sysctls = {k: netns.read_sysctl(lbns, k) for k in ("net.ipv4.conf.all.send_redirects",
+                                                      "net.ipv4.conf.eth0.send_redirects")}
+    seen = [len(w.clients()) for w in webs]
+    peer = BALANCERS[name](tb)
+    with peer:
+        if name != "direct":
+            assert peer.pids() or name == "nft-lb"
+        if name == "xdp":
+            assert peer.maps_bytes() > 0 and len(xdp.attached(lbns)) == 1
+        served = []
+        for addr, port in peer.targets():
+            with Connections(tb.ns(tb.client), addr, port, 40) as c:
+                served += c.request()
+    assert set(served) == {"served by be1", "served by be2"}         # every request answered, both used
+    clients = {c for w, n in zip(webs, seen) for c in w.clients()[n:]}
+    assert clients == ({tb.client4} if name == "direct" else {tb.lb4})   # through the LB, from its address
+    # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
+    assert not [d for s in daemons.SUFFIXES if s != ".nginx" for d in daemons.RUN_DIR.glob(f"*{s}")]
+    assert peer.pids() == [] and xdp.attached(lbns) == [] and nft.tables(lbns, "ip") == []
+    assert {k: netns.read_sysctl(lbns, k) for k in sysctls} == sysctls
+
+
+def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--lbs", "direct,xdp,nginx-l4",
+                        "--connections", "20", "--loads", "10", "--trials", "1", "--duration", "1",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    csv = next(tmp_path.glob("lb-*.csv"))
+    df = pd.read_csv(csv)
+    assert list(df.columns[:len(bench.COLUMNS)]) == bench.COLUMNS
+    assert len(df) == 6 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
+    assert (df["requests"] > 0).all() and (df["rps"] > 0).all()
+    direct, xdp_rows = df[df["lb"] == "direct"], df[df["lb"] == "xdp"]
+    assert direct["lb_cpu_cores"].isna().all() and (df["machine_cores"] > 0).all() and (df["napi"] == "softirq").all()
+    assert (xdp_rows["lb_maps_mb"] > 0).all() and (xdp_rows["mode"] == "nat").all()
+    assert (xdp_rows["lb_proc_cores"] > 0).all() and xdp_rows["lb_napi_cores"].isna().all()
+    # softirq: the LB's CPU is what it adds to the machine over direct, at equal offered load only
+    mine = df[(df["loop"] == "open") & (df["lb"] == "xdp")].iloc[0]
+    base = df[(df["loop"] == "open") & (df["lb"] == "direct")].iloc[0]
+    assert mine["lb_cpu_cores"] == pytest.approx(mine["machine_cores"] - base["machine_cores"])
+    assert df[df["loop"] == "closed"]["lb_cpu_cores"].isna().all()
+    opened = df[df["loop"] == "open"]
+    # the open loop's rate is 10 % of direct's closed-loop capacity measured in the same run
+    cap = direct[direct["loop"] == "closed"]["rps"].iloc[0]
+    assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 3)
+    lat = pd.read_csv(bench_latency(csv))
+    assert len(lat) == 6 * len(QUANTILES) and lat["latency_ms"].notna().all()
+    assert "median over trials" in r.stdout and "open loop" in r.stdout
+
+
+def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--lbs", "xdp,nginx-l4", "--loops", "closed",
+                        "--napi", "threaded", "--connections", "20", "--trials", "1", "--duration", "1",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(next(tmp_path.glob("lb-*.csv")))
+    assert (df["napi"] == "threaded").all() and (df["lb_napi_cores"] > 0).all()
+    assert df["lb_cpu_cores"].tolist() == pytest.approx((df["lb_proc_cores"] + df["lb_napi_cores"]).tolist())
+
+
+def bench_latency(csv):
+    from lab.lb_plots import latency_path
+    return latency_path(csv)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lbs", "direct,envoy"], "unknown balancer 'envoy'"),
+    (["--loops", "half"], "unknown loop 'half'"),
+    (["--connections", "0"], "connections must be at least 1"),
+    (["--loads", "0"], "loads are percent"),
+    (["--duration", "0"], "--duration must be in"),
+    (["--capacity", "-5"], "--capacity must be positive"),
+])
+def test_bench_bad_input_is_one_line(args, message, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", *args, "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    # (this module's testbed is a live lab run: the bench warns that it shares the CPUs)
+    lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("lab bench: warning: another lab run")]
+    assert len(lines) == 1 and lines[0].startswith("lab bench: error: ") and message in lines[0], r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+NB04 = ROOT / "notebooks" / "04_xdp_lb.ipynb"
+FIGURES04 = ["lb_cpu.png", "lb_latency_cdf.png", "lb_rps.png"]
+
+
+def test_notebook04_runs_the_bench_and_shows_every_figure(tmp_path):
+    nb = execute_notebook(NB04, {"VTL_LBS": "direct,xdp,nginx-l4", "VTL_CONNECTIONS": "20", "VTL_LOADS": "10",
+                                 "VTL_TRIALS": "1", "VTL_DURATION": "1", "VTL_OUT": str(tmp_path / "results"),
+                                 "VTL_FIGURES": str(tmp_path / "figures")})
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES04
+    assert_every_figure_shown_once(nb, FIGURES04)
+    df = pd.read_csv(next((tmp_path / "results").glob("lb-*.csv")))
+    assert len(df) == 6 and not math.isnan(df[(df["lb"] == "xdp") & (df["loop"] == "open")]["lb_cpu_cores"].iloc[0])
+
+
+def test_committed_notebook04_holds_its_figures():
+    assert_every_figure_shown_once(nbformat.read(NB04, as_version=4), FIGURES04)
+
+
+def _lb_run_dirs():
+    return {d for s in (".proxy", ".xdp-lb") for d in daemons.RUN_DIR.glob(f"*{s}")}
+
+
+def _start_bench_and_wait_for(lb, tmp_path):
+    """The bench on one LB, closed loop, a run long enough to be interrupted,
+    once the load is under way (wrk runs in the client's namespace: the LB is
+    up, its XDP program attached)."""
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "bench", "lb", "--lbs", lb, "--loops", "closed",
+                             "--connections", "20", "--trials", "1", "--duration", "60", "--out", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(netns.pids(n) for n in netns.lab_namespaces() if n.endswith("-client")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc
+
+
+def test_interrupted_bench_removes_everything_itself(tmp_path):
+    namespaces = set(netns.lab_namespaces())
+    proc = _start_bench_and_wait_for("haproxy-l7", tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C: the whole foreground group, wrk included
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "lab: interrupted; everything this run started has been removed"
+    assert "Traceback" not in err
+    assert not _lb_run_dirs() and set(netns.lab_namespaces()) == namespaces
+    assert not list(tmp_path.iterdir())   # no half-written results
+
+
+def test_killed_bench_is_cleaned_up(tmp_path):
+    """SIGKILL mid-run leaves the namespaces, the LB's command line attached in
+    one of them and its run directory; `python -m lab cleanup` removes it all."""
+    namespaces = set(netns.lab_namespaces())
+    proc = _start_bench_and_wait_for("xdp", tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    left = set(netns.lab_namespaces()) - namespaces
+    assert left and _lb_run_dirs()
+    lbns = next(n for n in left if n.endswith("-lb"))
+    assert len(xdp.attached(lbns)) == 1                  # the kill left the LB's program on its interface
+    r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "python -m lab lb run directory" in r.stdout
+    assert not _lb_run_dirs() and set(netns.lab_namespaces()) == namespaces

@@ -242,13 +242,13 @@ class NftLb(Balancer):
                      {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}},
                      {"counter": None}, {"masquerade": None}]}}}]
         self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
-        for k in self.SYSCTLS:
-            netns.sysctl(self.ns, k, 0)
-        _flush_conntrack(self.ns)
         try:
+            for k in self.SYSCTLS:
+                netns.sysctl(self.ns, k, 0)
+            _flush_conntrack(self.ns)
             nft.run(self.ns, cmds)
         except BaseException:
-            self.detach()
+            self.detach()   # restores the sysctls read above
             raise
         self.attached = True
 

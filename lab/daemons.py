@@ -79,13 +79,16 @@ class Daemon:
         argv = self.argv()
         if self.cpu is not None:
             argv = ["taskset", "-c", str(self.cpu), *argv]
-        with open(self.dir / self.output, "wb") if self.output else open(os.devnull, "wb") as out:
-            self.proc = netns.popen(self.ns, argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True, preexec_fn=self._limits)
+        # stderr to a file: a pipe nobody reads while it runs would stop the daemon once full
+        with open(self.dir / self.output, "wb") if self.output else open(os.devnull, "wb") as out, \
+                open(self.dir / "stderr.log", "wb") as err:
+            self.proc = netns.popen(self.ns, argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True, preexec_fn=self._limits)
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.proc.poll() is not None:
-                err = (self.proc.stderr.read().strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
+                text = (self.dir / "stderr.log").read_text(errors="replace")
+                err = (text.strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
                 raise LabError(f"{self.what} {self.where()} did not start: {err}")
             if time.monotonic() > deadline:
                 raise LabError(f"{self.what} {self.where()} is not ready after {timeout:.0f} s")
@@ -124,8 +127,6 @@ class Daemon:
     def close(self):
         if self.proc is not None:
             netns.stop(self.proc)
-            if self.proc.stderr:
-                self.proc.stderr.close()
             self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -205,6 +205,13 @@ def _lb_run_dirs():
     return {d for s in (".proxy", ".xdp-lb") for d in daemons.RUN_DIR.glob(f"*{s}")}
 
 
+def _comm(pid):
+    try:
+        return open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        return None
+
+
 def _start_bench_and_wait_for(lb, tmp_path):
     """The bench on one LB, closed loop, a run long enough to be interrupted,
     once the load is under way (wrk runs in the client's namespace: the LB is
@@ -215,7 +222,8 @@ def _start_bench_and_wait_for(lb, tmp_path):
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not any(netns.pids(n) for n in netns.lab_namespaces() if n.endswith("-client")):
+        while not any(_comm(p) == "wrk" for n in netns.lab_namespaces() if n.endswith("-client")
+                      for p in netns.pids(n)):   # (not the set-up's ethtool, run there first)
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
     except BaseException:

@@ -110,11 +110,17 @@ def openloop_binary() -> Path:
     if not cc:
         raise LabError("cc not found: the open-loop generator is built from C (Debian package gcc; run `make setup`)")
     CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
-    r = subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise LabError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[0]}")
-    tmp.rename(binary)  # atomic: two runs building at once both end with a whole binary
+    fd, tmp = tempfile.mkstemp(dir=CACHE, prefix=f"{binary.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise LabError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[0]}")
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, binary)  # atomic: two builds at once both end with a whole binary
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return binary
 
 
@@ -137,8 +143,11 @@ def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, 
         d = json.loads(r.stdout)
         us = np.fromfile(lat.name, dtype=np.uint32)
     qs = [round(float(v) / 1000, 3) for v in np.percentile(us, QUANTILES)] if len(us) else []
-    return HttpResult("openloop", connections, rate, d["requests"], d["errors"], d["seconds"], qs,
-                      {k: d[k] for k in ("scheduled", "timeouts", "status_errors", "connect_errors", "reconnects")})
+    # the rate over the schedule's length: requests still answered while it drained
+    # belong to it, and the drain (up to `timeout`) would halve a run's rate for one late answer
+    return HttpResult("openloop", connections, rate, d["requests"], d["errors"], seconds, qs,
+                      {**{k: d[k] for k in ("scheduled", "timeouts", "status_errors", "connect_errors", "reconnects")},
+                       "elapsed_s": d["seconds"]})
 
 
 def merge(results: list) -> HttpResult:
@@ -192,13 +201,15 @@ class Connections:
 
     request() sends one GET on each chosen connection and reads each whole
     response; it returns, per connection, the first line of the body (the lab's
-    backends say who served it) or None where the connection failed (reset,
-    closed, timed out). One thread and a selector: thousands at once."""
+    backends say who served it), "" for a status other than 2xx, or None where
+    the connection failed (reset, closed, timed out), as it does for every
+    later request on that connection. One thread and a selector: thousands at once."""
 
     def __init__(self, ns, addr, port, n, timeout=20.0, batch=1000, source_ports=None):
         self.ns, self.addr, self.port, self.n = ns, str(addr), port, n
         self.timeout, self.batch, self.source_ports = timeout, batch, source_ports
         self.socks = []
+        self.dead = set()  # connections that failed or left a request unanswered: never read again
 
     def open(self):
         import selectors
@@ -217,23 +228,22 @@ class Connections:
                         s.setblocking(False)
                         s.connect_ex((self.addr, self.port))
                         new.append(s)
-                sel = selectors.DefaultSelector()
-                for s in new:
-                    sel.register(s, selectors.EVENT_WRITE)
-                pending = len(new)
-                deadline = time.monotonic() + self.timeout
-                while pending:
-                    events = sel.select(timeout=max(0.0, deadline - time.monotonic()))
-                    if not events:
-                        raise LabError(f"{pending} of {len(new)} connections to {self.addr}:{self.port} "
-                                       f"not established within {self.timeout:g} s")
-                    for key, _ in events:
-                        err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                        if err:
-                            raise LabError(f"connecting to {self.addr}:{self.port}: {os.strerror(err)}")
-                        sel.unregister(key.fileobj)
-                        pending -= 1
-                sel.close()
+                with selectors.DefaultSelector() as sel:
+                    for s in new:
+                        sel.register(s, selectors.EVENT_WRITE)
+                    pending = len(new)
+                    deadline = time.monotonic() + self.timeout
+                    while pending:
+                        events = sel.select(timeout=max(0.0, deadline - time.monotonic()))
+                        if not events:
+                            raise LabError(f"{pending} of {len(new)} connections to {self.addr}:{self.port} "
+                                           f"not established within {self.timeout:g} s")
+                        for key, _ in events:
+                            err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                            if err:
+                                raise LabError(f"connecting to {self.addr}:{self.port}: {os.strerror(err)}")
+                            sel.unregister(key.fileobj)
+                            pending -= 1
         except BaseException:
             self.close()
             raise
@@ -248,9 +258,12 @@ class Connections:
         bufs = {}
         sel = selectors.DefaultSelector()
         for i in which:
+            if i in self.dead:
+                continue
             try:
                 self.socks[i].send(req)
             except OSError:
+                self.dead.add(i)
                 continue
             bufs[i] = b""
             sel.register(self.socks[i], selectors.EVENT_READ, i)
@@ -268,15 +281,19 @@ class Connections:
                     if body is None:
                         continue
                     out[i] = body.split(b"\n", 1)[0].decode(errors="replace")
+                else:
+                    self.dead.add(i)   # closed or reset
                 sel.unregister(key.fileobj)
                 del bufs[i]
         sel.close()
+        self.dead.update(bufs)  # unanswered in time: a late answer must not pass for the next one's
         return [out[i] for i in which]
 
     def close(self):
         for s in self.socks:
             s.close()
         self.socks = []
+        self.dead = set()
 
     def __enter__(self):
         return self.open()

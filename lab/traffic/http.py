@@ -67,7 +67,9 @@ class HttpResult:
 
     @property
     def rps(self):
-        return self.requests / self.seconds if self.seconds > 0 else 0.0
+        """Answered per second; for the open loop, those answered while the schedule ran."""
+        done = self.detail.get("in_schedule", self.requests)
+        return done / self.seconds if self.seconds > 0 else 0.0
 
     def percentile(self, q) -> float:
         return self.quantiles_ms[QUANTILES.index(float(q))] if self.quantiles_ms else float("nan")
@@ -143,11 +145,11 @@ def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, 
         d = json.loads(r.stdout)
         us = np.fromfile(lat.name, dtype=np.uint32)
     qs = [round(float(v) / 1000, 3) for v in np.percentile(us, QUANTILES)] if len(us) else []
-    # the rate over the schedule's length: requests still answered while it drained
-    # belong to it, and the drain (up to `timeout`) would halve a run's rate for one late answer
+    # the rate is what was answered while the schedule ran, over its length: an LB past its
+    # capacity answers at its capacity, and one late answer in the drain after it cannot halve it
     return HttpResult("openloop", connections, rate, d["requests"], d["errors"], seconds, qs,
-                      {**{k: d[k] for k in ("scheduled", "timeouts", "status_errors", "connect_errors", "reconnects")},
-                       "elapsed_s": d["seconds"]})
+                      {**{k: d[k] for k in ("scheduled", "in_schedule", "timeouts", "status_errors",
+                                            "connect_errors", "reconnects")}, "elapsed_s": d["seconds"]})
 
 
 def merge(results: list) -> HttpResult:

@@ -80,11 +80,17 @@ class Iperf3(Generator):
             self.server = None
 
     def _open_connections(self):
-        """The client's TCP connections to the server not yet in TIME-WAIT: once
-        all are there, the kernel sends nothing more for them."""
-        out = netns.run(self.ns, ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
-                        capture_output=True, text=True).stdout
-        return [ln for ln in out.splitlines() if ln.split() and ln.split()[0] != "TIME-WAIT"]
+        """The TCP connections of a run not yet done: the client's not in
+        TIME-WAIT, and the server's not in TIME-WAIT or LISTEN. Both sides count:
+        a server still in LAST-ACK (its FIN's answer lost) sends its FIN again,
+        and the client's TIME-WAIT socket answers it, one packet more after the
+        client alone looked finished (seen once under load, 45 retransmits)."""
+        done = {"TIME-WAIT", "LISTEN"}
+        client = netns.run(self.ns, ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
+                           capture_output=True, text=True).stdout
+        server = netns.run(self.server_ns, ["ss", "-Htan", "sport", "=", f":{self.port}"],
+                           capture_output=True, text=True).stdout
+        return [ln for ln in (client + server).splitlines() if ln.split() and ln.split()[0] not in done]
 
     def _settled_counters(self, quiet=0.05, limit=5.0):
         """The client interface's counters once every connection to the server

@@ -5,6 +5,8 @@
     XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
     XdpRedirect   xdp_redirect.bpf.c  rewrite datagrams to a service so they reach a backend, and back
     TcRedirect    tc_redirect.bpf.c   the same rules at the TC (clsact) ingress hook, for comparison
+    XdpLoadBalancer xdp_lb.bpf.c      a layer-4 load balancer: Maglev, connection tracking, NAT or DSR
+    XdpPeerPass   xdp_peer_pass.bpf.c pass everything: on a veth peer, so that XDP frames sent into it arrive
 
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
@@ -15,11 +17,12 @@ from .errors import (AttachError, BpfError, CompileError, InputError, NoSuchInte
                      PrivilegeError, VerifierError)
 
 _LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen",
-         "XdpRedirect": ".xdp_redirect", "TcRedirect": ".tc_redirect"}
+         "XdpRedirect": ".xdp_redirect", "TcRedirect": ".tc_redirect", "XdpLoadBalancer": ".xdp_lb",
+         "XdpPeerPass": ".xdp_peer_pass"}
 
 __all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
-           "NoSuchNamespace", "PrivilegeError", "TcMirror", "TcRedirect", "VerifierError", "XdpGen", "XdpRedirect",
-           "XdpSink"]
+           "NoSuchNamespace", "PrivilegeError", "TcMirror", "TcRedirect", "VerifierError", "XdpGen", "XdpLoadBalancer",
+           "XdpPeerPass", "XdpRedirect", "XdpSink"]
 
 
 def __getattr__(name):

@@ -18,7 +18,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import AttachError, BpfError, CompileError, PrivilegeError, VerifierError
+from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
 from . import netdev, privileges, tc, xdp
 
 HERE = Path(__file__).resolve().parent
@@ -177,9 +177,27 @@ class BpfProgram:
         """Attach `function` to ifname's XDP hook (refused if a program is there),
         in mode native, generic or offload (see xdp.py)."""
         fn = self._load_offloaded(function, ifname, netns) if mode == "offload" else self.load(function, "XDP")
+        self._tell_skb_mode(mode)
         a = xdp.attach(netns, ifname, fn.fd, mode)
         self._xdp.append(a)
         return a
+
+    def _tell_skb_mode(self, mode):
+        """A program that rewrites TCP/UDP declares a map `skb_mode` (one u32):
+        in generic mode every frame leaves as an skb, which carries a partial
+        checksum on for the kernel to finish; natively XDP_TX and XDP_REDIRECT do
+        not, so the program finishes it (ebpf/include/csum_helpers.h). One
+        program object runs in one mode: the flag is the program's, not a hook's."""
+        try:
+            flag = self.table("skb_mode")
+        except KeyError:
+            return
+        generic = mode == "generic"
+        for a in self._xdp:
+            if (a.mode == "generic") != generic:
+                raise InputError(f"attaching in {mode} mode: this program is already attached in {a.mode} mode "
+                                 f"at {a.where}; one program runs in one XDP mode (load another for the other)")
+        flag[flag.Key(0)] = flag.Leaf(int(generic))
 
     def _load_offloaded(self, function, ifname, netns):
         """Offload is decided when the program is loaded: the kernel hands it (and

@@ -45,6 +45,8 @@ struct redirect_pkt {
 	__sum16 *l4csum;      /* the TCP or UDP checksum */
 	__be16 *sport;
 	__be16 *dport;
+	void *l4hdr;          /* the TCP or UDP header */
+	__u32 l4len;          /* the segment's length, from the IP header */
 	int l4;               /* IPPROTO_UDP or IPPROTO_TCP */
 	int v4;               /* branch on this, not on iph being NULL: the verifier
 	                       * does not take a packet pointer to be non-NULL */
@@ -58,7 +60,7 @@ static __always_inline int redirect_parse(void *data, void *data_end, struct red
 	struct hdr_cursor nh = {.pos = data};
 	struct udphdr *udph;
 	struct tcphdr *tcph;
-	int proto, l4;
+	int proto, l4, iplen;
 
 	proto = parse_ethhdr(&nh, data_end, &p->eth);
 	if (proto == bpf_htons(ETH_P_IP)) {
@@ -67,6 +69,7 @@ static __always_inline int redirect_parse(void *data, void *data_end, struct red
 			return MATCH_MALFORMED;
 		if (ip_is_fragment(p->iph))
 			return MATCH_FRAGMENT;
+		iplen = bpf_ntohs(p->iph->tot_len) - p->iph->ihl * 4;
 		key->family = 4;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		l4 = parse_ip6hdr(&nh, data_end, &p->ip6h);
@@ -77,10 +80,13 @@ static __always_inline int redirect_parse(void *data, void *data_end, struct red
 			return MATCH_MALFORMED;
 		if (l4 == IPPROTO_FRAGMENT)
 			return MATCH_FRAGMENT;
+		/* the payload less the extension headers walked */
+		iplen = bpf_ntohs(p->ip6h->payload_len) - (int)(nh.pos - (void *)(p->ip6h + 1));
 		key->family = 6;
 	} else {
 		return proto < 0 ? MATCH_MALFORMED : MATCH_NOT_IP;
 	}
+	p->l4hdr = nh.pos;
 	if (l4 == IPPROTO_UDP) {
 		if (parse_udphdr(&nh, data_end, &udph) < 0)
 			return MATCH_MALFORMED;
@@ -96,6 +102,7 @@ static __always_inline int redirect_parse(void *data, void *data_end, struct red
 	} else {
 		return MATCH_NO_RULE;
 	}
+	p->l4len = iplen; /* checked where it is used: only a partial checksum's finish sums it */
 	p->l4 = l4;
 	p->v4 = key->family == 4;
 	key->proto = l4;

@@ -1,4 +1,4 @@
-"""TcRedirect: XdpRedirect's rules at the TC (clsact) ingress hook (tc_redirect.bpf.c).
+"""TcRedirect: XdpRedirect's rules at the TC (clsact) hook (tc_redirect.bpf.c).
 
     >>> with TcRedirect(["udp:198.18.1.17:8080=198.18.2.2:8083"], action="forward") as r:  # doctest: +SKIP
     ...     r.attach("eth0")                   # where the clients' datagrams arrive
@@ -37,9 +37,11 @@ class TcRedirect(XdpRedirect):
         """Compile, fill the maps and pass the verifier, before touching any hook."""
         return self.load(self.FUNCTION, "SCHED_CLS")
 
-    def attach(self, ifname):
+    def attach(self, ifname, direction="ingress"):
         """A direct-action filter on ifname's clsact ingress hook, placed before
         the filters already there (ebpf/tc.py): where clients' datagrams or
         backends' replies arrive. `forward` needs nothing else: the helper it
-        sends with finds the egress device in the packet's own namespace."""
-        return self.attach_tc(self.FUNCTION, ifname, "ingress", self.netns, owner=self.OWNER)
+        sends with finds the egress device in the packet's own namespace.
+        direction="egress" (with `pass`): where routed replies leave towards the
+        clients, after the kernel's routing and its source checks."""
+        return self.attach_tc(self.FUNCTION, ifname, direction, self.netns, owner=self.OWNER)

@@ -11,7 +11,9 @@
  * both sent back out of the receiving interface with XDP_TX, with new MACs: the
  * backend's from the kernel's neighbour table (bpf_fib_lookup, when the session
  * begins), the client's from its own frames. Checksums change incrementally
- * (rewrite_helpers.h), never recomputed.
+ * (rewrite_helpers.h); one that the sender's TX checksum offload left partial
+ * (every veth's default) is finished over the segment before XDP_TX sends it,
+ * in DSR too, where nothing at L4 changes.
  * DSR mode: only the destination MAC changes (the backend holds the VIP on its
  * loopback and answers the client itself); the forward session is kept, so an
  * established flow stays on its backend when the ring changes.
@@ -27,9 +29,11 @@
  * expires (per state, conf.timeout_ns) when next seen, and user space sweeps
  * the rest. UDP: a session per client flow, ended by its timeout.
  *
- * What is not for a service passes to the stack untouched (ARP, ICMP, other
- * addresses and ports). Fragments and IPv4 options sent to a VIP are dropped
- * and counted (Katran does the same: the ports of a fragment are not in it).
+ * What is not for a service passes to the stack untouched (ARP, ICMP, ICMPv6,
+ * other protocols, addresses and ports): see parse(). TCP/UDP fragments to a
+ * VIP, and a service's traffic with IPv4 options or IPv6 extension headers,
+ * are dropped and counted (Katran does the same: the ports of a fragment are
+ * not in it).
  * Every return goes through verdict(), which counts it.
  */
 #include <uapi/linux/bpf.h>
@@ -64,6 +68,8 @@ BPF_TABLE("lru_hash", struct lb_flow_key, struct lb_session, half_open, LB_MAX_H
 BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse, LB_MAX_SESSIONS);
 BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse_half, LB_MAX_HALF_OPEN);
 BPF_PERCPU_ARRAY(stats, struct lb_stats, 1);
+BPF_ARRAY(skb_mode, __u32, 1);   /* 1 in generic mode: frames leave as skbs (rewrite_helpers.h); user space writes it */
+BPF_PERCPU_ARRAY(csum_scratch, struct csum_block, 1); /* where a partial checksum is finished */
 BPF_PERCPU_ARRAY(service_stats, struct lb_traffic, LB_MAX_SERVICES);
 BPF_PERCPU_ARRAY(backend_stats, struct lb_traffic, LB_MAX_BACKENDS);
 
@@ -75,8 +81,12 @@ struct pkt {
 	__be16 *dport;
 	__sum16 *l4csum;
 	__u8 *tcpflags;
+	void *l4hdr;     /* the TCP or UDP header */
+	int l4len;       /* the segment's length, from the IP header */
+	struct l4csum c; /* its checksum, as rewrite_helpers.h keeps it */
 	int l4;
 	int v4;
+	int odd;         /* LB_ODD_*: came with fragmentation, options or extension headers */
 	__u32 len;
 };
 
@@ -133,106 +143,129 @@ static __always_inline void copy_addr(struct lb_addr *to, int v4, const void *fr
 	}
 }
 
-/* Parse to the ports. 0: a TCP or UDP packet; else the stats field to count. */
+#define LB_ODD_FRAGMENT 1 /* an IPv4 fragment, or an IPv6 fragment header */
+#define LB_ODD_OPTIONS 2  /* IPv4 options, or IPv6 extension headers before TCP/UDP */
+
+/* Parse to the ports. 0: a TCP or UDP packet (p->odd says whether it came with
+ * options or extension headers: the caller drops those when a service owns
+ * them); -1: pass it to the stack untouched; -2: drop it. Both counted here.
+ *
+ * Traffic to a VIP that no service owns at L4 reaches the stack untouched:
+ * ICMP, ICMPv6 (neighbour discovery, echo, packet-too-big: the LB host's own
+ * IPv6 stops working without them), any protocol but TCP and UDP, whatever its
+ * fragments or extension headers. Dropped, each by its reason, is only what a
+ * service may own but this program would forward wrongly: TCP/UDP fragments to
+ * a VIP (drop_fragment: a fragment after the first has no ports to find the
+ * session by), a TCP/UDP header cut short to a VIP (drop_malformed), and
+ * TCP/UDP to a service port with IPv4 options or IPv6 extension headers
+ * (drop_ip_options, in the caller). */
 static __always_inline int parse(void *data, void *data_end, struct pkt *p, struct lb_stats *st,
 				 struct lb_addr *dst)
 {
 	struct hdr_cursor nh = { .pos = data };
-	int proto, l3;
+	int proto, l4, iplen;
 
+	p->odd = 0;
 	proto = parse_ethhdr(&nh, data_end, &p->eth);
 	if (proto == bpf_htons(ETH_P_IP)) {
 		p->v4 = 1;
-		l3 = parse_iphdr(&nh, data_end, &p->iph);
-		if (l3 < 0) {
+		l4 = parse_iphdr(&nh, data_end, &p->iph);
+		if (l4 < 0) {
 			st->pass_not_ip++;
 			return -1;
 		}
 		dst->a[0] = p->iph->daddr;
-		/* fragments and options are dropped only when they are sent to a VIP */
-		if (ip_is_fragment(p->iph) || p->iph->ihl != 5) {
-			if (vip_addrs.lookup(dst)) {
-				if (ip_is_fragment(p->iph))
-					st->drop_fragment++;
-				else
-					st->drop_ip_options++;
-				return -2;
-			}
-			st->pass_not_service++;
-			return -1;
-		}
+		iplen = bpf_ntohs(p->iph->tot_len) - p->iph->ihl * 4;
+		if (ip_is_fragment(p->iph))
+			p->odd = LB_ODD_FRAGMENT;
+		else if (p->iph->ihl != 5)
+			p->odd = LB_ODD_OPTIONS;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		p->v4 = 0;
-		l3 = parse_ip6hdr(&nh, data_end, &p->ip6h);
-		if (l3 < 0) {
+		l4 = parse_ip6hdr(&nh, data_end, &p->ip6h);
+		if (l4 < 0) {
 			st->pass_not_ip++;
 			return -1;
 		}
 		__builtin_memcpy(dst->a, &p->ip6h->daddr, 16);
-		if (l3 != IPPROTO_TCP && l3 != IPPROTO_UDP) {
-			/* extension headers (a fragment header among them) to a VIP: dropped */
-			if (vip_addrs.lookup(dst)) {
-				if (skip_ip6hdrext(&nh, data_end, l3) == IPPROTO_FRAGMENT || l3 == IPPROTO_FRAGMENT)
-					st->drop_fragment++;
-				else
-					st->drop_ip_options++;
-				return -2;
+		if (l4 != IPPROTO_TCP && l4 != IPPROTO_UDP) {
+			/* extension headers: walked to what they carry (ICMPv6 is not one) */
+			int next = skip_ip6hdrext(&nh, data_end, l4);
+
+			if (next == IPPROTO_FRAGMENT) {
+				__u8 *frag_next = nh.pos;  /* a fragment header's first byte */
+
+				p->odd = LB_ODD_FRAGMENT;
+				next = (void *)(frag_next + 1) > data_end ? -1 : *frag_next;
+			} else if (next != l4) {
+				p->odd = LB_ODD_OPTIONS;
 			}
-			st->pass_not_service++;
-			return -1;
+			l4 = next;
 		}
+		iplen = bpf_ntohs(p->ip6h->payload_len) - (int)(nh.pos - (void *)(p->ip6h + 1));
 	} else {
 		st->pass_not_ip++;
 		return -1;
 	}
-	p->l4 = l3;
-	if (l3 == IPPROTO_TCP) {
-		struct tcphdr *th;
-
-		if (parse_tcphdr(&nh, data_end, &th) < 0) {
-			st->drop_malformed++;
+	if (l4 != IPPROTO_TCP && l4 != IPPROTO_UDP) {
+		st->pass_not_service++;  /* ICMP, ICMPv6, other protocols: the stack's */
+		return -1;
+	}
+	if (p->odd == LB_ODD_FRAGMENT) {
+		if (vip_addrs.lookup(dst)) {
+			st->drop_fragment++;
 			return -2;
 		}
+		st->pass_not_service++;
+		return -1;
+	}
+	p->l4 = l4;
+	p->l4hdr = nh.pos;
+	p->l4len = iplen;
+	if (l4 == IPPROTO_TCP) {
+		struct tcphdr *th;
+
+		if (parse_tcphdr(&nh, data_end, &th) < 0)
+			goto short_l4;
 		p->sport = &th->source;
 		p->dport = &th->dest;
 		p->l4csum = &th->check;
 		p->tcpflags = &TCP_FLAGS(th);
-	} else if (l3 == IPPROTO_UDP) {
+	} else {
 		struct udphdr *uh;
 
-		if (parse_udphdr(&nh, data_end, &uh) < 0) {
-			st->drop_malformed++;
-			return -2;
-		}
+		if (parse_udphdr(&nh, data_end, &uh) < 0)
+			goto short_l4;
 		p->sport = &uh->source;
 		p->dport = &uh->dest;
 		p->l4csum = &uh->check;
 		p->tcpflags = 0;
-	} else {
-		st->pass_not_service++;
-		return -1;
 	}
 	p->len = data_end - data;
 	return 0;
+
+short_l4:
+	/* to a VIP it may be a service's, and cannot be forwarded; else the stack's */
+	if (vip_addrs.lookup(dst)) {
+		st->drop_malformed++;
+		return -2;
+	}
+	st->pass_not_service++;
+	return -1;
 }
 
 static __always_inline void rewrite_addr(struct pkt *p, int src, const struct lb_addr *to)
 {
-	int udp = p->l4 == IPPROTO_UDP;
-
 	if (p->v4)
-		rewrite_ipv4_addr(p->iph, src ? &p->iph->saddr : &p->iph->daddr, to->a[0], p->l4csum, udp);
+		rewrite_ipv4_addr(p->iph, src ? &p->iph->saddr : &p->iph->daddr, to->a[0], &p->c);
 	else
-		rewrite_ipv6_addr(src ? &p->ip6h->saddr : &p->ip6h->daddr, (const struct in6_addr *)to->a, p->l4csum,
-				  udp);
+		rewrite_ipv6_addr(src ? &p->ip6h->saddr : &p->ip6h->daddr, (const struct in6_addr *)to->a, &p->c);
 }
 
 static __always_inline void rewrite_ports(struct pkt *p, __be16 sport, __be16 dport)
 {
-	int udp = p->l4 == IPPROTO_UDP;
-
-	rewrite_port(p->sport, sport, p->l4csum, udp);
-	rewrite_port(p->dport, dport, p->l4csum, udp);
+	rewrite_port(p->sport, sport, &p->c);
+	rewrite_port(p->dport, dport, &p->c);
 }
 
 /* The backend's MAC, by the kernel's route and neighbour tables. 0 or -1. */
@@ -536,8 +569,8 @@ int xdp_lb(struct xdp_md *ctx)
 	struct lb_service_key sk = {};
 	struct lb_service *svc;
 	struct lb_conf *cf;
-	__u32 zero = 0;
-	int rc;
+	__u32 zero = 0, *generic;
+	int rc, action;
 	struct lb_stats *st = stats.lookup(&zero);
 
 	if (!st)
@@ -557,16 +590,37 @@ int xdp_lb(struct xdp_md *ctx)
 	sk.proto = p.l4;
 	sk.family = p.v4 ? 4 : 6;
 	svc = services.lookup(&sk);
-	if (svc)
-		return verdict(st, to_backend(ctx, &p, st, cf, svc->id));
-	if (LB_MODE == LB_MODE_NAT) {
+	if (svc && p.odd) {
+		st->drop_ip_options++;  /* a service's, with options or extension headers */
+		return verdict(st, XDP_DROP);
+	}
+	if (p.v4)
+		l4csum_init(&p.c, p.l4hdr, p.l4csum, p.l4 == IPPROTO_UDP, p.l4len,
+			    ipv4_pseudo_sum(p.iph->saddr, p.iph->daddr, p.l4, p.l4len));
+	else
+		l4csum_init(&p.c, p.l4hdr, p.l4csum, p.l4 == IPPROTO_UDP, p.l4len,
+			    ipv6_pseudo_sum((__be32 *)&p.ip6h->saddr, (__be32 *)&p.ip6h->daddr, p.l4, p.l4len));
+	action = -1;
+	if (svc) {
+		action = to_backend(ctx, &p, st, cf, svc->id);
+	} else if (LB_MODE == LB_MODE_NAT && !p.odd) {
 		const struct lb_addr *self = p.v4 ? &cf->self4 : &cf->self6;
 		__u16 port = bpf_ntohs(*p.dport);
 
 		if (same_addr(&dst, self) && port >= cf->port_min &&
 		    port - cf->port_min < cf->port_count)
-			return verdict(st, to_client(ctx, &p, st, cf));
+			action = to_client(ctx, &p, st, cf);
 	}
-	st->pass_not_service++;
-	return verdict(st, XDP_PASS);
+	if (action < 0) {
+		st->pass_not_service++;
+		return verdict(st, XDP_PASS);
+	}
+	if (action == XDP_TX)
+		st->csum_partial += p.c.partial;
+	generic = skb_mode.lookup(&zero);
+	if (l4csum_exit(ctx, &p.c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0) {
+		st->drop_malformed++;  /* the segment the IP header claims is not all in the frame */
+		action = XDP_DROP;
+	}
+	return verdict(st, action);
 }

@@ -123,6 +123,9 @@ struct lb_stats {
 	__u64 xdp_tx;
 	__u64 xdp_pass;
 	__u64 xdp_drop;
+	__u64 csum_partial;     /* sent on with a TCP/UDP checksum the sender's offload had left
+	                         * partial (rewrite_helpers.h): finished natively, kept partial
+	                         * in generic mode. Not a verdict: counted beside them */
 };
 
 /* per service and per backend */

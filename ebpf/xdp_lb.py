@@ -253,8 +253,10 @@ class XdpLoadBalancer(BpfProgram):
         off = [f"net.ipv{v}.conf.{ifname}.forwarding" for v in sorted(families)
                if _sysctl(self.netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"]
         if off:
+            where = f"ip netns exec {self.netns} " if self.netns and "/" not in self.netns else ""
             raise InputError(f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
-                             "MAC addresses with bpf_fib_lookup(), which needs it on")
+                             "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
+                             f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}")
         return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
 
     # --- state ----------------------------------------------------------------------------

@@ -13,7 +13,9 @@
  * a frame whose source is a backend (`replies`) leaves as from its service.
  *
  * After the rewrite (addresses, ports and every checksum that covers them,
- * rewrite_helpers.h), the action decides the way on:
+ * rewrite_helpers.h; a checksum the sender's offload left partial is kept
+ * partial for an skb and finished for a frame that leaves on XDP's own path),
+ * the action decides the way on:
  *   pass     XDP_PASS: the kernel routes the rewritten packet (the seed's design)
  *   forward  bpf_fib_lookup() on the rewritten packet, new MACs, TTL/hop limit
  *            minus one, and XDP_REDIRECT out of the egress interface through the
@@ -50,6 +52,12 @@ REDIRECT_MAPS();
  * fills it. A devmap indexed by ifindex (BCC knows no devmap_hash): an interface
  * whose index is REDIRECT_EGRESS_SLOTS or more goes the kernel's way, counted */
 BPF_DEVMAP(egress, REDIRECT_EGRESS_SLOTS);
+
+/* 1 when attached in generic mode: every verdict then leaves as an skb, which
+ * carries a partial checksum on (rewrite_helpers.h). Written by user space
+ * before it attaches. */
+BPF_ARRAY(skb_mode, __u32, 1);
+BPF_PERCPU_ARRAY(csum_scratch, struct csum_block, 1); /* where a partial checksum is finished */
 
 /* The one exit (redirect_match.h): every verdict is counted. */
 #define count_verdict(st, action) count_verdict_as(st, action, XDP_PASS, XDP_REDIRECT, XDP_DROP)
@@ -126,8 +134,9 @@ int xdp_redirect(struct xdp_md *ctx)
 	struct redirect_key key = {};
 	struct redirect_target *to = NULL;
 	struct rule_stats *rs = NULL;
-	__u32 zero = 0;
-	int match, udp;
+	struct l4csum c = {};
+	__u32 zero = 0, *generic;
+	int match, udp, action;
 	struct redirect_stats *st = stats.lookup(&zero);
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
@@ -154,22 +163,36 @@ int xdp_redirect(struct xdp_md *ctx)
 		return count_verdict(st, XDP_PASS);
 
 	udp = p.l4 == IPPROTO_UDP;
+	if (p.v4)
+		l4csum_init(&c, p.l4hdr, p.l4csum, udp, p.l4len,
+			    ipv4_pseudo_sum(p.iph->saddr, p.iph->daddr, p.l4, p.l4len));
+	else
+		l4csum_init(&c, p.l4hdr, p.l4csum, udp, p.l4len,
+			    ipv6_pseudo_sum((__be32 *)&p.ip6h->saddr, (__be32 *)&p.ip6h->daddr, p.l4, p.l4len));
+	st->csum_partial += c.partial;
 	if (match == MATCH_REPLY) {
 		if (p.v4)
-			rewrite_ipv4_addr(p.iph, &p.iph->saddr, to->addr[0], p.l4csum, udp);
+			rewrite_ipv4_addr(p.iph, &p.iph->saddr, to->addr[0], &c);
 		else
-			rewrite_ipv6_addr(&p.ip6h->saddr, (struct in6_addr *)to->addr, p.l4csum, udp);
-		rewrite_port(p.sport, to->port, p.l4csum, udp);
+			rewrite_ipv6_addr(&p.ip6h->saddr, (struct in6_addr *)to->addr, &c);
+		rewrite_port(p.sport, to->port, &c);
 	} else {
 		if (p.v4)
-			rewrite_ipv4_addr(p.iph, &p.iph->daddr, to->addr[0], p.l4csum, udp);
+			rewrite_ipv4_addr(p.iph, &p.iph->daddr, to->addr[0], &c);
 		else
-			rewrite_ipv6_addr(&p.ip6h->daddr, (struct in6_addr *)to->addr, p.l4csum, udp);
-		rewrite_port(p.dport, to->port, p.l4csum, udp);
+			rewrite_ipv6_addr(&p.ip6h->daddr, (struct in6_addr *)to->addr, &c);
+		rewrite_port(p.dport, to->port, &c);
 	}
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
-	return count_verdict(st, forward(ctx, st, p.eth, p.v4, p.iph, p.ip6h, p.l4, *p.sport, *p.dport));
+	action = forward(ctx, st, p.eth, p.v4, p.iph, p.ip6h, p.l4, *p.sport, *p.dport);
 #else
-	return count_verdict(st, XDP_PASS);
+	action = XDP_PASS;
 #endif
+	generic = skb_mode.lookup(&zero);
+	if (l4csum_exit(ctx, &c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0) {
+		/* the segment the IP header claims is not all in the frame */
+		st->malformed_csum++;
+		action = XDP_DROP;
+	}
+	return count_verdict(st, action);
 }

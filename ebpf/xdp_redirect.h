@@ -56,6 +56,12 @@ struct redirect_stats {
 	__u64 slow_ttl;      /* TTL / hop limit <= 1: the kernel sends the ICMP error */
 	__u64 slow_too_big;  /* larger than the egress MTU: the kernel fragments or says so */
 	__u64 slow_no_route; /* no route, or one the fast path cannot take */
+	/* checksums: not verdicts or reasons, counted beside them */
+	__u64 csum_partial;   /* rewritten frames whose TCP/UDP checksum the sender's offload
+	                       * left partial (rewrite_helpers.h): kept so for an skb,
+	                       * finished by the program for XDP_TX / XDP_REDIRECT */
+	__u64 malformed_csum; /* partial, to be finished, but the segment the IP header
+	                       * claims is not all in the frame: dropped */
 	/* the verdicts */
 	__u64 xdp_pass;
 	__u64 xdp_redirect;

@@ -112,6 +112,9 @@ class XdpRedirect(BpfProgram):
         check_rules(parsed)
         super().__init__([f"-DREDIRECT_ACTION={ACTIONS[action]}", *cflags], source)
         self.action, self.netns = action, netns
+        # rules whose replies this program leaves alone: another hook gives them
+        # the service's address (lab/redirect.py: after routing, at TC egress)
+        self.replies_elsewhere = set()
         if netns:
             with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
                 pass
@@ -167,8 +170,22 @@ class XdpRedirect(BpfProgram):
     def _write(self, r, index):
         """Reply mapping first: a backend's reply to the first rewritten datagram
         must find it."""
-        self.table("replies")[self._key(r, r.backend, r.bport)] = self._target(r, r.vip, r.vport, index)
+        if r not in self.replies_elsewhere:
+            self.table("replies")[self._key(r, r.backend, r.bport)] = self._target(r, r.vip, r.vport, index)
         self.table("rules")[self._key(r, r.vip, r.vport)] = self._target(r, r.backend, r.bport, index)
+
+    def leave_replies(self, rule):
+        """Leave this rule's replies untouched here (another hook translates
+        them); before the program is loaded, or live."""
+        r = Rule.parse(rule)
+        if r not in self._rules:
+            raise InputError(f"no rule {r}")
+        self.replies_elsewhere.add(r)
+        if self.bpf is not None:
+            try:
+                del self.table("replies")[self._key(r, r.backend, r.bport)]
+            except KeyError:
+                pass
 
     def maps_created(self):
         for r, index in self._rules.items():

@@ -47,12 +47,27 @@ def cleanup(all_runs=False) -> list[str]:
     # Suricata run directories and CPU-quota cgroups (lab.ids) of namespaces that are gone
     removed += ids.cleanup()
     removed += daemons.cleanup()  # nginx backends' and proxies' run directories (lab.daemons)
+    # pass programs a killed `lab lb/redirect --prepare-peer` left on veth peers, in any namespace
+    removed += _peer_programs()
     # files a killed file-transfer server was receiving into
     for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
         pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not netns.alive(int(pid)):
             spool.unlink(missing_ok=True)
             removed.append(f"file-transfer spool file {spool}")
+    return removed
+
+
+def _peer_programs() -> list[str]:
+    from ebpf.xdp_peer_pass import XdpPeerPass
+    done, _ = XdpPeerPass.cleanup(None)  # this namespace (a user's veth peer may be here)
+    removed = [f"{what} (this namespace)" for what in done]
+    for name in sorted(os.listdir(netns.NETNS_DIR)) if os.path.isdir(netns.NETNS_DIR) else []:
+        try:
+            done, _ = XdpPeerPass.cleanup(name)
+        except Exception:  # a namespace going away meanwhile
+            continue
+        removed += [f"{what} (namespace {name})" for what in done]
     return removed
 
 

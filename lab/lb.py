@@ -12,12 +12,15 @@ times; only its own sessions are affected.
 """
 
 import argparse
+import contextlib
 import json
 import socket
 import threading
 import time
 from pathlib import Path
 
+from . import hostcheck
+from .hostcheck import PreparedPeers
 from vtap.console import (SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped,
                           say, show_program, warn)
 
@@ -39,9 +42,24 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 """
 
 
+NEEDS = """\
+what the hosts around it need (checked at start; each missing piece is one line with its fix):
+  - forwarding on --iface (bpf_fib_lookup() finds the backends' MACs only there):
+      sysctl -w net.ipv4.conf.IF.forwarding=1 net.ipv6.conf.IF.forwarding=1
+  - if --iface is a veth: a native XDP program on its peer, or the frames the LB
+    sends back out (XDP_TX) are lost; --prepare-peer attaches one while it runs
+  - NAT: clients reach the VIP through this host (the VIP an address of --iface,
+    or routed to it); backends answer to this host's own address (--self)
+  - DSR: each backend holds the VIP on its loopback and does not answer ARP/ND for it
+    (sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2)
+TX checksum offload may stay on everywhere: the program finishes checksums the
+senders left partial.
+"""
+
+
 def add_arguments(p):
     p.description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
-                     "Maglev consistent hashing, connection tracking, NAT or DSR.")
+                     "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS)
     p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
     p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
@@ -55,6 +73,9 @@ def add_arguments(p):
                    help="the LB's own address the backends see in NAT mode (default: the interface's first "
                         "address of each family)")
     p.add_argument("--xdp-mode", default="native", choices=("native", "generic"), help="default %(default)s")
+    p.add_argument("--prepare-peer", action="store_true",
+                   help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
+                        "there while this runs (so the frames it sends back out arrive)")
     p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
                    help="tcp: connect to each backend every --check-interval (default %(default)s)")
     p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
@@ -113,8 +134,12 @@ class HealthChecker:
     begins serving at once). `changes` records each turn as (backend, healthy,
     failed probes of it so far)."""
 
-    def __init__(self, backends, interval, rise, fall, timeout=None, ns=None):
+    def __init__(self, backends, interval, rise, fall, timeout=None, ns=None, sources=None):
         self.interval, self.rise, self.fall, self.ns = interval, rise, fall, ns
+        # {4: addr, 6: addr}: probes leave from the LB's own address, never from a
+        # VIP this host also holds (IPv6 source selection may pick it), to which
+        # a DSR backend, holding the VIP itself, would answer locally
+        self.sources = {k: v for k, v in (sources or {}).items() if v}
         self.timeout = timeout or min(1.0, interval)
         self.healthy = {b: True for b in backends}
         self._streak = {b: 0 for b in backends}
@@ -134,6 +159,8 @@ class HealthChecker:
         try:
             with socket.socket(family, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout)
+                if b.addr.version in self.sources:
+                    s.bind((str(self.sources[b.addr.version]), 0))
                 s.connect((str(b.addr), b.port))
             return True
         except OSError:
@@ -173,10 +200,13 @@ class HealthChecker:
 
 
 class Printer:
-    def __init__(self, as_json):
+    def __init__(self, as_json, mode="nat"):
         self.json = as_json
         self.lines = 0
         self.last = None
+        # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
+        self.replies = hostcheck.ReplyWatch() if mode == "nat" else None
+        self.silent = set()
 
     def header(self, lb, iface, a):
         msg = dict(event="attached", iface=iface, mode=a.mode, xdp_mode=a.xdp_mode,
@@ -205,6 +235,17 @@ class Printer:
             pps = (c["packets"] - before.get(b, {}).get("packets", 0)) / dt if dt > 0 else 0.0
             rows[b] = {**c, "active_sessions": active.get(b, 0), "packets_pps": round(pps, 1),
                        "weight": weights.get(b, 0), "healthy": health.get(b, True)}
+            if self.replies:
+                unanswered, silent = self.replies.update(b, c["packets"], c["reply_packets"], now)
+                rows[b]["unanswered"] = unanswered
+                if silent:
+                    rows[b]["hint"] = hostcheck.ReplyWatch.HINT
+                    if b not in self.silent:
+                        self.silent.add(b)
+                        warn(f"{b}: {unanswered} packets sent, {hostcheck.ReplyWatch.HINT}")
+                elif b in self.silent and not unanswered:
+                    self.silent.discard(b)
+                    warn(f"{b}: replies again")
         if self.json:
             say(json.dumps({"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
                             "backends": rows}))
@@ -225,6 +266,7 @@ class Printer:
 def cleanup(a):
     from ebpf import xdp
     removed, spared = xdp.cleanup("xdp_lb", spare_live=not a.all)
+    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
     for what in removed:
         say(f"lb: removed {what}")
     for what in spared:
@@ -234,16 +276,30 @@ def cleanup(a):
     return 0
 
 
-def own_addresses(iface):
-    """The interface's first global address of each family: the NAT source."""
+def own_addresses(iface, vips=()):
+    """The interface's first global address of each family that is not a VIP:
+    the NAT source, and where health checks come from. (The kernel lists a
+    family's addresses newest first: the VIP is often first.)"""
+    import ipaddress
     from ebpf import netdev
     found = {}
+    skip = {ipaddress.ip_address(v) for v in vips}
     with netdev.ipr(None) as ip:
         index = netdev.ifindex_of(ip, iface)
         for m in ip.get_addr(index=index):
-            if m.get("scope", 0) == 0:
-                found.setdefault(m["family"], m.get_attr("IFA_ADDRESS"))
+            addr = m.get_attr("IFA_ADDRESS")
+            if m.get("scope", 0) == 0 and ipaddress.ip_address(addr) not in skip:
+                found.setdefault(m["family"], addr)
     return found.get(socket.AF_INET), found.get(socket.AF_INET6)
+
+
+def host_findings(a):
+    """What the hosts around the LB lack, as far as this namespace can see."""
+    # generic mode sends XDP_TX frames as skbs, through the veth's own xmit: no NAPI needed
+    found = hostcheck.check_veth_peer(a.iface, sends="XDP_TX") if a.xdp_mode == "native" and not a.prepare_peer \
+        else []
+    found += hostcheck.check_gro(a.iface, a.xdp_mode)
+    return found
 
 
 def run(a):
@@ -253,7 +309,8 @@ def run(a):
 
     if a.cleanup:
         return cleanup(a)
-    self4, self6 = own_addresses(a.iface)
+    from ebpf.xdp_lb import Service
+    self4, self6 = own_addresses(a.iface, [Service.parse(s).vip for s in a.service])
     for addr in a.self_addrs:
         if ":" in addr:
             self6 = addr
@@ -262,7 +319,8 @@ def run(a):
     lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode)
     services = [lb.add_service(s) for s in a.service]
     weights = read_backends(a)
-    health = HealthChecker(weights, a.check_interval, a.rise, a.fall) if a.health_check == "tcp" else None
+    health = HealthChecker(weights, a.check_interval, a.rise, a.fall,
+                           sources={4: self4, 6: self6}) if a.health_check == "tcp" else None
 
     def apply(weights):
         up = health.healthy if health else {}
@@ -273,13 +331,25 @@ def run(a):
     apply(weights)
     if a.ebpf:
         return show_program(lb)
-    printer = Printer(a.json)
+    printer = Printer(a.json, a.mode)
     mtime = Path(a.backends_file).stat().st_mtime_ns if a.backends_file else None
     SIGNALS.check()
-    with lb:
+    peers = PreparedPeers()
+    with lb, contextlib.closing(peers):
         lb.load_program()
         SIGNALS.check()
         lb.attach(a.iface, a.xdp_mode)
+        if a.prepare_peer and a.xdp_mode == "native" and (peer := peers.prepare(a.iface)):
+            warn(f"attached a pass program to {a.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        for finding in host_findings(a):
+            warn(str(finding))
+        # the program drops a new session's packet while its backend's MAC is
+        # unknown (no-neigh): ask the kernel to resolve them all now
+        sources = {4: self4, 6: self6}
+        for addr in hostcheck.resolve_neighbours([b.addr for b in weights], sources):
+            warn(f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
+                 "until the kernel resolves it")
+        no_neigh = 0
         if health:
             health.start()
         try:
@@ -287,7 +357,7 @@ def run(a):
             printer.sample(lb, weights, health.healthy if health else {})
 
             def tick():
-                nonlocal weights, mtime
+                nonlocal weights, mtime, no_neigh
                 if not lb.xdp_attachments or removed_from(lb):  # the same check as the redirect's
                     raise BpfError(f"stopped: the program was removed from {a.iface} from outside "
                                    "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
@@ -311,6 +381,10 @@ def run(a):
                     down = [str(b) for b, ok in health.healthy.items() if not ok]
                     warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
                 lb.sweep()
+                dropped = lb.counters()["drop_no_neigh"]
+                if dropped > no_neigh:  # an entry expired or was flushed: ask again, without waiting
+                    no_neigh = dropped
+                    hostcheck.resolve_neighbours([b.addr for b in weights], sources, seconds=0)
                 printer.sample(lb, weights, health.healthy if health else {})
             run_until_stopped(a.interval, a.duration, tick,
                               lambda: printer.sample(lb, weights, health.healthy if health else {}, final=True))

@@ -6,10 +6,14 @@ statuses (vtap/console.py).
 """
 
 import argparse
+import contextlib
+import ipaddress
 import json
 import sys
 import time
 
+from . import hostcheck
+from .hostcheck import PreparedPeers
 from vtap.console import SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped, say, show_program, warn
 
 EXAMPLES = """\
@@ -33,9 +37,32 @@ REASONS = ("not_ip", "no_rule", "fragment", "malformed")
 SLOW = ("slow_no_neigh", "slow_ttl", "slow_too_big", "slow_no_route")
 
 
+NEEDS = """\
+what the hosts around it need (checked at start; each missing piece is one line with its fix):
+  - forwarding on, where clients' datagrams and backends' replies arrive (the
+    kernel routes what `pass` rewrites; `forward`'s route lookup answers only there):
+      sysctl -w net.ipv4.conf.IF.forwarding=1 net.ipv6.conf.IF.forwarding=1
+  - clients reach the service address through this host: routed to it, or an
+    address of its own (then, with pass, replies are translated after routing,
+    at TC egress towards the clients: see below)
+  - forward: a native XDP program on the veth peer of each interface it sends
+    out of, or the frames it redirects there are lost; --prepare-peer attaches one
+TX checksum offload may stay on everywhere: the program finishes or keeps the
+checksums the senders left partial.
+
+where each direction is translated:
+  to the backend     at XDP, where the client's datagram arrives
+  back to the client at XDP, where the backend's reply arrives; except, with pass,
+                     for a service address this host holds: the kernel would drop
+                     a reply arriving with a source of its own (a martian), so it
+                     is translated after routing, at TC egress towards the clients
+"""
+
+
 def add_arguments(p):
     p.description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
-                     "backend at the XDP hook, and the source of the backend's replies back to the service.")
+                     "backend at the XDP hook, and the source of the backend's replies back to the service."
+                     "\n\n" + NEEDS)
     p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--iface", metavar="IF", action="append", default=[],
                    help="where the clients' datagrams arrive (repeatable); the program is also attached where "
@@ -47,6 +74,9 @@ def add_arguments(p):
                         "looks the route up and sends it out itself (default %(default)s)")
     p.add_argument("--mode", default="native", choices=("native", "generic", "offload"),
                    help="XDP mode (default %(default)s); offload needs a NIC that runs BPF")
+    p.add_argument("--prepare-peer", action="store_true",
+                   help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
+                        "program, attach a pass program there while this runs")
     add_run_options(p, "the redirect programs")
 
 
@@ -62,13 +92,40 @@ def check_args(a):
         raise UsageError("an interface is given twice with --iface")
 
 
+def counters(prog, egress=None):
+    """The XDP program's counters and rule counters, with the replies that the
+    TC egress program translated (for a service address this host holds) added
+    where they belong: one view of each rule, both ways."""
+    stats, rules = prog.counters(), prog.rule_counters()
+    if egress is not None:
+        for r, c in egress.rule_counters().items():
+            rules[r]["reply_packets"] += c["reply_packets"]
+            rules[r]["reply_bytes"] += c["reply_bytes"]
+        stats["to_client"] += egress.counters()["to_client"]
+    return stats, rules
+
+
 def local_services(prog):
-    """Rules whose service address is an address of this namespace: with `pass`
-    the kernel drops the replies given that source as martians (IPv4)."""
+    """Rules whose service address is an address of this namespace (the
+    netfilter-vs-XDP report's design): given that source at XDP ingress, a
+    reply reaches the kernel as a martian (IPv4 drops it), so with `pass` these
+    rules' replies are translated after routing instead."""
     from ebpf import netdev
     with netdev.ipr(prog.netns) as ip:
-        mine = {a.get_attr("IFA_ADDRESS") for a in ip.get_addr()}
-    return [r for r in prog.rules if str(r.vip) in mine and r.vip.version == 4]
+        mine = {str(ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))) for a in ip.get_addr()}
+    return [r for r in prog.rules if str(r.vip) in mine]
+
+
+def host_findings(a, prog, ifaces):
+    """What the hosts around the redirect lack, as far as this namespace sees."""
+    found = []
+    families = {r.family for r in prog.rules}
+    for name in ifaces:
+        found += hostcheck.check_forwarding(name, families, why=": the kernel does not route what arrives there")
+        if a.action == "forward" and a.mode == "native" and not a.prepare_peer:  # generic: skbs, no NAPI needed
+            found += hostcheck.check_veth_peer(name, sends="XDP_REDIRECT")
+        found += hostcheck.check_gro(name, a.mode)
+    return found
 
 
 class Printer:
@@ -76,18 +133,42 @@ class Printer:
         self.json = as_json
         self.start = self.last = None
         self.lines = 0
+        self.replies = hostcheck.ReplyWatch()  # rewrites that go out and hear nothing back
+        self.silent = set()
+        self.egress = None  # the TC egress program that translates some rules' replies, if any
 
-    def header(self, prog, ifaces, mode):
+    def watch_replies(self, rules, now):
+        """{rule: (unanswered, silent)}; says so once when a rule turns silent."""
+        out = {}
+        for r, c in rules.items():
+            unanswered, silent = self.replies.update(r, c["packets"], c["reply_packets"], now)
+            out[r] = (unanswered, silent)
+            if silent and r not in self.silent:
+                self.silent.add(r)
+                warn(f"{r}: {unanswered} packets rewritten towards the backend, {hostcheck.ReplyWatch.HINT}")
+            elif not unanswered and r in self.silent:
+                self.silent.discard(r)
+                warn(f"{r}: replies again")
+        return out
+
+    def header(self, prog, ifaces, mode, egress=((), ())):
+        """Where each direction is translated, and why there."""
+        at, local = egress
         msg = dict(event="attached", ifaces=ifaces, rules=[str(r) for r in prog.rules], action=prog.action,
-                   mode=mode)
+                   mode=mode, replies_at_tc_egress={"ifaces": list(at), "rules": [str(r) for r in local]})
         if self.json:
             say(json.dumps(msg))
-        else:
-            say(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
+            return
+        say(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
+        if local:
+            vips = ", ".join(sorted({str(r.vip) for r in local}))
+            say(f"redirect: replies from the backends of {vips} are given the service's address at TC egress of "
+                f"{', '.join(at)}, after routing: {vips} is this host's own address, and the kernel drops a reply "
+                "arriving with a source of its own (a martian); every other translation is at XDP")
 
     def sample(self, prog, final=False):
         now = time.monotonic()
-        stats, rules = prog.counters(), prog.rule_counters()
+        stats, rules = counters(prog, self.egress)
         if self.start is None:
             self.start = (now, rules)
         t0, before = self.start if final else (self.last or self.start)
@@ -97,10 +178,15 @@ class Printer:
         def rate(rule, key):
             return (rules[rule][key] - before.get(rule, {}).get(key, 0)) / dt if dt > 0 else 0.0
 
+        watched = self.watch_replies(rules, now)
         if self.json:
+            def row(r, c):
+                unanswered, silent = watched[r]
+                extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
+                return {**c, "packets_pps": round(rate(r, "packets"), 1),
+                        "reply_packets_pps": round(rate(r, "reply_packets"), 1), "unanswered": unanswered, **extra}
             out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
-                   "rules": {r: {**c, "packets_pps": round(rate(r, "packets"), 1),
-                                 "reply_packets_pps": round(rate(r, "reply_packets"), 1)} for r, c in rules.items()}}
+                   "rules": {r: row(r, c) for r, c in rules.items()}}
             say(json.dumps(out))
             return
         width = max(10, *(len(r) for r in rules))
@@ -119,8 +205,14 @@ class Printer:
 
 
 def cleanup(a):
-    from ebpf import xdp
+    from ebpf import tc, xdp
+    from ebpf.tc_redirect import TcRedirect
     removed, spared = xdp.cleanup("xdp_redirect", spare_live=not a.all)
+    # the TC egress filters that translate replies for a service address this host holds
+    tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not a.all)
+    removed += tc_removed
+    spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it" for f in tc_spared]
+    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
     for what in removed:
         say(f"redirect: removed {what}")
     for what in spared:
@@ -139,7 +231,7 @@ def removed_from(prog):
 
 
 def run(a):
-    from ebpf import BpfError, XdpRedirect, netdev
+    from ebpf import BpfError, TcRedirect, XdpRedirect, netdev
 
     if a.cleanup:
         return cleanup(a)
@@ -151,23 +243,34 @@ def run(a):
     for name, backends in prog.reply_interfaces().items():
         if name not in ifaces:
             ifaces.append(name)
-            warn(f"also attaching to {name}: replies from {', '.join(backends)} arrive there")
-    if a.action == "pass":
-        for r in local_services(prog):
-            warn(f"service address {r.vip} is an address of this host: with --action pass the kernel drops the "
-                 f"replies given it as their source (a martian); use --action forward, or a service address "
-                 f"this host routes but does not hold")
+            warn(f"also attaching to {name}: replies from {', '.join(dict.fromkeys(backends))} arrive there")
+    local = local_services(prog) if a.action == "pass" else []
+    egress = TcRedirect([str(r) for r in local], action="pass") if local else None
+    for r in local:
+        prog.leave_replies(r)
     if a.ebpf:
         return show_program(prog)
     printer = Printer(a.json)
+    printer.egress = egress
     SIGNALS.check()
-    with prog:
+    peers = PreparedPeers()
+    with prog, contextlib.closing(peers), egress or contextlib.nullcontext():
         prog.load_program()
+        if egress:
+            egress.load_program()
         SIGNALS.check()
         for name in ifaces:  # all or nothing: `with prog` detaches what was attached
             prog.attach(name, a.mode)
+        for name in a.iface if egress else ():
+            egress.attach(name, "egress")
+        if a.action == "forward" and a.mode == "native" and a.prepare_peer:
+            for name in ifaces:
+                if peer := peers.prepare(name):
+                    warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        for finding in host_findings(a, prog, ifaces):
+            warn(str(finding))
         SIGNALS.check()
-        printer.header(prog, ifaces, a.mode)
+        printer.header(prog, ifaces, a.mode, egress=[a.iface, local])
         printer.sample(prog)
 
         def tick():

@@ -31,8 +31,23 @@ def _ip(cidr):
     return cidr.split("/")[0]
 
 
+class _Built:
+    """A testbed whose `topo` is built on entry and torn down on exit."""
+
+    def ns(self, host):
+        return self.topo.ns(host)
+
+    def __enter__(self):
+        self.topo.build()
+        return self
+
+    def __exit__(self, *exc):
+        self.topo.teardown()
+        return False
+
+
 @dataclass
-class Testbed:
+class Testbed(_Built):
     topo: Topology
     number: int
     tap_host: str           # where the vTAP runs
@@ -57,17 +72,6 @@ class Testbed:
     alt_src6: str = _ip(SENDER_V6[2])
     dst6: str = _ip(RECEIVER_V6[0])
     alt_dst6: str = _ip(RECEIVER_V6[1])
-
-    def __enter__(self):
-        self.topo.build()
-        return self
-
-    def __exit__(self, *exc):
-        self.topo.teardown()
-        return False
-
-    def ns(self, host):
-        return self.topo.ns(host)
 
     @property
     def next_hop_mac(self):
@@ -125,10 +129,10 @@ class RouterTestbed:
     is the way to it but does not hold it, as a load balancer's VIP: a reply
     rewritten to come *from* an address of the router's own would be dropped by
     the router's kernel as a martian source on its way to the client (with
-    `pass`, where the kernel routes it; IPv4's fib_validate_source). Two things
-    the data path needs on veth, done here for every method alike: TX checksum offload is off at the client and the server, so
-    their packets carry whole checksums that a rewrite can update (with offload,
-    the field holds only the pseudo-header's sum, finished at transmit); and
+    `pass`, where the kernel routes it; IPv4's fib_validate_source). The client
+    and the server keep TX checksum offload on, as a veth comes (their
+    checksums reach the router partial), unless tx_csum_offload=False. One thing
+    the data path needs on veth, done here for every method alike:
     XDP pass programs sit on the client's and the server's interfaces, because a
     frame that XDP redirects into a veth reaches the far end only if an XDP
     program runs there (it turns on the veth's NAPI).
@@ -151,6 +155,7 @@ class RouterTestbed:
     backend_port: int = 8083
     dut_in: str = "eth0"
     dut_out: str = "eth1"
+    tx_csum_offload: bool = True  # as a veth comes; False: the client and server send whole checksums
 
     def __post_init__(self):
         self.sinks = {}  # host -> its XDP pass sink (ebpf.XdpSink): also counts what arrives
@@ -160,7 +165,8 @@ class RouterTestbed:
         self.topo.build()
         try:
             for host in (self.client, self.server):
-                self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
+                if not self.tx_csum_offload:
+                    self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
                 sink = XdpSink("pass")
                 self.sinks[host] = sink
                 sink.attach("eth0", netns=self.ns(host))
@@ -188,8 +194,10 @@ class RouterTestbed:
                 for family, (vip, backend) in ends.items() if family in families]
 
 
-def router_testbed() -> RouterTestbed:
-    tb = RouterTestbed(None)
+def router_testbed(tx_csum_offload=True) -> RouterTestbed:
+    """tx_csum_offload=False: the client and the server send whole checksums
+    (the kernel's default is on)."""
+    tb = RouterTestbed(None, tx_csum_offload=tx_csum_offload)
     t = Topology("router")
     for h in (tb.client, tb.dut, tb.server):
         t.add_host(h, forwarding=h == tb.dut)
@@ -238,6 +246,7 @@ class LbTestbed:
     attacker6: str = "2001:2:0:5::20"
     backend_port: int = 8080
     service_port: int = 80
+    tx_csum_offload: bool = True  # as a veth comes; False: clients and backends send whole checksums
 
     def ns(self, host):
         return self.topo.ns(host)
@@ -251,13 +260,12 @@ class LbTestbed:
     def __enter__(self):
         self.topo.build()
         try:
-            # Clients and backends send complete checksums: with TX checksum
-            # offload a veth hands on CHECKSUM_PARTIAL packets whose TCP checksum
-            # holds only the pseudo-header's sum, and a rewrite at XDP (which
-            # cannot see that state) leaves them wrong at the far end (every SYN
-            # went unanswered).
-            for host in [self.client, *self.backends]:
-                netns.run(self.ns(host), ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
+            # By default the hosts keep TX checksum offload on, as a veth comes:
+            # their TCP/UDP checksums reach the LB partial, and the program must
+            # finish them (rewrite_helpers.h). Off, they send whole checksums.
+            if not self.tx_csum_offload:
+                for host in [self.client, *self.backends]:
+                    netns.run(self.ns(host), ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
         except BaseException:
             self.topo.teardown()
             raise
@@ -268,11 +276,12 @@ class LbTestbed:
         return False
 
 
-def lb_testbed(backends=2, dsr=False, attacker=False) -> LbTestbed:
+def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> LbTestbed:
     """dsr: the backends hold the VIPs on their loopback, to answer clients directly.
     attacker: one more host on the switch (.20 / ::20), for floods from outside
-    the clients' namespace."""
-    tb = LbTestbed(None, [f"be{i + 1}" for i in range(backends)])
+    the clients' namespace. tx_csum_offload=False: clients and backends send
+    whole checksums (the kernel's default is on)."""
+    tb = LbTestbed(None, [f"be{i + 1}" for i in range(backends)], tx_csum_offload=tx_csum_offload)
     t = Topology("lb")
     t.add_host(tb.switch)
     t.add_host(tb.client)
@@ -288,6 +297,96 @@ def lb_testbed(backends=2, dsr=False, attacker=False) -> LbTestbed:
     for host, addrs in hosts.items():
         t.add_link(host, tb.switch, b_if=host, a_addrs=addrs, b_addrs=[])
     t.add_bridge(tb.switch, "br0", list(hosts))
+    if dsr:
+        for be in tb.backends:
+            t.add_address(be, "lo", f"{tb.vip4}/32")
+            t.add_address(be, "lo", f"{tb.vip6}/128")
+    tb.topo = t
+    return tb
+
+
+# --- as users build them -----------------------------------------------------------
+# Plain topologies with the kernel's defaults (Topology(kernel_defaults=True)):
+# neighbours resolved on demand, TX checksum offload and GRO as a veth comes, no
+# XDP program anywhere the lab did not put one, forwarding off but on a router a
+# user built as one. What the fast paths need beyond that, their commands check
+# and say; the tests run what they print.
+
+@dataclass
+class UserRouter(_Built):
+    """client eth0 -- eth0 router eth1 -- eth0 server, the service address routed
+    to the router (198.18.0.17, 2001:2::17), or held by it (198.18.1.254,
+    2001:2:0:1::fe: the netfilter-vs-XDP report's design)."""
+    topo: Topology
+    client4: str = "198.18.1.1"
+    client6: str = "2001:2:0:1::1"
+    router4: str = "198.18.1.2"
+    router6: str = "2001:2:0:1::2"
+    server4: str = "198.18.2.2"
+    server6: str = "2001:2:0:2::2"
+    routed4: str = "198.18.0.17"
+    routed6: str = "2001:2::17"
+    held4: str = "198.18.1.254"
+    held6: str = "2001:2:0:1::fe"
+
+
+def user_router() -> UserRouter:
+    tb = UserRouter(None)
+    t = Topology("urouter", kernel_defaults=True)
+    t.add_host("client")
+    t.add_host("router", forwarding=True)
+    t.add_host("server")
+    t.add_link("client", "router", a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
+               b_addrs=[f"{tb.router4}/24", f"{tb.router6}/64", f"{tb.held4}/24", f"{tb.held6}/64"])
+    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.1/24", "2001:2:0:2::1/64"],
+               b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"])
+    for dst in ("198.18.0.0/24", "198.18.2.0/24"):
+        t.add_route("client", dst, tb.router4)
+    for dst in ("2001:2::/64", "2001:2:0:2::/64"):
+        t.add_route("client", dst, tb.router6)
+    t.add_route("server", "198.18.1.0/24", "198.18.2.1")
+    t.add_route("server", "2001:2:0:1::/64", "2001:2:0:2::1")
+    tb.topo = t
+    return tb
+
+
+@dataclass
+class UserSegment(_Built):
+    """A client, a load balancer and backends on one bridge (in a `switch`
+    namespace), the VIP an address of the LB's eth0 beside its own (.2 / ::2)."""
+    topo: Topology
+    backends: list
+    client4: str = "198.18.9.10"
+    client6: str = "2001:2:0:9::10"
+    lb4: str = "198.18.9.2"
+    lb6: str = "2001:2:0:9::2"
+    vip4: str = "198.18.9.100"
+    vip6: str = "2001:2:0:9::100"
+
+    def backend4(self, i):
+        return f"198.18.9.{11 + i}"
+
+    def backend6(self, i):
+        return f"2001:2:0:9::{11 + i:x}"
+
+
+def user_segment(backends=2, dsr=False) -> UserSegment:
+    """dsr: the backends hold the VIPs on their loopback and neither answer ARP
+    for it nor announce it (arp_ignore=1, arp_announce=2), as DSR needs."""
+    tb = UserSegment(None, [f"be{i + 1}" for i in range(backends)])
+    t = Topology("useg", kernel_defaults=True)
+    t.add_host("switch")
+    t.add_host("client")
+    t.add_host("lb")
+    hosts = {"client": [f"{tb.client4}/24", f"{tb.client6}/64"],
+             "lb": [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"]}
+    arp = {"net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2} if dsr else {}
+    for i, be in enumerate(tb.backends):
+        t.add_host(be, sysctls=arp)
+        hosts[be] = [f"{tb.backend4(i)}/24", f"{tb.backend6(i)}/64"]
+    for host, addrs in hosts.items():
+        t.add_link(host, "switch", b_if=host, a_addrs=addrs, b_addrs=[])
+    t.add_bridge("switch", "br0", list(hosts))
     if dsr:
         for be in tb.backends:
             t.add_address(be, "lo", f"{tb.vip4}/32")

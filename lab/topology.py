@@ -92,8 +92,20 @@ def _new_run_id():
 
 
 class Topology:
-    def __init__(self, name="lab"):
+    """Hosts (namespaces), veth links, bridges, addresses and routes, built on
+    build() (or `with`) and torn down on teardown().
+
+    By default the lab prepares its hosts for exact, quiet runs: static
+    neighbour entries on every segment, IPv6 without duplicate address
+    detection, router solicitations or RAs. kernel_defaults=True builds the
+    topology as a user does with plain `ip` commands: neighbours resolved on
+    demand, DAD as the kernel does it (build() waits until it is done),
+    offloads and GRO as a new veth has them; only forwarding follows
+    add_host(forwarding=...), as a user who builds a router turns it on."""
+
+    def __init__(self, name="lab", kernel_defaults=False):
         self.name = name
+        self.kernel_defaults = kernel_defaults
         self.run_id = _new_run_id()
         self.prefix = f"{netns.PREFIX}{self.run_id}-"
         self.hosts: dict[str, Host] = {}
@@ -179,7 +191,7 @@ class Topology:
     def _build(self):
         for h in self.hosts.values():
             netns.create(h.ns)
-            sysctls = dict(HOST_SYSCTLS)
+            sysctls = {} if self.kernel_defaults else dict(HOST_SYSCTLS)
             if h.forwarding:
                 sysctls.update({"net.ipv4.ip_forward": 1, "net.ipv6.conf.all.forwarding": 1})
             sysctls.update(h.sysctls)
@@ -203,14 +215,37 @@ class Topology:
                 for iface in h.ifaces.values():
                     idx = ip.link_lookup(ifname=iface.name)[0]
                     for a in iface.addrs:
+                        nodad = a.version == 6 and not self.kernel_defaults
                         ip.addr("add", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen,
-                                **({"flags": 0x02} if a.version == 6 else {}))  # IFA_F_NODAD
+                                **({"flags": 0x02} if nodad else {}))  # IFA_F_NODAD
                     ip.link("set", index=idx, state="up")
                     link = ip.get_links(idx)[0]
                     iface.ifindex, iface.mac = idx, link.get_attr("IFLA_ADDRESS")
+        if self.kernel_defaults:
+            self._wait_for_dad()
+        for h in self.hosts.values():
+            with netns.ipr(h.ns) as ip:
                 for dst, via in h.routes:
                     ip.route("add", dst=dst, gateway=via)
-        self._static_neighbours()
+        if not self.kernel_defaults:
+            self._static_neighbours()
+
+    def _wait_for_dad(self, seconds=10.0):
+        """Until no IPv6 address is tentative (a route via one cannot be added
+        before), as a user waits a second or two after `ip addr add`."""
+        import time
+        deadline = time.monotonic() + seconds
+        while True:
+            tentative = []
+            for h in self.hosts.values():
+                with netns.ipr(h.ns) as ip:
+                    tentative += [f"{h.name}: {m.get_attr('IFA_ADDRESS')}" for m in ip.get_addr(family=10)
+                                  if (m.get_attr("IFA_FLAGS") or m["flags"]) & 0x40]  # IFA_F_TENTATIVE
+            if not tentative:
+                return
+            if time.monotonic() > deadline:
+                raise LabError(f"IPv6 addresses still tentative after {seconds:.0f} s: {', '.join(tentative)}")
+            time.sleep(0.1)
 
     def _segments_l2(self):
         """Groups of interfaces joined at layer 2 (veth pairs, bridge ports)."""

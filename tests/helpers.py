@@ -5,6 +5,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -173,3 +174,29 @@ def lb_bed(backends=2, attacker=False, log=True):
             sink.close()
             for w in webs:
                 w.close()
+
+
+class Lines:
+    """A child's output stream read by a thread, line by line, so that a test can
+    wait for a line with a timeout (select() on a buffered pipe misses lines
+    already read into the buffer)."""
+
+    def __init__(self, stream):
+        import queue
+        import threading
+        self.q = queue.Queue()
+        self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)],
+                                  daemon=True)
+        self.t.start()
+
+    def wait_for(self, text, timeout=20.0):
+        import queue
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+            assert line is not None, f"the stream ended before a line with {text!r}"
+            if text in line:
+                return line

@@ -16,14 +16,18 @@ from lab import netns
 from lab.testbeds import lb_testbed
 from lab.topology import RUN_DIR
 from lab.webservers import SUFFIX, NginxServer
+from helpers import Lines
 from tests.conftest import ROOT, require_tool
 
 
 @pytest.fixture
-def lab():
+def lab(request):
+    """TX checksum offload as a veth comes (the program finishes the partial
+    checksums); a test may ask for it off at clients and backends (whole
+    checksums) with indirect parametrisation."""
     require_tool("nginx")
     require_tool("curl")
-    tb = lb_testbed()
+    tb = lb_testbed(tx_csum_offload=getattr(request, "param", True))
     with tb:
         webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be).start()
                 for i, be in enumerate(tb.backends)]
@@ -52,6 +56,8 @@ def get(tb, url, n):
     return bodies
 
 
+@pytest.mark.parametrize("lab", [True, False], indirect=True,
+                         ids=["default offloads", "senders without TX checksum offload"])
 def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     tb, lb, webs, webs6 = lab
     svc = lb.add_service(f"tcp:{tb.vip4}:{tb.service_port}")
@@ -82,32 +88,6 @@ def lb_cli(tb, *args):
     return subprocess.Popen(["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-class Lines:
-    """A child's output stream read by a thread, line by line, so that a test can
-    wait for a line with a timeout (select() on a buffered pipe misses lines
-    already read into the buffer)."""
-
-    def __init__(self, stream):
-        import queue
-        import threading
-        self.q = queue.Queue()
-        self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)],
-                                  daemon=True)
-        self.t.start()
-
-    def wait_for(self, text, timeout=20.0):
-        import queue
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no line with {text!r} within {timeout} s") from None
-            assert line is not None, f"the stream ended before a line with {text!r}"
-            if text in line:
-                return line
 
 
 def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):

@@ -8,62 +8,20 @@ are addresses of the other host, whose neighbour entries the topology fills.
 
 import pytest
 from scapy.layers.inet import IP, TCP, UDP, ICMP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import (ICMPv6EchoRequest, ICMPv6MLReport2, ICMPv6ND_NA, ICMPv6ND_NS, ICMPv6NDOptSrcLLAddr,
+                                ICMPv6PacketTooBig, IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop)
+from scapy.packet import Raw
 from scapy.layers.l2 import ARP, Ether
 
-from ebpf import testrun
 from ebpf.xdp_lb import XdpLoadBalancer
-from lab import netns
-from lab.topology import Topology
 
-SELF4, SELF6 = "198.18.1.1", "2001:2:0:1::1"
-BE1, BE2, BE6 = "198.18.1.2", "198.18.1.3", "2001:2:0:1::2"
-VIP, VIP6 = "198.18.1.100", "2001:2:0:1::100"
-CLIENT_MAC = "02:00:00:00:00:c1"
-PORT_MIN, PORT_COUNT = 20000, 1000
+from fixtures.lb import BE1, BE2, BE6, CLIENT_MAC, PORT_COUNT, PORT_MIN, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
 
 
 @pytest.fixture(scope="module")
 def net():
-    t = Topology("lbfx")
-    t.add_host("lb", forwarding=True)   # bpf_fib_lookup() answers only where forwarding is on
-    t.add_host("be")
-    t.add_link("lb", "be", a_addrs=[f"{SELF4}/24", f"{SELF6}/64"], b_addrs=[f"{BE1}/24", f"{BE2}/24", f"{BE6}/64"])
-    with t:
+    with lb_fixture_net() as t:
         yield t
-
-
-class Rig:
-    """One loaded LB and a way to run frames through it in the LB's namespace."""
-
-    def __init__(self, net, mode="nat", backends=((BE1, 1),), port_count=PORT_COUNT, services=("tcp",)):
-        self.net = net
-        self.lb = XdpLoadBalancer(self4=SELF4, self6=SELF6, mode=mode, port_min=PORT_MIN, port_count=port_count,
-                                  netns=net.ns("lb"))
-        self.mac = net.mac("lb", "eth0")
-        self.be_mac = net.mac("be", "eth0")
-        for proto in services:
-            svc = self.lb.add_service(f"{proto}:{VIP}:80")
-            self.lb.set_backends(svc, {f"{b}:8080": w for b, w in backends})
-        svc6 = self.lb.add_service(f"tcp:[{VIP6}]:80")
-        self.lb.set_backends(svc6, {f"[{BE6}]:8080": 1})
-        self.fd = self.lb.load_program().fd
-        self.ifindex = net.ifindex("lb", "eth0")
-
-    def run(self, pkt):
-        with netns.entered(self.net.ns("lb")):
-            return testrun.run(self.fd, bytes(pkt), ingress_ifindex=self.ifindex)
-
-    def from_client(self, l4, src="198.18.7.7", dst=VIP, v6=False):
-        ip = IPv6(src="2001:2:0:7::7", dst=VIP6) if v6 else IP(src=src, dst=dst)
-        return Ether(src=CLIENT_MAC, dst=self.mac) / ip / l4
-
-    def from_backend(self, l4, src=BE1, v6=False):
-        ip = IPv6(src=BE6, dst=SELF6) if v6 else IP(src=src, dst=SELF4)
-        return Ether(src=self.be_mac, dst=self.mac) / ip / l4
-
-    def close(self):
-        self.lb.close()
 
 
 @pytest.fixture
@@ -201,6 +159,57 @@ def test_fragments_and_ip_options_to_a_vip_are_dropped_and_counted(rig):
     other = rig.from_client(TCP(sport=40000, dport=80, flags="S"), dst="198.18.1.200")
     other[IP].flags = "MF"
     assert rig.run(other).verdict == "XDP_PASS"
+
+
+def test_what_no_service_owns_at_l4_reaches_the_stack_untouched_in_both_families(rig):
+    """The VIP is often the LB host's own address: its ICMPv6 (neighbour
+    discovery, echo, packet-too-big), ICMP and other protocols are the stack's,
+    with or without fragmentation or extension headers. Only TCP/UDP to a VIP
+    that the program would forward wrongly drops, each by a named reason."""
+    c6 = "2001:2:0:7::7"
+    e6 = Ether(src=CLIENT_MAC, dst=rig.mac)
+    big_echo = IP(src="198.18.7.7", dst=VIP, flags="MF", id=9) / ICMP() / (b"e" * 64)
+    frames = [
+        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6ND_NS(tgt=VIP6) / ICMPv6NDOptSrcLLAddr(lladdr=CLIENT_MAC),
+        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6ND_NA(tgt=c6, R=0, S=1),          # an answer to the LB's own NS
+        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6EchoRequest(data=b"ping"),
+        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6PacketTooBig(mtu=1280) / IPv6(src=VIP6, dst=c6) / TCP(sport=80),
+        e6 / IPv6(src=c6, dst=VIP6) / IPv6ExtHdrHopByHop() / ICMPv6MLReport2(),  # MLD has a hop-by-hop header
+        e6 / IPv6(src=c6, dst=VIP6) / IPv6ExtHdrFragment(m=1, nh=58) / ICMPv6EchoRequest(data=b"f" * 64),
+        Ether(src=CLIENT_MAC, dst=rig.mac) / big_echo,                           # an ICMP fragment
+        rig.from_client(ICMP(type=3, code=4, nexthopmtu=1400) / IP(src=VIP, dst="198.18.7.7") / TCP(sport=80)),
+        Ether(src=CLIENT_MAC, dst=rig.mac) / IP(src="198.18.7.7", dst=VIP, proto=47) / (b"g" * 24),  # GRE
+        # TCP to the VIP on a port no service has, with IPv4 options
+        Ether(src=CLIENT_MAC, dst=rig.mac) / IP(src="198.18.7.7", dst=VIP, options=b"\x94\x04\x00\x00") /
+        TCP(sport=40000, dport=22, flags="S"),
+        # a TCP header cut short, to an address that is no VIP
+        Raw(bytes(rig.from_client(TCP(sport=40000, dport=80, flags="S"), dst="198.18.1.200"))[:14 + 20 + 10]),
+    ]
+    for f in frames:
+        r = rig.run(f)
+        assert (r.verdict, r.data) == ("XDP_PASS", bytes(f)), f.summary()
+    c = rig.lb.counters()
+    assert c["pass_not_service"] == len(frames) and c["xdp_pass"] == len(frames) and c["xdp_drop"] == 0
+    assert rig.lb.sessions() == []
+
+
+@pytest.mark.parametrize("what, frame, reason", [
+    ("tcp6 fragment to a vip", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) / IPv6(src="2001:2:0:7::7", dst=VIP6) /
+     IPv6ExtHdrFragment(m=1) / TCP(sport=40000, dport=80, flags="S"), "drop_fragment"),
+    ("later tcp6 fragment", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) / IPv6(src="2001:2:0:7::7", dst=VIP6) /
+     IPv6ExtHdrFragment(offset=8, nh=6) / (b"x" * 16), "drop_fragment"),
+    ("tcp6 service traffic behind a hop-by-hop header", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) /
+     IPv6(src="2001:2:0:7::7", dst=VIP6) / IPv6ExtHdrHopByHop() / TCP(sport=40000, dport=80, flags="S"),
+     "drop_ip_options"),
+    ("later udp4 fragment to a vip", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) /
+     IP(src="198.18.7.7", dst=VIP, frag=8, proto=17) / (b"x" * 16), "drop_fragment"),
+    ("a tcp header cut short, to a vip", lambda r: Raw(bytes(r.from_client(TCP(sport=1, dport=80)))[:14 + 20 + 10]),
+     "drop_malformed"),
+])
+def test_service_traffic_it_cannot_forward_right_is_dropped_by_reason(rig, what, frame, reason):
+    assert rig.run(frame(rig)).verdict == "XDP_DROP", what
+    c = rig.lb.counters()
+    assert c[reason] == 1 == c["xdp_drop"] and rig.lb.sessions() == [], what
 
 
 def test_a_non_syn_without_a_session_is_dropped(rig):

@@ -134,4 +134,97 @@ static __always_inline __u64 ipv6_pseudo_sum(const __be32 *saddr, const __be32 *
 	return s;
 }
 
+/* --- Checksums the sender's offload left to finish ---------------------------
+ *
+ * A socket that sends through an interface with TX checksum offload (every veth
+ * by default) leaves its TCP/UDP checksum to the hardware: the skb is
+ * CHECKSUM_PARTIAL and the field holds only the pseudo-header's sum, folded and
+ * not inverted (the kernel's ~tcp_v4_check(len, saddr, daddr, 0)). Whoever
+ * transmits the skb finishes it: the NIC, skb_checksum_help(), or nobody, when
+ * it stays on the machine (a veth hands the skb on with the flag, and the
+ * receiving stack trusts it).
+ *
+ * XDP sees bytes, not the flag. What happens to the flag depends on the way out,
+ * measured on veth (kernel 6.x):
+ *   native XDP_TX / XDP_REDIRECT  the skb is freed and the frame becomes a new
+ *                                 skb with no flag: the receiver verifies the
+ *                                 field, and a partial one fails (UDP/TCP
+ *                                 InCsumErrors). The program must finish it.
+ *   native XDP_PASS, and every    the skb lives on with the flag: the field
+ *   verdict in generic mode       must stay a partial sum (of the new
+ *                                 addresses), or whoever finishes it later
+ *                                 computes a wrong checksum.
+ * So a program recognises a partial field (it equals the pseudo-header's sum),
+ * keeps it partial while rewriting (an address changes the pseudo-header's sum;
+ * a port is not in it), and finishes it over the segment only when the frame
+ * leaves on XDP's own path (l4csum_exit()).
+ *
+ * The one case the bytes cannot tell: a complete checksum that happens to equal
+ * the pseudo-header's sum (one frame in 65536 of traffic that arrives with
+ * complete checksums). On XDP's own path it is recomputed, which gives the same
+ * valid checksum (a frame corrupted in transit and matching by chance would be
+ * given a valid one). Kept as an skb, it leaves with a partial sum where a
+ * complete one was: a receiver that verifies it (one across a NIC that does
+ * not offload) drops that frame. Within one machine (veth, bridge) receivers
+ * trust the skb and nothing is lost.
+ */
+
+#define CSUM_BLOCK 512     /* bytes summed a step: bpf_csum_diff()'s most */
+#define CSUM_MAX_BLOCKS 8  /* a native XDP frame on veth fits in a page */
+
+/* Scratch room for csum_xdp_bytes(): a per-CPU array of one of these, declared
+ * in the program's own file (BCC turns map calls into helpers only there). */
+struct csum_block {
+	__u8 b[CSUM_BLOCK];
+};
+
+/* The one's-complement sum of `len` packet bytes from offset `off` (an even
+ * distance from where the checksum starts), or -1 when they are not all in the
+ * packet. XDP only. The bytes are copied a block at a time into `buf` and summed
+ * there: summing them in place would need the verifier to follow a packet
+ * pointer through every length the tail can have (tried: it gives up, "program
+ * too large"), while a copy is one straight path, and also reads the frags of a
+ * multi-buffer frame. */
+static __always_inline __s64 csum_xdp_bytes(struct xdp_md *ctx, __u32 off, __u32 len, struct csum_block *buf)
+{
+	__u64 sum = 0;
+
+	if (len > CSUM_MAX_BLOCKS * CSUM_BLOCK)
+		return -1;
+	len &= 0xffff; /* a no-op that tells the verifier len is not negative */
+	asm volatile("" : "+r"(len));
+#pragma unroll
+	for (int i = 0; i < CSUM_MAX_BLOCKS; i++) {
+		__u64 n = len > CSUM_BLOCK ? CSUM_BLOCK : len, words, rem;
+
+		/* clang may reuse a signed form of n; the barrier and the test give
+		 * the verifier a bound it can see */
+		asm volatile("" : "+r"(n));
+		if (n > CSUM_BLOCK)
+			return -1;
+		if (!n)
+			break;
+		if (bpf_xdp_load_bytes(ctx, off, buf->b, n) < 0)
+			return -1;
+		words = n & ~3ULL; /* bpf_csum_diff() takes whole 4-byte words */
+		if (words)
+			sum += (__u32)bpf_csum_diff(0, 0, (void *)buf->b, words, 0);
+		rem = n & 3;     /* only the last block can end inside a word */
+		if (rem) {
+			__u8 *b = buf->b + (words & (CSUM_BLOCK - 4)); /* the mask only tells the verifier */
+
+			/* the bytes as the first of 16-bit words whose missing bytes are
+			 * zero: in the packet's byte order, [b0, b1] reads b0 | b1 << 8 */
+			sum += b[0];
+			if (rem > 1)
+				sum += (__u32)b[1] << 8;
+			if (rem > 2)
+				sum += b[2];
+		}
+		off += n;
+		len -= n;
+	}
+	return csum_fold16(sum);
+}
+
 #endif /* CSUM_HELPERS_H */

@@ -69,6 +69,9 @@ def add_arguments(p):
     p.add_argument("--rates", default="ceiling,100000",
                    help="rate: offered loads, 'ceiling' or packets/s (default %(default)s)")
     p.add_argument("--duration", type=float, default=3.0, help="rate: seconds per run (default %(default)s)")
+    p.add_argument("--sender-csum", default="whole",
+                   help="rate: the generator's TCP/UDP checksums, whole and/or partial (as a sender with TX "
+                        "checksum offload leaves them), interleaved (default %(default)s)")
     p.add_argument("--cpus", default="0,1", help="generator (and client, server) CPU,router CPU (default %(default)s)")
     p.add_argument("--out", metavar="DIR", help="directory for the CSVs and sidecars (default datasets/results)")
 
@@ -100,7 +103,8 @@ def main(a):
         sizes = parse_list(a.sizes, int, what="size")
         flows = parse_list(a.flows, int, what="flow count")
         rates = [None if r == "ceiling" else int(r) for r in parse_list(a.rates, str, what="rate")]
-        df, paths = run_rate(specs, a.trials, sizes, flows, rates, a.duration, a.family, cpus, a.out)
+        csums = parse_list(a.sender_csum, str, ["whole", "partial"], "sender checksum")
+        df, paths = run_rate(specs, a.trials, sizes, flows, rates, a.duration, a.family, cpus, a.out, csums=csums)
     print_summary(df)
     print("\nwrote " + " and ".join(f"{p} ({p.with_suffix('.json').name})" for p in paths))
     return 0
@@ -148,26 +152,33 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
     return df, [path, cpu_path]
 
 
-def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, out=None, progress=True):
-    """Frames at rates. Returns (DataFrame, [CSV path])."""
+def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, out=None, progress=True,
+             csums=("whole",)):
+    """Frames at rates. Returns (DataFrame, [CSV path]). csums: the generator's
+    checksums, "whole" and/or "partial" (lab.traffic.partial), interleaved as
+    variants of each method."""
+    from ..traffic.partial import partial
     gen_cpu, dut_cpu = cpus
     rows = []
     settings = [(s, f, r) for s in sizes for f in flows_list for r in rates]
-    bar = Progress(trials * len(settings) * len(specs)) if progress else None
+    variants = [(spec, c) for spec in specs for c in csums]
+    bar = Progress(trials * len(settings) * len(variants)) if progress else None
     with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         methods = {s: make_method(s, tb) for s in specs}
         gens = {}
         try:
-            for trial, setting, spec in interleaved(trials, settings, specs):
+            for trial, setting, (spec, csum) in interleaved(trials, settings, variants):
                 size, nflows, rate = setting
                 m = methods[spec]
                 to, port = m.target(family)
-                key = (size, nflows, to, port)
+                key = (size, nflows, to, port, csum)
                 if key not in gens:
                     src = tb.client4 if family == 4 else tb.client6
                     frames = udp_frames(src, to, tb.topo.mac(tb.client, "eth0"), tb.topo.mac(tb.dut, tb.dut_in),
                                         size, nflows, base_sport=20000, dport=port)
+                    if csum == "partial":
+                        frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=gen_cpu).open()
                 r = rig.run_rate(gens[key], m, seconds=duration, rate_pps=rate)
                 rep, cpu = r["report"], r["cpu"]
@@ -181,15 +192,16 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                              "offered_pps": rate or 0, "sent_packets": rep.packets, "sender_dropped": rep.dropped,
                              "forwarded_packets": r["forwarded"],
                              "forwarded_mbps": r["forwarded"] * (size * 8) / secs / 1e6,
-                             "family": family, "translated": r["method"].get("translated", 0)})
+                             "family": family, "translated": r["method"].get("translated", 0),
+                             "sender_csum": csum})
                 if bar:
-                    bar.step(f"{m.label} {size}B {nflows}f {rate or 'max'} t{trial + 1}")
+                    bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} t{trial + 1}")
         finally:
             close_all(gens, methods)
     df = columns_first(rows, COLUMNS)
     params = {"workload": "rate", "methods": specs, "trials": trials, "sizes": sizes, "flows": flows_list,
               "rates": rates, "duration_s": duration, "family": family, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu,
-              "fcs": FCS}
+              "fcs": FCS, "sender_csum": list(csums)}
     return df, [write_results(df, "redirect_rate", params, out)]
 
 
@@ -197,6 +209,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["workload", "method", "mode", "size", "flows"]
     if "offered_pps" in df:
         keys.append("offered_pps")
+    if "sender_csum" in df and df["sender_csum"].nunique() > 1:
+        keys.append("sender_csum")
     values = ["dut_ns_per_pkt", "cpu_soft", "cpu_sys"] + (["forwarded_pps"] if df["workload"].iloc[0] == "rate"
                                                           else ["goodput_mbps", "dut_busy_ms"])
     d = df.fillna({"size": 0})
@@ -213,10 +227,12 @@ def print_summary(df, stream=sys.stdout):
             return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
                     fmt.format(r[f'{col}_max'] / scale) + "]")
         label = f"{r['method']}{':' + r['mode'] if r['mode'] else ''}"
+        if "sender_csum" in r:
+            label += f" ({r['sender_csum']} csum)"
         if transfer:
             stream.write(f"  {label:<22} goodput {span('goodput_mbps'):>18} Mbit/s  router busy "
                          f"{span('dut_busy_ms'):>18} ms  {span('dut_ns_per_pkt'):>18} ns/datagram\n")
         else:
             offered = "max" if not r.get("offered_pps") else f"{r['offered_pps'] / 1e3:.0f}k"
-            stream.write(f"  {label:<22} {int(r['size']):>5} B {int(r['flows']):>5} flows {offered:>5}  "
+            stream.write(f"  {label:<36} {int(r['size']):>5} B {int(r['flows']):>5} flows {offered:>5}  "
                          f"forwarded {span('forwarded_pps', 1e3):>16} kpps  {span('dut_ns_per_pkt'):>18} ns/pkt\n")

@@ -1,0 +1,98 @@
+"""A UDP and TCP echo service and its client, for traffic through the fast paths
+judged by real sockets (each run inside a namespace by the tests):
+
+    python tests/echo.py serve PORT
+        echoes UDP datagrams (from the address each was sent to) and TCP
+        streams on every address, IPv4 and IPv6; prints "ready" once it listens
+    python tests/echo.py exchange HOST PORT N
+        N UDP exchanges and N TCP connections with a connected socket, payloads
+        of varied length (one byte to many segments); prints one JSON line:
+        {"udp": answered in full, "tcp": echoed in full, "n": N}
+"""
+
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # linux/in.h; Python 3.11 lacks the name
+
+
+def udp_echo(family, port):
+    """Each datagram back from the address it was sent to (IP_PKTINFO), as a
+    UDP service behind a DSR load balancer must: a reply from the host's own
+    address would not reach a connected client."""
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        s.bind(("::", port))
+        level, kind = socket.IPPROTO_IPV6, socket.IPV6_PKTINFO
+    else:
+        s.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        s.bind(("0.0.0.0", port))
+        level, kind = socket.IPPROTO_IP, IP_PKTINFO
+    while True:
+        data, anc, _, peer = s.recvmsg(65535, 256)
+        info = [d for lv, ty, d in anc if (lv, ty) == (level, kind)]
+        if info and family == socket.AF_INET:
+            ifindex, _, dst = struct.unpack("=i4s4s", info[0])
+            info = [struct.pack("=i4s4s", 0, dst, b"\0" * 4)]  # ipi_spec_dst: the source to use
+        elif info:
+            info = [info[0][:16] + struct.pack("=i", 0)]
+        s.sendmsg([data], [(level, kind, info[0])] if info else [], 0, peer)
+
+
+def serve(port):
+    t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind(("::", port))
+    t.listen(128)
+
+    def one(c):
+        with c:
+            while data := c.recv(65536):
+                c.sendall(data)
+
+    for family in (socket.AF_INET, socket.AF_INET6):
+        threading.Thread(target=udp_echo, args=(family, port), daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        c, _ = t.accept()
+        threading.Thread(target=one, args=(c,), daemon=True).start()
+
+
+def exchange(host, port, n):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    ok_udp = ok_tcp = 0
+    for i in range(n):
+        msg = os.urandom(1 + (i * 397) % 1400)
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.settimeout(2)
+            s.connect((host, port))  # a reply from any other source never reaches it
+            try:
+                s.send(msg)
+                ok_udp += s.recv(65535) == msg
+            except OSError:
+                pass
+        msg = os.urandom(1 + (i * 7919) % 40000)
+        try:
+            with socket.create_connection((host, port), timeout=2) as c:
+                c.sendall(msg)
+                got = b""
+                while len(got) < len(msg) and (data := c.recv(65536)):
+                    got += data
+                ok_tcp += got == msg
+        except OSError:
+            pass
+    print(json.dumps({"udp": ok_udp, "tcp": ok_tcp, "n": n}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(int(sys.argv[2]))
+    else:
+        exchange(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

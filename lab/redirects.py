@@ -143,22 +143,32 @@ class NftStateless(RedirectMethod):
     def attach(self):
         tb, p = self.tb, self.proto
         t = {"family": "inet", "table": self.TABLE}
+        # with the service address the router's own, a reply given it before
+        # routing would be a martian: its rewrite goes after routing instead
+        reply_chain = "post" if getattr(tb, "vip_on_router", False) else "pre"
         rules = []
         for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6)):
             ip = "ip" if fam == 4 else "ip6"
             rules.append({"add": {"rule": {**t, "chain": "pre", "expr": [
                 _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"notrack": None},
                 {"counter": None}, _set(ip, "daddr", backend), _set(p, "dport", tb.backend_port)]}}})
-            rules.append({"add": {"rule": {**t, "chain": "pre", "expr": [
-                _match(fam, "saddr", backend), _port(p, "sport", tb.backend_port), {"notrack": None},
+            rules.append({"add": {"rule": {**t, "chain": reply_chain, "expr": [
+                _match(fam, "saddr", backend), _port(p, "sport", tb.backend_port),
+                *([{"notrack": None}] if reply_chain == "pre" else []),
                 {"counter": None}, _set(ip, "saddr", vip), _set(p, "sport", tb.service_port)]}}})
-        nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}},
-                          {"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting",
-                                             "prio": -300, "policy": "accept"}}}, *rules])
+        chains = [{"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting",
+                                     "prio": -300, "policy": "accept"}}}]
+        if reply_chain == "post":
+            chains.append({"add": {"chain": {**t, "name": "post", "type": "filter", "hook": "postrouting",
+                                             "prio": 0, "policy": "accept"}}})
+        nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}}, *chains, *rules])
         self.attached = True
 
     def counters(self):
         counts = nft.counters(self.ns, "inet", self.TABLE)
+        if getattr(self.tb, "vip_on_router", False):  # chain pre's two rules, then post's
+            half = len(counts) // 2
+            return {"translated": sum(p for p, _ in counts[:half]), "replies": sum(p for p, _ in counts[half:])}
         return {"translated": sum(p for p, _ in counts[0::2]), "replies": sum(p for p, _ in counts[1::2])}
 
     def detach(self):
@@ -177,6 +187,15 @@ class XdpMethod(RedirectMethod):
     def __init__(self, tb, mode=None, proto="udp"):
         super().__init__(tb, mode, proto)
         self.prog = self._program()
+        # pass, with the service address the router's own: replies are translated
+        # after routing, at TC egress towards the client, as `python -m lab
+        # redirect` does (given at XDP, the kernel would drop them as martians)
+        self.egress = None
+        if self.action == "pass" and getattr(tb, "vip_on_router", False):
+            from ebpf import TcRedirect
+            self.egress = TcRedirect(self.tb.rules(self.proto), action="pass", netns=self.ns)
+            for r in self.prog.rules:
+                self.prog.leave_replies(r)
 
     def _program(self):
         from ebpf import XdpRedirect
@@ -190,6 +209,9 @@ class XdpMethod(RedirectMethod):
         try:
             for ifname in (self.tb.dut_in, self.tb.dut_out):
                 self._attach_to(ifname)
+            if self.egress:
+                self.egress.attach(self.tb.dut_in, "egress")
+                self.egress.reset_counters()
         except BaseException:
             self.detach()
             raise
@@ -197,19 +219,23 @@ class XdpMethod(RedirectMethod):
         self.attached = True
 
     def detach(self):
-        for a in self.prog.xdp_attachments:
-            self.prog.detach_xdp(a)
-        for f in self.prog.tc_filters:
-            self.prog.detach_tc(f)
+        for p in (self.prog, self.egress) if self.egress else (self.prog,):
+            for a in p.xdp_attachments:
+                p.detach_xdp(a)
+            for f in p.tc_filters:
+                p.detach_tc(f)
         self.attached = False
 
     def counters(self):
         c = self.prog.counters()
-        return {"translated": c["to_backend"], "replies": c["to_client"], **c}
+        replies = c["to_client"] + (self.egress.counters()["to_client"] if self.egress else 0)
+        return {"translated": c["to_backend"], "replies": replies, **c}
 
     def close(self):
         super().close()
         self.prog.close()
+        if self.egress:
+            self.egress.close()
 
 
 class XdpForward(XdpMethod):

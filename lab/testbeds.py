@@ -122,7 +122,7 @@ class RouterTestbed:
 
         client eth0 ---- eth0 dut eth1 ---- eth0 server
         .1.1 / 1::1       .1.2 / 1::2        .2.1 / 2::1       .2.2 / 2::2
-        service 198.18.0.17 / 2001:2::17: routed to the dut, not an address of it
+        service 198.18.0.17 / 2001:2::17: routed to the dut (or, with vip_on_router, its own)
 
     The client reaches the server through the router (a route each way). In the
     seed, the service address (10.0.8.17) was the router's own; here the router
@@ -156,6 +156,7 @@ class RouterTestbed:
     dut_in: str = "eth0"
     dut_out: str = "eth1"
     tx_csum_offload: bool = True  # as a veth comes; False: the client and server send whole checksums
+    vip_on_router: bool = False   # True: the service addresses are the router's own (the report's design)
 
     def __post_init__(self):
         self.sinks = {}  # host -> its XDP pass sink (ebpf.XdpSink): also counts what arrives
@@ -194,10 +195,12 @@ class RouterTestbed:
                 for family, (vip, backend) in ends.items() if family in families]
 
 
-def router_testbed(tx_csum_offload=True) -> RouterTestbed:
+def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
     """tx_csum_offload=False: the client and the server send whole checksums
-    (the kernel's default is on)."""
-    tb = RouterTestbed(None, tx_csum_offload=tx_csum_offload)
+    (the kernel's default is on). vip_on_router: the service addresses are
+    addresses of the router's eth0, as in the netfilter-vs-XDP report, instead
+    of routed to it."""
+    tb = RouterTestbed(None, tx_csum_offload=tx_csum_offload, vip_on_router=vip_on_router)
     t = Topology("router")
     for h in (tb.client, tb.dut, tb.server):
         t.add_host(h, forwarding=h == tb.dut)
@@ -205,6 +208,9 @@ def router_testbed(tx_csum_offload=True) -> RouterTestbed:
                b_addrs=[f"{tb.dut_in4}/24", f"{tb.dut_in6}/64"])
     t.add_link(tb.dut, tb.server, a_if=tb.dut_out, a_addrs=[f"{tb.dut_out4}/24", f"{tb.dut_out6}/64"],
                b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"])
+    if vip_on_router:
+        t.add_address(tb.dut, tb.dut_in, f"{tb.vip4}/32")
+        t.add_address(tb.dut, tb.dut_in, f"{tb.vip6}/128")
     t.add_route(tb.client, f"{tb.vip4}/32", tb.dut_in4)
     t.add_route(tb.client, f"{tb.vip6}/128", tb.dut_in6)
     t.add_route(tb.client, "198.18.2.0/24", tb.dut_in4)

@@ -218,3 +218,16 @@ def test_a_program_attached_in_one_mode_refuses_the_other(lbnet):
     finally:
         lb.close()
     _ = VIP6
+
+
+def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
+    """python -m lab bench xdp-cost: the kernel's run count of each program is
+    exactly what the generator sent it, whole and partial alike."""
+    import pandas as pd
+    from lab.bench import xdp_cost
+    df, path = xdp_cost.run(["lb-nat", "xdp-forward"], [64], ["whole", "partial"], trials=1, duration=0.5,
+                            rate=20000, out=tmp_path, progress=False)
+    assert len(df) == 4 and set(df["sender_csum"]) == {"whole", "partial"}
+    assert (df["runs"] == df["sent_packets"]).all() and (df["sent_packets"] > 0).all()
+    assert (df["ns_per_run"] > 0).all()
+    assert pd.read_csv(path)["runs"].tolist() == df["runs"].tolist()

@@ -11,6 +11,7 @@ A bench is a module of this package that defines NAME (its command), SUMMARY
     xdp_modes.py         seed 004: XDP drop, tx, redirect and forward in native, generic and offload mode
     ids.py               seed 003 Table 3: Suricata at the receiver and at the vTAP's monitor
     lb.py                seeds 001/002: the XDP load balancer against nginx, HAProxy and nftables
+    xdp_cost.py          a program's own ns per packet (kernel BPF statistics), whole vs partial checksums
 """
 
 import importlib

@@ -64,6 +64,9 @@ def add_arguments(p):
     p.add_argument("--transfer-size", default="512M", metavar="BYTES",
                    help="transfer: bytes per file, K/M/G allowed (default %(default)s, the seed's)")
     p.add_argument("--family", type=int, default=4, choices=(4, 6), help="IP version (default %(default)s)")
+    p.add_argument("--vip", default="routed", choices=("routed", "router"),
+                   help="the service address routed to the router, or the router's own (the netfilter-vs-XDP "
+                        "report's design: replies are then translated after routing) (default %(default)s)")
     p.add_argument("--sizes", default="64,1518", help="rate: frame sizes with FCS (default %(default)s)")
     p.add_argument("--flows", default="1,1024", help="rate: numbers of UDP flows (default %(default)s)")
     p.add_argument("--rates", default="ceiling,100000",
@@ -98,13 +101,14 @@ def main(a):
         size = _size(a.transfer_size)
         if not 1 << 10 <= size <= 4 << 30:
             raise ValueError(f"--transfer-size must be 1K..4G, not {a.transfer_size}")
-        df, paths = run_transfer(specs, a.trials, size, a.family, cpus, a.out)
+        df, paths = run_transfer(specs, a.trials, size, a.family, cpus, a.out, vip=a.vip)
     else:
         sizes = parse_list(a.sizes, int, what="size")
         flows = parse_list(a.flows, int, what="flow count")
         rates = [None if r == "ceiling" else int(r) for r in parse_list(a.rates, str, what="rate")]
         csums = parse_list(a.sender_csum, str, ["whole", "partial"], "sender checksum")
-        df, paths = run_rate(specs, a.trials, sizes, flows, rates, a.duration, a.family, cpus, a.out, csums=csums)
+        df, paths = run_rate(specs, a.trials, sizes, flows, rates, a.duration, a.family, cpus, a.out, csums=csums,
+                             vip=a.vip)
     print_summary(df)
     print("\nwrote " + " and ".join(f"{p} ({p.with_suffix('.json').name})" for p in paths))
     return 0
@@ -115,12 +119,12 @@ def _cpu_row(cpu, dut_cpu):
     return {f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS}, float(core["busy_ns"])
 
 
-def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
+def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip="routed"):
     """The seed's workload. Returns (DataFrame, [CSV paths])."""
     gen_cpu, dut_cpu = cpus
     rows, seconds_rows = [], []
     bar = Progress(trials * len(specs)) if progress else None
-    with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
+    with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         methods = {s: make_method(s, rig.tb) for s in specs}
         try:
             for trial, _, spec in interleaved(trials, [size], specs):
@@ -136,7 +140,7 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
                              "bytes": size, "seconds": x["seconds"], "goodput_mbps": size * 8 / x["seconds"] / 1e6,
                              "datagrams": x["datagrams"], "repaired": x["retransmitted"],
                              "digest_ok": bool(x["ok"] and r["server"] and r["server"].get("ok")),
-                             "dut_busy_ms": busy / 1e6, "family": family,
+                             "dut_busy_ms": busy / 1e6, "family": family, "vip": vip,
                              "translated": r["method"].get("translated", 0)})
                 for s in cpu.samples().to_dict("records"):
                     seconds_rows.append({"method": m.name, "mode": m.mode or "", "trial": trial, **s})
@@ -146,14 +150,14 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True):
             close_all(methods)
     df = columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
     params = {"workload": "transfer", "methods": specs, "trials": trials, "bytes": size, "family": family,
-              "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
+              "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "vip": vip}
     path = write_results(df, "redirect_transfer", params, out)
     cpu_path = write_results(pd.DataFrame(seconds_rows), "redirect_transfer_cpu", params, out, companion_of=path)
     return df, [path, cpu_path]
 
 
 def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, out=None, progress=True,
-             csums=("whole",)):
+             csums=("whole",), vip="routed"):
     """Frames at rates. Returns (DataFrame, [CSV path]). csums: the generator's
     checksums, "whole" and/or "partial" (lab.traffic.partial), interleaved as
     variants of each method."""
@@ -163,7 +167,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
     settings = [(s, f, r) for s in sizes for f in flows_list for r in rates]
     variants = [(spec, c) for spec in specs for c in csums]
     bar = Progress(trials * len(settings) * len(variants)) if progress else None
-    with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
+    with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         methods = {s: make_method(s, tb) for s in specs}
         gens = {}
@@ -192,7 +196,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                              "offered_pps": rate or 0, "sent_packets": rep.packets, "sender_dropped": rep.dropped,
                              "forwarded_packets": r["forwarded"],
                              "forwarded_mbps": r["forwarded"] * (size * 8) / secs / 1e6,
-                             "family": family, "translated": r["method"].get("translated", 0),
+                             "family": family, "vip": vip, "translated": r["method"].get("translated", 0),
                              "sender_csum": csum})
                 if bar:
                     bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} t{trial + 1}")
@@ -201,7 +205,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
     df = columns_first(rows, COLUMNS)
     params = {"workload": "rate", "methods": specs, "trials": trials, "sizes": sizes, "flows": flows_list,
               "rates": rates, "duration_s": duration, "family": family, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu,
-              "fcs": FCS, "sender_csum": list(csums)}
+              "fcs": FCS, "sender_csum": list(csums), "vip": vip}
     return df, [write_results(df, "redirect_rate", params, out)]
 
 

@@ -68,6 +68,12 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
             # a device whose driver has no XDP hook of its own (vxlan, a tunnel, ...): say what works
             hint = " (its driver has no native XDP: use mode generic)" if (
                 mode == "native" and e.code == errno.EOPNOTSUPP) else ""
+            if mode == "native" and e.code == errno.ERANGE:
+                # veth: a native XDP frame must fit a page, so its peer's MTU is
+                # bounded (3506 with 4 KB pages), and the kernel's ack often
+                # does not reach us: only the errno's text would
+                hint = (" (a veth's peer MTU must fit a native XDP frame, at most about 3506 bytes: "
+                        "lower the MTU of both ends, e.g. ip link set dev PEER mtu 1500, or use mode generic)")
             raise AttachError(f"attaching XDP ({mode}) to {ifname}: {need}{netdev.netlink_reason(e)}{hint}") from None
     return XdpAttachment(netns, ifname, ifindex, mode, prog_fd)
 

@@ -16,7 +16,8 @@ work), so a topology built with plain `ip` commands fails loudly, not silently.
                  the peer's namespace.
     GRO          in generic mode the program runs after GRO: it sees (and
                  counts) merged packets of up to 64 KB, not the wire's
-    MTU          native XDP on a veth takes frames that fit a page
+    MTU          native XDP on a veth takes frames that fit a page (the attach
+                 error says so: ebpf/xdp.py)
 """
 
 import contextlib
@@ -28,7 +29,6 @@ from pathlib import Path
 from ebpf import netdev
 
 NETNS_DIR = "/run/netns"
-VETH_XDP_MAX_MTU = 3498  # 4096 less XDP's headroom, the Ethernet header and skb_shared_info (x86-64)
 
 
 @dataclass
@@ -165,20 +165,6 @@ def check_gro(ifname, mode, netns=None) -> list[Finding]:
     return [Finding(f"GRO is on on {ifname}: in generic mode the program runs after it and sees merged packets "
                     "(up to 64 KB), so its counters count those, not the wire's frames",
                     f"{_in(netns)}ethtool -K {ifname} gro off")]
-
-
-def check_mtu(ifname, mode, netns=None) -> list[Finding]:
-    if mode != "native":
-        return []
-    with netdev.ipr(netns) as ip:
-        link = ip.get_links(netdev.ifindex_of(ip, ifname, netns))[0]
-        mtu = link.get_attr("IFLA_MTU")
-        info = link.get_attr("IFLA_LINKINFO")
-        kind = info.get_attr("IFLA_INFO_KIND") if info else None
-    if kind == "veth" and mtu > VETH_XDP_MAX_MTU:
-        return [Finding(f"{ifname}'s MTU {mtu} is larger than a native XDP frame on veth ({VETH_XDP_MAX_MTU})",
-                        f"{_in(netns)}ip link set dev {ifname} mtu 1500 (or --xdp-mode generic)")]
-    return []
 
 
 class ReplyWatch:

@@ -63,15 +63,18 @@ int rewrite(struct xdp_md *ctx)
 	} else {
 		return XDP_PASS;
 	}
+	/* whole checksums here (tests/test_partial_csum.py has the partial ones) */
+	struct l4csum c = {.field = l4csum, .udp = l4 == IPPROTO_UDP};
+
 	if (proto == bpf_htons(ETH_P_IP)) {
-		rewrite_ipv4_addr(iph, &iph->daddr, NEW4, l4csum, l4 == IPPROTO_UDP);
+		rewrite_ipv4_addr(iph, &iph->daddr, NEW4, &c);
 		ip_decrease_ttl(iph);
 	} else {
 		struct in6_addr to = {.in6_u.u6_addr32 = {NEW6_0, NEW6_1, NEW6_2, NEW6_3}};
-		rewrite_ipv6_addr(&ip6h->daddr, &to, l4csum, l4 == IPPROTO_UDP);
+		rewrite_ipv6_addr(&ip6h->daddr, &to, &c);
 		ip6h->hop_limit--;
 	}
-	rewrite_port(dport, bpf_htons(NEW_PORT), l4csum, l4 == IPPROTO_UDP);
+	rewrite_port(dport, bpf_htons(NEW_PORT), &c);
 	return XDP_TX;
 }
 """

@@ -59,12 +59,13 @@ def test_a_file_arrives_whole_through_every_method(rtb, spec, family):
     transfer_through(rtb, spec, family)
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if s != "route"])
+@pytest.mark.parametrize("spec", ["nft-dnat", "nft-stateless", "xdp-pass:native", "xdp-pass:generic"])
 @pytest.mark.parametrize("family", [4, 6])
 def test_a_file_arrives_whole_through_every_method_with_the_service_address_on_the_router(rtb_held, spec, family):
     """Replies come back from the router's own address: xdp-pass translates
     them at TC egress and nft-stateless in postrouting, after the kernel's
-    source check (before it, IPv4 drops them as martians)."""
+    source check (before it, IPv4 drops them as martians). (The forwarding
+    methods send replies themselves, past the kernel's check: nothing differs.)"""
     m = transfer_through(rtb_held, spec, family)
     if spec.startswith("xdp-pass"):
         assert m.egress is not None and m.replies_seen > 0  # the TC egress program's, counted with XDP's

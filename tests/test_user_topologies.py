@@ -265,3 +265,92 @@ def test_redirect_forward_says_why_traffic_fails_without_peer_programs():
         assert "out of eth0" in lost[0] and "veth peer eth0" in lost[0] and "--prepare-peer" in lost[0]
         assert "out of eth1" in lost[1] and f"namespace {tb.ns('server')}" in lost[1]
         assert got == {"udp": 0, "tcp": 0, "n": 2}
+
+
+def test_host_checks_name_what_is_missing_and_the_fix():
+    """The checks the commands print at start, on a plain pair of veths: GRO in
+    generic mode, a veth peer without XDP (found in its own namespace), a jumbo
+    MTU that native XDP on veth cannot take (the kernel says only "Numerical
+    result out of range")."""
+    from ebpf import AttachError, XdpSink
+    from lab import hostcheck
+    from lab.topology import Topology
+    t = Topology("uchk", kernel_defaults=True)
+    t.add_host("a")
+    t.add_host("b")
+    t.add_link("a", "b", mtu=9000)
+    with t:
+        assert hostcheck.check_gro("eth0", "generic", t.ns("a")) == []  # a veth comes with GRO off
+        t.run("a", ["ethtool", "-K", "eth0", "gro", "on"])
+        (gro,) = hostcheck.check_gro("eth0", "generic", t.ns("a"))
+        assert gro.fix == f"ip netns exec {t.ns('a')} ethtool -K eth0 gro off"
+        assert hostcheck.check_gro("eth0", "native", t.ns("a")) == []  # native runs before GRO
+        (peer,) = hostcheck.check_veth_peer("eth0", t.ns("a"))
+        assert f"its veth peer eth0 (namespace {t.ns('b')}) runs no native XDP program" in peer.what
+        with XdpSink("pass") as sink:
+            with pytest.raises(AttachError, match=r"peer MTU must fit a native XDP frame.*mtu 1500"):
+                sink.attach("eth0", netns=t.ns("b"))
+            for host in ("a", "b"):
+                t.run(host, ["ip", "link", "set", "dev", "eth0", "mtu", "1500"])
+            sink.attach("eth0", netns=t.ns("b"))
+            assert hostcheck.check_veth_peer("eth0", t.ns("a")) == []  # now it has one
+        assert hostcheck.check_forwarding("eth0", {4, 6}, t.ns("a"))[0].fix == (
+            f"ip netns exec {t.ns('a')} sysctl -w net.ipv4.conf.eth0.forwarding=1 net.ipv6.conf.eth0.forwarding=1")
+
+
+MTU_PROBE = r"""
+import socket, sys
+fam = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(fam, socket.SOCK_DGRAM)
+if fam == socket.AF_INET6:
+    s.setsockopt(socket.IPPROTO_IPV6, 23, 2)   # IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO
+else:
+    s.setsockopt(socket.IPPROTO_IP, 10, 2)     # IP_MTU_DISCOVER = IP_PMTUDISC_DO
+s.bind((sys.argv[1], 5555))
+s.connect((sys.argv[2], 6666))
+s.send(b"m" * 1400)
+print("sent", flush=True)
+sys.stdin.readline()
+print(s.getsockopt(socket.IPPROTO_IPV6, 24) if fam == socket.AF_INET6 else s.getsockopt(socket.IPPROTO_IP, 14),
+      flush=True)                               # IPV6_MTU / IP_MTU: the path MTU the kernel now keeps
+"""
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_the_lb_hosts_own_traffic_from_the_vip_keeps_its_icmp(family):
+    """The VIP is the LB host's own address, so its own traffic leaves from it:
+    a ping to it is answered, and a packet-too-big in the middle of its own
+    conversation from the VIP (a port no service has) lowers that path's MTU.
+    Before, the program dropped every ICMPv6 packet to a VIP."""
+    from scapy.layers.inet import ICMP, IP, UDP
+    from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6
+    from scapy.layers.l2 import Ether
+    from lab.traffic import send_frames
+    with user_segment() as tb:
+        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
+                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        vip, client = (tb.vip4, tb.client4) if family == 4 else (tb.vip6, tb.client6)
+        tool = Tool(tb.ns("lb"), "lb", *lb_args(tb), "--prepare-peer", "--health-check", "none")
+        probe = tb.topo.popen("lb", [sys.executable, "-c", MTU_PROBE, vip, client], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            ping = tb.topo.run("client", ["ping", f"-{family}", "-c", "2", "-W", "2", vip], check=False,
+                               capture_output=True, text=True)
+            assert probe.stdout.readline().strip() == "sent"
+            inner = (IP(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64) if family == 4 else
+                     IPv6(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64))
+            outer = (IP(src=client, dst=vip) / ICMP(type=3, code=4, nexthopmtu=1000) if family == 4 else
+                     IPv6(src=client, dst=vip) / ICMPv6PacketTooBig(mtu=1280))
+            frame = Ether(src=tb.topo.mac("client", "eth0"), dst=tb.topo.mac("lb", "eth0")) / outer / inner
+            send_frames(tb.ns("client"), "eth0", [bytes(frame)])
+            probe.stdin.write("\n")
+            probe.stdin.flush()
+            mtu = int(probe.stdout.readline())
+            final, _ = tool.stop()
+        finally:
+            tool.kill()
+            probe.kill()
+            probe.wait()
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        assert mtu == (1000 if family == 4 else 1280)
+        assert final["xdp_drop"] == 0 and final["pass_not_service"] > 0

@@ -48,15 +48,12 @@ class VethPeer:
     label: str             # for people: "namespace sw", "this namespace", ...
     native_xdp: bool       # a native XDP program is on it (its NAPI is on)
 
-    def exec_prefix(self):
-        """What a shell command needs in front to run where the peer is."""
-        if self.netns and self.netns.startswith(NETNS_DIR + "/"):
-            return f"ip netns exec {Path(self.netns).name} "
-        return ""
-
 
 def _in(netns):
-    return "" if not netns else f"ip netns exec {Path(netdev.netns_path(netns)).name} "
+    """What a shell command needs in front to run in `netns` (a name, or a path
+    under /run/netns; "" for this namespace and for paths `ip netns` cannot name)."""
+    path = netdev.netns_path(netns) if netns else ""
+    return f"ip netns exec {Path(path).name} " if path.startswith(NETNS_DIR + "/") else ""
 
 
 def _sysctl(netns, path):

@@ -1,9 +1,10 @@
-# eBPF vTAP Lab: the two commands a newcomer needs (run as root).
+# eBPF vTAP Lab: the three commands a newcomer needs (run as root).
 #   make demo   set up, then build Testbed 1 and watch the vTAP mirror traffic
 #   make test   set up, then run the whole test suite against the real kernel
+#   make lab    set up, then open JupyterLab on the notebooks (127.0.0.1 only; PORT=8890 to start elsewhere)
 PY := .venv/bin/python
 
-.PHONY: setup demo test cleanup
+.PHONY: setup demo test lab cleanup
 setup:
 	@scripts/setup.sh
 
@@ -12,6 +13,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lab: setup
+	$(PY) -m lab jupyter $(if $(PORT),--port $(PORT))
 
 # Remove leftovers of crashed runs (lab namespaces, vTAP filters).
 cleanup:

@@ -27,6 +27,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from .errors import BpfError, NoSuchInterface, NoSuchNamespace, PrivilegeError
+from .netlink_thread import Netlink
 
 NETNS_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
@@ -81,27 +82,49 @@ def entered(netns):
                 os.abort()
 
 
-def ipr(netns=None) -> IPRoute:
-    """A netlink socket in `netns` (a name under /run/netns or a path; None: this
-    thread's namespace). A namespace that does not exist is NoSuchNamespace, never
-    created. The socket is opened here, in a thread that entered the namespace:
-    pyroute2's IPRoute(netns=...) would fork a helper that runs on a copy of our
-    stack and signal handlers. Use the object in the thread that opened it."""
-    if not netns:
-        return IPRoute()
-    with entered(netns):
+def ipr(netns=None) -> Netlink:
+    """An IPRoute on a netlink socket in `netns` (a name under /run/netns or a
+    path; None: the calling thread's namespace). A namespace that does not exist
+    is NoSuchNamespace, never created. The socket is opened here, in this thread
+    (in the namespace it entered, if any): pyroute2's IPRoute(netns=...) would
+    fork a helper that runs on a copy of our stack and signal handlers. Its calls
+    run on the lab's netlink thread (ebpf.netlink_thread), so that it works from
+    any thread, a notebook cell and a running asyncio loop included."""
+    if netns:
+        with entered(netns):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+    else:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+    return wrap_socket(sock, lambda fd: IPRoute(fileno=fd))
+
+
+def wrap_socket(sock, make) -> Netlink:
+    """make(fd) on the netlink thread, owning `sock`'s descriptor: closed there
+    if make() fails, closed with the object if an interrupt takes it away."""
     fd = sock.detach()
-    try:
-        return IPRoute(fileno=fd)
-    except BaseException:
-        os.close(fd)
-        raise
+
+    def made():
+        try:
+            return make(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+    return Netlink(made)
 
 
 def netlink_reason(e: NetlinkError) -> str:
     """The kernel's own words for a refusal (its extended ack), else the errno's."""
     return e.args[1] if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
+
+
+def reason(e: BaseException) -> str:
+    """An exception in words: the kernel's for a netlink refusal, the system's for
+    an OSError (never pyroute2's or Python's tuple), else its own message."""
+    if isinstance(e, NetlinkError):
+        return netlink_reason(e)
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror + (f": {e.filename}" if e.filename else "")
+    return str(e)
 
 
 def where(netns):

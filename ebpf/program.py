@@ -15,13 +15,18 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
-from . import netdev, privileges, tc, xdp
+from . import interrupts, netdev, privileges, tc, xdp
 
 HERE = Path(__file__).resolve().parent
+# BCC's compiler (clang/LLVM inside libbcc) is not thread-safe, and the verifier's
+# log is caught by pointing the process's fd 2 elsewhere: one compile, load or
+# cleanup at a time in this process, whichever thread asks.
+_BCC_LOCK = threading.RLock()
 INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums, rewriting
 
 
@@ -61,6 +66,16 @@ def _stderr_to(buffer: list):
             buffer.append(tmp.read().decode(errors="replace"))
 
 
+def _notice_leftovers():
+    """A program starting says what dead runs of the lab left (lab.leftovers),
+    when the lab is installed beside this package."""
+    try:
+        from lab.leftovers import notice
+    except ImportError:
+        return
+    notice()
+
+
 def _verifier_summary(log: str) -> str:
     """The line of a verifier log that says why: the last line that is neither an
     instruction dump, a register state, nor the closing statistics."""
@@ -84,6 +99,8 @@ class BpfProgram:
     """
 
     SOURCE: str = ""
+    ROWS = "total"              # what counter_rows() is per: "interface", "backend", "rule", ...
+    MAIN_COUNTERS: tuple = ()   # the counters repr() shows (all of them when empty)
 
     def __init__(self, cflags=(), source=None):
         here = Path(inspect.getfile(type(self))).resolve().parent
@@ -109,12 +126,13 @@ class BpfProgram:
             return self.bpf
         BPF = import_bcc()
         text = self.c_text()
+        _notice_leftovers()
         lacking = privileges.message()
         if lacking:  # else BCC fails later, on some map, with an error about that map
             raise PrivilegeError(lacking)
         log = []
         try:
-            with _stderr_to(log):
+            with _BCC_LOCK, _stderr_to(log):
                 self.bpf = BPF(text=text.encode(), cflags=self.cflags)
         except Exception as e:
             diag = "".join(log)
@@ -124,7 +142,8 @@ class BpfProgram:
         try:
             self.maps_created()
         except BaseException:
-            self.bpf.cleanup()
+            with _BCC_LOCK:
+                self.bpf.cleanup()
             self.bpf = None
             raise
         return self.bpf
@@ -142,7 +161,7 @@ class BpfProgram:
         bpf = self.compile()
         log = []
         try:
-            with _stderr_to(log):
+            with _BCC_LOCK, _stderr_to(log):
                 fn = bpf.load_func(function.encode(), getattr(type(bpf), prog_type))
         except Exception as e:
             text = "".join(log).strip()
@@ -160,14 +179,28 @@ class BpfProgram:
         egress hook, next to whatever filters are already there: direct-action,
         or with mirror_ifindex a classifier whose matches a mirred action copies
         to that interface (see tc._bpf_filter)."""
+        self.refuse_reattach_tc(function, ifname, (direction,), netns)
         fn = self.load(function, "SCHED_CLS")
-        f = tc.attach(netns, ifname, direction, fn.fd, function, owner, mirror_ifindex)
-        self._tc_filters.append(f)
+        with interrupts.held():  # attached and recorded, or neither
+            f = tc.attach(netns, ifname, direction, fn.fd, function, owner, mirror_ifindex)
+            self._tc_filters.append(f)
         return f
 
+    def refuse_reattach_tc(self, function, ifname, directions, netns=None):
+        """A second filter of this object on the same hook would run the program
+        twice on every frame (a re-run notebook cell, a repeated call): refused,
+        before anything changes."""
+        for f in self._tc_filters:
+            named = f.name == function or f.name.endswith(":" + function)  # tc names it owner+clsact:function
+            if named and f.ifname == ifname and f.direction in directions and f.netns == netns:
+                raise InputError(f"{type(self).__name__} is already attached to {ifname} {f.direction}"
+                                 f"{' in netns ' + netns if netns else ''}: attaching again would run it twice "
+                                 "on every frame; nothing changed (detach or close() it first)")
+
     def detach_tc(self, f):
-        tc.detach(f)
-        self._tc_filters.remove(f)
+        with interrupts.held():
+            tc.detach(f)
+            self._tc_filters.remove(f)
 
     @property
     def tc_filters(self):
@@ -176,10 +209,15 @@ class BpfProgram:
     def attach_xdp(self, function: str, ifname: str, netns=None, mode="native"):
         """Attach `function` to ifname's XDP hook (refused if a program is there),
         in mode native, generic or offload (see xdp.py)."""
+        for a in self._xdp:
+            if a.ifname == ifname and a.netns == netns:
+                raise InputError(f"{type(self).__name__} is already attached to {a.where}: nothing changed "
+                                 "(detach or close() it first)")
         fn = self._load_offloaded(function, ifname, netns) if mode == "offload" else self.load(function, "XDP")
         self._tell_skb_mode(mode)
-        a = xdp.attach(netns, ifname, fn.fd, mode)
-        self._xdp.append(a)
+        with interrupts.held():
+            a = xdp.attach(netns, ifname, fn.fd, mode)
+            self._xdp.append(a)
         return a
 
     def _tell_skb_mode(self, mode):
@@ -209,7 +247,7 @@ class BpfProgram:
         BPF = import_bcc()
         log = []
         try:
-            with netdev.entered(netns) if netns else _here(), _stderr_to(log):
+            with _BCC_LOCK, netdev.entered(netns) if netns else _here(), _stderr_to(log):
                 bpf = BPF(text=self.c_text().encode(), cflags=self.cflags, device=ifname.encode())
                 fn = bpf.load_func(function.encode(), BPF.XDP, device=ifname.encode())
         except Exception as e:
@@ -227,8 +265,9 @@ class BpfProgram:
         return list(self._xdp)
 
     def detach_xdp(self, a):
-        xdp.detach(a)
-        self._xdp.remove(a)
+        with interrupts.held():
+            xdp.detach(a)
+            self._xdp.remove(a)
 
     # --- maps ---------------------------------------------------------------
     def table(self, name: str):
@@ -241,32 +280,103 @@ class BpfProgram:
         fields = [name for name, _ in table.sLeaf._fields_]  # BCC: Leaf is the per-CPU array
         return {name: sum(getattr(v, name) for v in per_cpu) for name in fields}
 
+    def counter_rows(self) -> dict:
+        """{row: {counter: value}}, one row per ROWS (per interface, backend,
+        rule, ... as the program counts them); the base has one row, "total"."""
+        return {"total": self.counters()}
+
+    def counters_frame(self):
+        """counter_rows() as a pandas DataFrame: a row per ROWS, a column per counter."""
+        import pandas as pd
+        rows = self.counter_rows()
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.index.name = self.ROWS
+        return frame
+
     def zero_percpu(self, map_name: str, index: int = 0):
         table = self.table(map_name)
         table[table.Key(index)] = table.Leaf()  # the per-CPU array type, all zero
 
+    # --- what a notebook shows ------------------------------------------------
+    def warn(self, msg):
+        """Say something the caller should know, in one line on stderr (a
+        notebook shows it under the cell). A command line points this at its own."""
+        print(f"{type(self).__name__}: warning: {msg}", file=sys.stderr, flush=True)
+
+    def hooks(self) -> list[str]:
+        """Where this object is attached, one string per hook."""
+        out = [f"{f.ifname} {f.direction} (tc){' in netns ' + f.netns if f.netns else ''}" for f in self._tc_filters]
+        return out + [a.where for a in self._xdp]
+
+    def describe(self) -> dict:
+        """What repr() shows: the source, where attached, settings (subclasses add
+        theirs) and, once loaded, the main counters."""
+        d = {"source": self.source_path.name,
+             "attached": ", ".join(self.hooks()) or ("nowhere (compiled)" if self.bpf else "nowhere (not loaded yet)")}
+        return d
+
+    def _shown_counters(self):
+        if self.bpf is None:  # reading would compile: a repr must not
+            return {}
+        try:
+            c = self.counters()
+        except Exception:
+            return {}
+        keys = self.MAIN_COUNTERS or tuple(c)
+        return {k: c[k] for k in keys if k in c}
+
+    def __repr__(self):
+        try:
+            d = self.describe()
+            shown = self._shown_counters()
+        except Exception as e:  # a repr never raises
+            return f"<{type(self).__name__} ({e})>"
+        parts = [f"{k} {v}" for k, v in d.items()]
+        if shown:
+            parts.append("counters " + " ".join(f"{k}={v:,}" for k, v in shown.items()))
+        return f"<{type(self).__name__}: " + "; ".join(parts) + ">"
+
+    def _repr_html_(self):
+        from html import escape
+        try:
+            d, shown = self.describe(), self._shown_counters()
+        except Exception as e:
+            return f"<b>{type(self).__name__}</b> ({escape(str(e))})"
+        rows = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
+                       f"{escape(str(v))}</td></tr>" for k, v in d.items())
+        if shown:
+            rows += ("<tr><th style='text-align:left'>counters</th><td style='text-align:left'>"
+                     + ", ".join(f"{escape(k)} {v:,}" for k, v in shown.items()) + "</td></tr>")
+        return f"<b>{escape(type(self).__name__)}</b><table>{rows}</table>"
+
     # --- lifecycle ----------------------------------------------------------
     def close(self):
         """Detach every hook this object attached, then free the programs and maps.
-        Safe to call twice; a detach failure does not stop the others."""
+        Safe to call twice; a detach failure does not stop the others, nor
+        does an interrupt (held until everything is detached)."""
+        with interrupts.held():
+            self._close()
+
+    def _close(self):
         errors = []
         for f in reversed(self._tc_filters):
             try:
                 tc.detach(f)
             except Exception as e:  # keep going: leaving the rest attached is worse
-                errors.append(f"{f.where}: {e}")
+                errors.append(f"{f.where}: {netdev.reason(e)}")
         self._tc_filters.clear()
         for a in reversed(self._xdp):
             try:
                 xdp.detach(a)
             except Exception as e:
-                errors.append(f"{a.where}: {e}")
+                errors.append(f"{a.where}: {netdev.reason(e)}")
         self._xdp.clear()
-        for bpf, _ in self._offloaded.values():
-            bpf.cleanup()
-        self._offloaded.clear()
-        if self.bpf is not None:
-            self.bpf.cleanup()
+        with _BCC_LOCK:
+            for bpf, _ in self._offloaded.values():
+                bpf.cleanup()
+            self._offloaded.clear()
+            if self.bpf is not None:
+                self.bpf.cleanup()
             self.bpf = None
             self._functions.clear()
         if errors:

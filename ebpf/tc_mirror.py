@@ -23,6 +23,8 @@ the monitor, its veth peer, a tunnel monitor's underlay, a bridge monitor's port
 """
 
 import ctypes
+import os
+import threading
 import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from .abi import VTAP
 from .errors import AttachError, BpfError, InputError
 from .program import BpfProgram
-from . import netdev, tc
+from . import interrupts, netdev, tc
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
 CLONE_MODES = ("action", "helper")
@@ -111,6 +113,8 @@ class TcMirror(BpfProgram):
 
     SOURCE = "tc_mirror.bpf.c"
     FUNCTION = "tc_mirror"
+    ROWS = "interface"
+    MAIN_COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed")
 
     def __init__(self, monitor, watch=None, match="any", sample=1, netns=None,
                  watch_max=None, clone="action", source=None, cflags=()):
@@ -139,6 +143,7 @@ class TcMirror(BpfProgram):
         self._monitor = None
         self._monitor_ifindex = 0
         self._monitor_mtu = 0
+        self._snapshot_lock = threading.Lock()
         self._reset_bookkeeping()
         self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
 
@@ -333,6 +338,8 @@ class TcMirror(BpfProgram):
             raise InputError(f"unknown direction {direction!r} (ingress, egress or both)")
         if ifname == self._monitor:
             raise InputError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
+        self.refuse_reattach_tc(self.FUNCTION, ifname, tc.DIRECTIONS if direction == "both" else (direction,),
+                                self.netns)
         why = self.loop_reason(ifname, direction)
         if why:
             raise InputError(f"cannot tap {ifname} {direction}: {why}")
@@ -363,13 +370,16 @@ class TcMirror(BpfProgram):
         done = []
         try:
             for d in directions:
-                done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER,
-                                           self._monitor_ifindex if self.clone == "action" else 0))
-                self._note_slot(done[-1])
+                with interrupts.held():  # a filter attached is a filter counted
+                    done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER,
+                                               self._monitor_ifindex if self.clone == "action" else 0))
+                    self._note_slot(done[-1])
         except (AttachError, NetlinkError):
             for f in done:
                 self.detach_tc(f)
             raise
+        for note in self.other_tap_notes({(f.ifindex, f.direction) for f in done}):
+            self.warn(note)
         return done
 
     def attach_many(self, ifnames, direction="ingress"):
@@ -388,9 +398,10 @@ class TcMirror(BpfProgram):
         return done
 
     def detach_tc(self, f):
-        failed = self._action_failures(f)  # read while the action is there
-        super().detach_tc(f)
-        self._kept_failed[slot_of(f.ifindex)] += failed  # only once it is gone: never counted twice
+        with interrupts.held():
+            failed = self._action_failures(f)  # read while the action is there
+            super().detach_tc(f)
+            self._kept_failed[slot_of(f.ifindex)] += failed  # only once it is gone: never counted twice
 
     def _action_failures(self, f):
         """Copies the filter's mirred action refused since the last reset. A filter
@@ -414,6 +425,51 @@ class TcMirror(BpfProgram):
             found += [o for o in tc.filters_of(FILTER_OWNER, self.netns, ifindex)
                       if (o.ifindex, o.direction) in hooks and o.entry.prog_id not in ours]
         return found
+
+    def monitor_name(self, ifindex):
+        """The name of interface `ifindex` in our namespace (None for 0)."""
+        if not ifindex:
+            return None
+        with netdev.ipr(self.netns) as ip:
+            dev = netdev.device(ip, ifindex)
+        return dev.name if dev else f"ifindex {ifindex}"
+
+    def other_tap_notes(self, hooks=None) -> list[str]:
+        """One line per other vTAP filter on our hooks (or on `hooks`, a set of
+        (ifindex, direction)): who runs it, and what it does to the copies."""
+        notes = []
+        for o in self.other_taps():
+            if hooks is not None and (o.ifindex, o.direction) not in hooks:
+                continue
+            who = (f"vtap pid {', '.join(map(str, o.pids))} runs it" if o.live else
+                   "left by a killed vtap: `vtap --cleanup` removes it")
+            if os.getpid() in o.pids:
+                who = "another TcMirror of this process runs it: close() that one"
+            mon = self.monitor_name(o.entry.mirror_ifindex)
+            to = (f"to the same monitor {mon}: frames both match arrive there twice" if mon == self.monitor else
+                  f"to {mon}: frames both match are copied twice" if mon else
+                  "(with --clone helper): frames both match are copied twice")
+            notes.append(f"{o.where} already has another vTAP filter ({who}) copying {to}")
+        return notes
+
+    # --- what a notebook shows ------------------------------------------------------
+    def describe(self) -> dict:
+        d = super().describe()
+        d["monitor"] = self._monitor
+        if self._watch is None:
+            d["watch"] = "everything"
+        else:
+            n = per_family(self._watch)
+            shown = ", ".join(map(str, self._watch[:4])) + (", ..." if len(self._watch) > 4 else "")
+            d["watch"] = f"{n[4]} IPv4 + {n[6]} IPv6 entries ({shown or 'none: mirrors nothing'})"
+        d["match"] = self.match
+        d["sample"] = f"1 in {self._sample}" if self._sample > 1 else "every matched frame"
+        if self.netns:
+            d["netns"] = self.netns
+        return d
+
+    def counter_rows(self) -> dict:
+        return self.counters_by_interface() or {"total": self.counters()}
 
     # --- what changed outside ------------------------------------------------------
     def health(self) -> Health:
@@ -461,6 +517,10 @@ class TcMirror(BpfProgram):
         cloned to failed here. Their bytes and wire packets leave cloned_bytes and
         cloned_segs too: exactly when every copy handed over between two reads
         failed (or none did), and at that interval's mean size when only some did."""
+        with self._snapshot_lock:  # a sampler's thread and the caller may read at once
+            return self._snapshot()
+
+    def _snapshot(self):
         failed = defaultdict(int, self._kept_failed)
         if self.clone == "action":  # read before the program's counters: a failure never runs ahead of its copy
             for f in self.tc_filters:

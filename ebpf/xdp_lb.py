@@ -115,6 +115,8 @@ class Backend:
 class XdpLoadBalancer(BpfProgram):
     SOURCE = "xdp_lb.bpf.c"
     FUNCTION = "xdp_lb"
+    ROWS = "backend"
+    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "xdp_tx", "xdp_pass", "xdp_drop")
 
     def __init__(self, self4=None, self6=None, mode="nat", port_min=20000, port_count=40000, timeouts=None,
                  netns=None, source=None, cflags=(), max_sessions=None, max_half_open=None):
@@ -262,6 +264,10 @@ class XdpLoadBalancer(BpfProgram):
     # --- state ----------------------------------------------------------------------------
     def counters(self) -> dict:
         return self.percpu_totals("stats")
+
+    def counter_rows(self) -> dict:
+        """Per backend: packets and bytes sent to each."""
+        return self.backend_counters() or {"total": self.counters()}
 
     def service_counters(self) -> dict:
         return {str(s): self.percpu_totals("service_stats", i) for s, i in self._services.items()}

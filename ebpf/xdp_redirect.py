@@ -20,6 +20,8 @@ import re
 import socket
 from dataclasses import dataclass
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from .abi import defines
 from .errors import InputError
 from .program import BpfProgram
@@ -103,6 +105,8 @@ class XdpRedirect(BpfProgram):
 
     SOURCE = "xdp_redirect.bpf.c"
     FUNCTION = "xdp_redirect"
+    ROWS = "rule"
+    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "no_rule", "malformed")
 
     def __init__(self, rules=(), action="pass", netns=None, source=None, cflags=()):
         if action not in ACTIONS:
@@ -227,8 +231,8 @@ class XdpRedirect(BpfProgram):
             for r in self._rules:
                 try:
                     oif = ip.route("get", dst=str(r.backend))[0].get_attr("RTA_OIF")
-                except Exception as e:
-                    raise InputError(f"no route to backend {r.backend} ({e})") from None
+                except NetlinkError as e:  # its str() is a tuple: (101, 'Network is unreachable')
+                    raise InputError(f"no route to backend {r.backend} ({netdev.netlink_reason(e)})") from None
                 found.setdefault(devs[oif].name, []).append(str(r.backend))
         return found
 
@@ -240,6 +244,10 @@ class XdpRedirect(BpfProgram):
     def rule_counters(self) -> dict:
         """{rule text: packets, bytes, reply_packets, reply_bytes}."""
         return {str(r): self.percpu_totals("rule_stats", i) for r, i in self._rules.items()}
+
+    def counter_rows(self) -> dict:
+        """Per rule: packets and bytes rewritten each way."""
+        return self.rule_counters() or {"total": self.counters()}
 
     def reset_counters(self):
         self.zero_percpu("stats")

@@ -1,6 +1,7 @@
-"""python -m lab {demo,bench,cleanup}: the lab's command line.
+"""python -m lab {demo,bench,redirect,lb,jupyter,cleanup}: the lab's command line.
 
     python -m lab demo
+    python -m lab jupyter --port 8888
     python -m lab bench vtap-throughput --testbed 1,2 --trials 5
     python -m lab bench generators --sizes 64,1518
     python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backend 198.18.5.11:8080
@@ -13,6 +14,7 @@ import signal
 import sys
 
 from ebpf.errors import BpfError
+from vtap.console import ArgumentParser
 
 from .netns import LabError
 
@@ -32,6 +34,7 @@ def _exit_on_sigterm(signum, frame):
 EXAMPLES = """\
 examples:
   python -m lab demo                        # watch the vTAP mirror a mix of flows (< 60 s)
+  python -m lab jupyter                     # JupyterLab with the notebooks, on 127.0.0.1 only
   python -m lab bench vtap-throughput --testbed 1,2 --trials 5
   python -m lab bench generators --sizes 64,1518
   python -m lab bench NAME --help           # a bench's options, defaults and examples
@@ -61,34 +64,41 @@ def main(argv=None):
 def _main(argv=None):
     from .bench import benches as find_benches
     benches = find_benches()
-    p = argparse.ArgumentParser(prog="python -m lab",
-                                description="eBPF vTAP Lab: namespace testbeds and experiments",
-                                epilog=_benches_help(benches) + "\n" + EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # error_name: argparse's errors (one line, exit 2) name each command as its other errors do
+    p = ArgumentParser(prog="python -m lab", error_name="lab",
+                       description="eBPF vTAP Lab: namespace testbeds and experiments",
+                       epilog=_benches_help(benches) + "\n" + EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, title="commands")
-    d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows")
+    d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
+                       error_name="lab")
     d.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
     d.add_argument("--rate", type=int, default=20000,
                    help="packets per second, all flows together (default %(default)s)")
     b = sub.add_parser("bench", help="benchmarks that write CSV + sidecar to datasets/results",
                        description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
                                    "datasets/results or --out, and prints a table of medians.",
-                       epilog="run python -m lab bench NAME --help for a bench's options and examples")
+                       epilog="run python -m lab bench NAME --help for a bench's options and examples",
+                       error_name="lab bench")
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
     for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
-        bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY))
-    from . import lb, redirect
+        bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench"))
+    from . import jupyter, lb, redirect
     redirect.add_arguments(sub.add_parser("redirect", help="rewrite datagrams to a service so that they reach a "
                                           "backend (XDP), and back"))
     lb.add_arguments(sub.add_parser("lb", help="a layer-4 load balancer at the XDP hook (Maglev, conntrack, "
                                     "NAT or DSR)"))
-    c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs")
+    jupyter.add_arguments(sub.add_parser("jupyter", help="JupyterLab with the notebooks and the project's kernel, "
+                                         "on 127.0.0.1 only", error_name="lab jupyter"))
+    c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs", error_name="lab")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
     if a.cmd == "redirect":  # a tool in the conventions of vtap: its own checks, signals and exit statuses
         return redirect.main(a)
     if a.cmd == "lb":
         return lb.main(a)
+    if a.cmd == "jupyter":  # needs no root: the notebooks' code does, and says so
+        return jupyter.main(a)
 
     if os.geteuid() != 0:
         print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)

@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from ebpf import netdev
 
 NETNS_DIR = "/run/netns"
@@ -139,7 +141,8 @@ def check_veth_peer(ifname, netns=None, sends="XDP_TX", option="--prepare-peer")
     try:
         peer = veth_peer(ifname, netns)
     except Exception as e:  # cannot look: say so rather than guess
-        return [Finding(f"cannot check {ifname}'s veth peer ({e}): frames sent with {sends} reach it only when "
+        why = netdev.netlink_reason(e) if isinstance(e, NetlinkError) else str(e)  # not the tuple NetlinkError prints
+        return [Finding(f"cannot check {ifname}'s veth peer ({why}): frames sent with {sends} reach it only when "
                         "it runs a native XDP program")]
     if peer is None or peer.native_xdp:
         return []

@@ -130,7 +130,7 @@ class TcMirred(Mirror):
             except NetlinkError as e:
                 if self._created:
                     ip.tc("del", "clsact", index=ifindex)
-                raise LabError(f"tc mirred on {self.tap_iface}: {e}") from None
+                raise LabError(f"tc mirred on {self.tap_iface}: {netlink_reason(e)}") from None
         self._ifidx = ifindex
         self.attached = True
 

@@ -27,8 +27,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pyroute2 import IPRoute
-
 from ebpf import netdev
 from ebpf.errors import BpfError
 
@@ -160,9 +158,9 @@ def lab_namespaces():
         return []
 
 
-def ipr(name) -> IPRoute:
+def ipr(name) -> netdev.Netlink:
     """An IPRoute whose netlink socket lives in lab namespace `name` (never creates
-    one, forks nothing: see ebpf.netdev.ipr). Use it in the thread that opened it."""
+    one, forks nothing, works from any thread: see ebpf.netdev.ipr)."""
     _check_ours(name)
     try:
         return netdev.ipr(str(NETNS_DIR / name))

@@ -290,6 +290,7 @@ def main(a):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m lab redirect")
+    from vtap.console import ArgumentParser
+    parser = ArgumentParser(prog="python -m lab redirect")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -21,8 +21,9 @@ nothing. Everything goes through netlink or the nftables JSON API, and detach()
 leaves nothing behind.
 """
 
-import os
 import socket
+
+from ebpf import netdev
 
 from . import netns, nft
 from .peers import Peer
@@ -115,12 +116,7 @@ def conntrack(ns):
     from pyroute2 import Conntrack
     with netns.entered(ns):
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_NETFILTER)
-    fd = sock.detach()
-    try:
-        return Conntrack(fileno=fd, nfgen_family=socket.AF_UNSPEC)  # both IP versions
-    except BaseException:
-        os.close(fd)
-        raise
+    return netdev.wrap_socket(sock, lambda fd: Conntrack(fileno=fd, nfgen_family=socket.AF_UNSPEC))  # both IP versions
 
 
 def _flush_conntrack(ns):

@@ -166,7 +166,7 @@ class ThroughputRig:
             try:
                 s.close()
             except OSError as e:
-                failed.append(f"UDP socket: {e}")
+                failed.append(f"UDP socket: {e.strerror}")
         self.sockets.clear()
         try:
             self.tb.__exit__(None, None, None)

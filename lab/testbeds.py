@@ -31,22 +31,84 @@ def _ip(cidr):
     return cidr.split("/")[0]
 
 
-class _Built:
-    """A testbed whose `topo` is built on entry and torn down on exit."""
+class _Shown:
+    """repr() and a notebook's table for a testbed: its roles (fields naming a
+    host), its addresses, its settings, then its topology."""
 
-    def ns(self, host):
-        return self.topo.ns(host)
+    def _parts(self):
+        import ipaddress
+        from dataclasses import fields
+        roles, addrs, settings = {}, {}, {}
+        hosts = self.topo.hosts if self.topo is not None else {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "topo" or v is None:
+                continue
+            if isinstance(v, str) and v in hosts and f.name != v:
+                roles[f.name] = v
+            elif isinstance(v, str) and _is_address(v, ipaddress):
+                addrs[f.name] = v
+            elif isinstance(v, (str, int, bool, list, tuple)) and f.name not in hosts and v != f.name:
+                settings[f.name] = v
+        return roles, addrs, settings
 
-    def __enter__(self):
-        self.topo.build()
-        return self
+    def __repr__(self):
+        roles, addrs, settings = self._parts()
+        lines = [f"{type(self).__name__}" + (f" ({', '.join(f'{k}={v!r}' for k, v in settings.items())})"
+                                             if settings else "")]
+        if roles:
+            lines.append("  roles: " + ", ".join(f"{k}={v}" for k, v in roles.items()))
+        if addrs:
+            lines.append("  addresses: " + ", ".join(f"{k}={v}" for k, v in addrs.items()))
+        lines += ["  " + ln for ln in repr(self.topo).splitlines()]
+        return "\n".join(lines)
 
-    def __exit__(self, *exc):
-        self.topo.teardown()
+    def _repr_html_(self):
+        from html import escape
+        roles, addrs, settings = self._parts()
+
+        def row(k, v):
+            return f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>{escape(v)}</td></tr>"
+        head = "".join(row(k, str(v)) for k, v in settings.items())
+        head += row("roles", ", ".join(f"{k}={v}" for k, v in roles.items())) if roles else ""
+        head += row("addresses", ", ".join(f"{k}={v}" for k, v in addrs.items())) if addrs else ""
+        return f"<b>{escape(type(self).__name__)}</b><table>{head}</table>{self.topo._repr_html_()}"
+
+
+def _is_address(text, ipaddress):
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
         return False
 
 
-@dataclass
+class _Built(_Shown):
+    """A testbed whose `topo` is built on entry (or build()) and torn down on
+    exit (or close(); at the latest when Python exits)."""
+
+    def ns(self, host):
+        """The network namespace of `host` (vtl-<run id>-<host>)."""
+        return self.topo.ns(host)
+
+    def build(self):
+        """Build the namespaces, links, addresses and routes; returns the testbed."""
+        self.topo.build()
+        return self
+
+    def close(self):
+        """Tear everything down (idempotent)."""
+        self.topo.teardown()
+
+    def __enter__(self):
+        return self.build()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+@dataclass(repr=False)
 class Testbed(_Built):
     topo: Topology
     number: int
@@ -82,9 +144,49 @@ class Testbed(_Built):
     def sender_mac(self):
         return self.topo.mac(self.sender, self.sender_iface)
 
+    # --- traffic, as a notebook sends it ---------------------------------------------
+    @property
+    def marker(self):
+        """The Marker that tags this testbed's frames (send()) and tells them
+        apart on arrival (capture())."""
+        if getattr(self, "_marker", None) is None:
+            from .traffic import Marker
+            self._marker = Marker()
+        return self._marker
+
+    def send(self, flows, rate_pps=None, max_seconds=None):
+        """Send lab.Flow(s) from the sender to the receiver, each frame once and
+        marked (capture() counts them by flow name); paced to rate_pps when
+        given, bounded in packets and seconds. Returns a SendReport (packets,
+        bytes, seconds, pps)."""
+        from .traffic import MAX_SECONDS, build, send_frames
+        flows = [flows] if not isinstance(flows, (list, tuple)) else list(flows)
+        frames = build(flows, self.marker, self.sender_mac, self.next_hop_mac)
+        return send_frames(self.ns(self.sender), self.sender_iface, frames, rate_pps=rate_pps,
+                           max_seconds=max_seconds or MAX_SECONDS)
+
+    async def asend(self, flows, rate_pps=None, max_seconds=None):
+        """send() without blocking the caller's event loop (a notebook's top-level
+        `await`, e.g. beside `await Sampler(tap).arun(3)` in asyncio.gather)."""
+        import asyncio
+        return await asyncio.to_thread(self.send, flows, rate_pps, max_seconds)
+
+    def capture(self, host=None, ifname=None, direction="in"):
+        """A Capture (use it in a `with` block) that counts this testbed's
+        frames by flow name as they arrive at host/ifname: by default the
+        monitor's eth0, where the vTAP's copies arrive."""
+        from .traffic import Capture
+        host = host or self.monitor
+        if ifname is None:
+            ifname = {self.monitor: self.monitor_capture_iface, self.receiver: self.receiver_iface,
+                      self.sender: self.sender_iface}.get(host, "eth0")
+        return Capture(self.ns(host), ifname, self.marker, direction=direction)
+
 
 def testbed1(mtu=1500) -> Testbed:
-    """mtu: of every link (a replayed pcap of tunnelled frames needs more than 1500)."""
+    """The vTAP on the receiver: sender eth0 -- eth0 receiver mon0 -- eth0 monitor.
+    Returns a Testbed, not yet built (build() or `with`). mtu: of every link (a
+    replayed pcap of tunnelled frames needs more than 1500)."""
     t = Topology("testbed1")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
@@ -94,6 +196,8 @@ def testbed1(mtu=1500) -> Testbed:
 
 
 def testbed2() -> Testbed:
+    """The vTAP on a separate node (tapnode) that bridges sender and receiver;
+    its copies leave through mon0 to the monitor."""
     t = Topology("testbed2")
     for h in ("sender", "tapnode", "receiver", "monitor"):
         t.add_host(h)
@@ -115,8 +219,8 @@ def pair(a="a", b="b", name="pair") -> Topology:
     return t
 
 
-@dataclass
-class RouterTestbed:
+@dataclass(repr=False)
+class RouterTestbed(_Shown):
     """Seed 000's set-up: a client, a router (the device under test) that the
     service address is routed to, and a server behind it in a namespace of its own.
 
@@ -221,8 +325,8 @@ def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
     return tb
 
 
-@dataclass
-class LbTestbed:
+@dataclass(repr=False)
+class LbTestbed(_Shown):
     """Seeds 001/002's set-up: clients, a load balancer and web servers on one
     layer-2 segment, a bridge in a "switch" namespace joining them.
 
@@ -318,7 +422,7 @@ def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> L
 # user built as one. What the fast paths need beyond that, their commands check
 # and say; the tests run what they print.
 
-@dataclass
+@dataclass(repr=False)
 class UserRouter(_Built):
     """client eth0 -- eth0 router eth1 -- eth0 server, the service address routed
     to the router (198.18.0.17, 2001:2::17), or held by it (198.18.1.254,
@@ -356,7 +460,7 @@ def user_router() -> UserRouter:
     return tb
 
 
-@dataclass
+@dataclass(repr=False)
 class UserSegment(_Built):
     """A client, a load balancer and backends on one bridge (in a `switch`
     namespace), the VIP an address of the LB's eth0 beside its own (.2 / ::2)."""

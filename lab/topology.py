@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from ebpf import netdev
+
 from . import netns
 from .netns import LabError
 
@@ -176,6 +178,8 @@ class Topology:
     def build(self):
         if self._built:
             return self
+        from .leftovers import notice
+        notice()  # before our own namespaces exist: a dead run's are said once, never ours
         self._built = True
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         (RUN_DIR / f"{self.run_id}.pid").write_text(f"{os.getpid()}\n")
@@ -337,11 +341,52 @@ class Topology:
             try:
                 netns.remove(h.ns)
             except (LabError, OSError, NetlinkError) as e:
-                errors.append(f"{h.ns}: {e}")
+                errors.append(f"{h.ns}: {netdev.reason(e)}")
         (RUN_DIR / f"{self.run_id}.pid").unlink(missing_ok=True)
         atexit.unregister(self._teardown_at_exit)
         if errors:
             raise LabError("teardown left: " + "; ".join(errors))
+
+    # --- what a notebook shows -------------------------------------------------
+    def _rows(self):
+        """(host, namespace, [(interface, what it is, its addresses)])"""
+        peer = {}
+        for link in self.links:
+            peer[link.a.host, link.a.name] = f"veth to {link.b.host}/{link.b.name}"
+            peer[link.b.host, link.b.name] = f"veth to {link.a.host}/{link.a.name}"
+        for br in self.bridges:
+            peer[br.iface.host, br.iface.name] = f"bridge of {', '.join(br.ports)}"
+        out = []
+        for h in self.hosts.values():
+            ifaces = [(i.name, peer.get((h.name, i.name), ""), " ".join(map(str, i.addrs)))
+                      for i in h.ifaces.values()]
+            out.append((h.name + (" (forwards)" if h.forwarding else ""), h.ns, ifaces))
+        return out
+
+    def _state(self):
+        return f"built, namespaces {self.prefix}*" if self._built else "not built (build() or `with`)"
+
+    def __repr__(self):
+        lines = [f"Topology {self.name!r}: {self._state()}"]
+        for host, ns, ifaces in self._rows():
+            lines.append(f"  {host} [{ns}]")
+            lines += [f"    {name:6} {what:24} {addrs}".rstrip() for name, what, addrs in ifaces]
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        from html import escape
+        rows = []
+        for host, ns, ifaces in self._rows():
+            for i, (name, what, addrs) in enumerate(ifaces or [("", "", "")]):
+                lead = (f"<td rowspan={max(1, len(ifaces))}>{escape(host)}</td>"
+                        f"<td rowspan={max(1, len(ifaces))}><code>{escape(ns)}</code></td>") if i == 0 else ""
+                rows.append(f"<tr>{lead}<td>{escape(name)}</td><td>{escape(what)}</td><td>{escape(addrs)}</td></tr>")
+        return (f"<b>Topology {escape(self.name)}</b>: {escape(self._state())}<table><tr><th>host</th>"
+                f"<th>namespace</th><th>interface</th><th>link</th><th>addresses</th></tr>{''.join(rows)}</table>")
+
+    def close(self):
+        """teardown(), by the name the other lab objects use."""
+        self.teardown()
 
     def __enter__(self):
         return self.build()

@@ -1,14 +1,34 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up of eBPF vTAP Lab on a Debian 12 machine, as root.
-#   scripts/setup.sh          # what `make demo` and `make test` run first
+#   scripts/setup.sh          # what `make demo`, `make test` and `make lab` run first
 # A second run only checks and takes a few seconds: apt runs only for missing
 # packages, pip only when pyproject.toml changed since the last install.
+# One line per step; what apt and pip say goes to .setup.log (its tail is shown
+# if a step fails).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 top=$PWD
+log=$top/.setup.log
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+# run CMD...: its output into the log. The log holds the last run that had
+# something to install (a second run, which installs nothing, keeps it).
+logged=0
+run() {
+  if [ "$logged" = 0 ]; then
+    printf '# scripts/setup.sh, %s\n' "$(date -u +%FT%TZ)" > "$log"
+    logged=1
+  fi
+  printf '\n$ %s\n' "$*" >> "$log"
+  local status=0
+  "$@" >> "$log" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then
+    printf 'setup: error: `%s` failed (exit %d); the end of %s:\n' "$*" "$status" "$log" >&2
+    tail -n 20 "$log" | sed 's/^/  /' >&2
+    exit 1
+  fi
+}
 
 [ "$(id -u)" -eq 0 ] || die "run as root (BPF and network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
 command -v dpkg >/dev/null || die "this set-up needs a Debian-based system (dpkg/apt); see environment.yml for conda"
@@ -46,10 +66,11 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
       "$mirror" /usr/share/keyrings/debian-archive-keyring.gpg > /etc/apt/sources.list.d/vtap-lab-backports.sources
     say "added bookworm-backports from $mirror (for ${missing_bp[*]})"
   fi
-  apt-get update -q
+  say "updating apt's package lists (output in $log)"
+  run apt-get update -q
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    run apt-get install -y -q --no-install-recommends "${missing[@]}"
     # nginx and haproxy start a system daemon on the root namespace's port 80; the
     # lab runs its own, in its namespaces, and leaves the root namespace alone.
     for svc in "${services[@]}"; do
@@ -64,7 +85,7 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
   fi
   if [ ${#missing_bp[@]} -gt 0 ]; then
     say "installing from bookworm-backports: ${missing_bp[*]}"
-    apt-get install -y -q --no-install-recommends -t bookworm-backports "${missing_bp[@]}"
+    run apt-get install -y -q --no-install-recommends -t bookworm-backports "${missing_bp[@]}"
     # Debian enables a system Suricata on the root namespace's eth0; the lab runs its own,
     # in its namespaces, and a second IDS on the host would take CPU from every benchmark.
     if command -v systemctl >/dev/null && systemctl is-enabled suricata >/dev/null 2>&1; then
@@ -101,16 +122,23 @@ fi
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0)' 2>/dev/null; then
   say "creating .venv from /usr/bin/python3 (with system site packages, for bcc)"
   rm -rf .venv
-  /usr/bin/python3 -m venv --system-site-packages .venv
+  run /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 stamp=.venv/.installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  say "installing the project and its Python dependencies into .venv (editable)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,notebooks]"
+  say "installing the project and its Python dependencies into .venv (editable; output in $log)"
+  run .venv/bin/python -m pip install --upgrade pip
+  run .venv/bin/python -m pip install -e ".[test,notebooks]"
   echo "$want" > "$stamp"
 fi
+
+# --- the Jupyter kernel ----------------------------------------------------------
+# Notebooks run on "eBPF vTAP Lab" (ebpf-vtap-lab): .venv's python, where bcc and
+# the project import. Registered inside .venv (jupyter's --sys-prefix), so that
+# `.venv/bin/jupyter kernelspec list` shows it; it says a line only when it did.
+said=$(.venv/bin/python -m lab.jupyter --register-only) || die "registering the Jupyter kernel failed (see above)"
+[ -z "$said" ] || say "${said#lab jupyter: }"
 
 # --- check ---------------------------------------------------------------------
 .venv/bin/python - <<'EOF' || die "the environment does not work; see the error above"

@@ -118,13 +118,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def execute_notebook(path, env):
-    """A notebook run as Jupyter runs it (an ipykernel, from the repository root)
-    with `env` set for the kernel; returns the executed notebook."""
+    """A notebook run as Jupyter runs it (the kernel its metadata names, the
+    project's own as `make lab` registers it; from the repository root) with
+    `env` set for the kernel; returns the executed notebook."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3",
+        NotebookClient(nb, timeout=600, kernel_name=nb.metadata.kernelspec.name,
                        resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
         for k, v in old.items():

@@ -94,11 +94,12 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tb1):
     (["--monitor", "mon0", "--sample", "x"], "argument --sample: invalid int value: 'x'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_attaches_nothing(tb1, args, message):
-    """Everything wrong with the command as given exits 2 (argparse's rule too)."""
+    """Everything wrong with the command as given exits 2 (argparse's rule too),
+    with one line: argparse's errors too, without its usage."""
     before = tc.hook_snapshot(tb1.ns("receiver"))
     r = vtap(tb1, *args)
     assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("usage:") and not ln.startswith("  ")]
+    lines = r.stderr.splitlines()
     assert len(lines) == 1 and (lines[0].startswith("vtap: error: ")), r.stderr
     assert message in r.stderr
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
@@ -422,3 +423,72 @@ def test_a_signal_before_attaching_detaches_cleanly(tb1, sig):
     assert proc.returncode == 0 and err == "", err
     assert '"attached"' not in out  # it stopped before attaching (the compile alone takes far longer)
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
+
+
+# --- every command line's errors, as given (no testbed: they stop before anything runs) ----------
+
+def in_empty_netns(*argv, timeout=60):
+    """The command in a network namespace of its own, empty but for lo (down):
+    whatever it would do, it does nothing to the machine's."""
+    return subprocess.run(["unshare", "--net", sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["-m", "vtap", "--direction", "sideways"],
+     "vtap: error: argument --direction: invalid choice: 'sideways' (choose from 'ingress', 'egress', 'both')"),
+    (["-m", "vtap", "--match", "foo"], "vtap: error: argument --match: invalid choice: 'foo'"),
+    (["-m", "vtap", "--monitor", "mon0", "--frobnicate"], "vtap: error: unrecognized arguments: --frobnicate"),
+    (["-m", "lab", "redirect", "--action", "sideways"],
+     "python -m lab redirect: error: argument --action: invalid choice: 'sideways'"),
+    (["-m", "lab", "lb", "--mode", "foo"], "python -m lab lb: error: argument --mode: invalid choice: 'foo'"),
+    (["-m", "lab", "lb", "--health-check", "http"], "python -m lab lb: error: argument --health-check: invalid choice"),
+    (["-m", "lab", "bench", "redirect", "--workload", "x"], "lab bench: error: argument --workload: invalid choice: 'x'"),
+    (["-m", "lab", "bench", "lb", "--napi", "x"], "lab bench: error: argument --napi: invalid choice: 'x'"),
+    (["-m", "lab", "bench", "vtap-throughput", "--generator", "x"], "lab bench: error: argument --generator: invalid"),
+    (["-m", "lab", "bench", "ids", "--trials", "x"], "lab bench: error: argument --trials: invalid int value: 'x'"),
+    (["-m", "lab", "bench", "nosuch"], "lab bench: error: argument bench: invalid choice: 'nosuch'"),
+    (["-m", "lab", "frobnicate"], "lab: error: argument cmd: invalid choice: 'frobnicate'"),
+    (["-m", "lab", "demo", "--count", "0"], "lab: error: --count must be between 1 and 100000"),
+    (["-m", "lab", "jupyter", "--port", "x"], "lab jupyter: error: argument --port: invalid int value: 'x'"),
+    (["-m", "lab", "jupyter", "--port", "70000"], "lab jupyter: error: --port must be from 1 to 65535, not 70000"),
+])
+def test_argparse_errors_are_one_line_exit_2(argv, error):
+    """argparse printed its usage (six lines and more) before the error; every
+    tool says its errors in one line, named as in its other errors."""
+    r = in_empty_netns(*argv)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(error), r.stderr
+
+
+@pytest.mark.parametrize("tool, args, ignored", [
+    (["vtap"], ["--monitor", "mon0"], "--monitor"),
+    (["vtap"], ["--all", "--json", "--direction", "both"], "--direction, --json"),
+    (["vtap"], ["--ebpf"], "--ebpf"),
+    (["lab", "redirect"], ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], "--iface, --rule"),
+    (["lab", "redirect"], ["--all", "--duration", "5"], "--duration"),
+    (["lab", "lb"], ["--service", "tcp:1.2.3.4:80", "--interval", "2"], "--service, --interval"),
+    (["lab", "lb"], ["--mode", "dsr"], "--mode"),
+])
+def test_cleanup_refuses_the_options_it_would_ignore(tool, args, ignored):
+    """`vtap --cleanup --monitor mon0` cleaned up and said nothing of --monitor:
+    the user may have meant something else. --cleanup takes --all only."""
+    name = "vtap" if tool == ["vtap"] else f"python -m lab {tool[1]}"
+    r = in_empty_netns("-m", *tool, "--cleanup", *args)
+    assert (r.returncode, r.stdout) == (2, ""), r.stdout + r.stderr
+    assert r.stderr == f"{name}: error: --cleanup takes no option but --all; it would ignore {ignored}\n"
+
+
+@pytest.mark.parametrize("tool, name", [(["vtap"], "vtap"), (["lab", "redirect"], "redirect"), (["lab", "lb"], "lb")])
+def test_cleanup_with_all_still_runs(tool, name):
+    r = in_empty_netns("-m", *tool, "--cleanup", "--all")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == f"{name}: nothing to clean up in this namespace\n"
+
+
+def test_no_route_to_a_backend_is_said_in_words():
+    """A NetlinkError's str() is its tuple: "no route to backend 198.18.2.2
+    ((101, 'Network is unreachable'))"."""
+    r = in_empty_netns("-m", "lab", "redirect", "--iface", "lo", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083")
+    assert r.returncode == 2
+    assert r.stderr == "python -m lab redirect: error: no route to backend 198.18.2.2 (Network is unreachable)\n"

@@ -2,6 +2,7 @@
 a lab namespace (lab.ids), and `python -m lab bench ids` on Testbed 3."""
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -173,7 +174,18 @@ def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
     assert len(sigs) == 2 * 2 * len(truth)
     for (_, who, sid), g in sigs.groupby(["cpu_quota_pct", "ids", "sid"], dropna=False):
         assert list(g["alerts"]) == list(g["expected"]) == [truth[sid]], (who, sid)
-    assert "expected" in r.stdout  # the summary table
+    # the summary table: a row per quota, each IDS's trials whose alerts are exactly the truth
+    table = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(table) if "expected" in ln and "|" in ln)
+    assert table[head].count("correct") == 2
+    rows = [ln for ln in table[head + 1:] if "|" in ln]
+    assert len(rows) == 2 and all(ln.count(" 1/1 ") == 2 for ln in rows), rows
+    # the sidecar records --loop as given (it said 1: tcpreplay's loop count)
+    params = json.loads(next(tmp_path.glob("ids-*.json")).read_text())["parameters"]
+    assert (params["loop"], params["repetitions"], params["tcpreplay_loop"]) == (2, 2, 1)
+    # the progress bar numbers trials as the CSV does, from 0 (it said t1 for the CSV's trial 0)
+    assert set(df["trial"]) == {0}
+    assert set(re.findall(r"trial (\d+)", r.stderr)) == {"0"}, r.stderr
 
 
 def test_users_pcap_truth_and_watch_list(tmp_path):

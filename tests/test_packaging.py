@@ -15,6 +15,7 @@ import email.parser
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,17 +48,24 @@ def _repo_packages():
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(wheel path, scratch venv's python, its site-packages, a cwd outside the repo)."""
+def built(tmp_path_factory):
+    """(the wheel, what its build said: pip -v shows setuptools' warnings)."""
     for module in ("pip", "setuptools"):
         require(importlib.util.find_spec(module), f"{module} in the project venv")
-    tmp = tmp_path_factory.mktemp("packaging")
+    tmp = tmp_path_factory.mktemp("build")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=NOT_SOURCES)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", tmp / "wheels", src])
+    r = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
+              "-w", tmp / "wheels", src])
     wheel, = (tmp / "wheels").glob("*.whl")
+    return wheel, r.stdout + r.stderr
 
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory):
+    """(wheel path, scratch venv's python, its site-packages, a cwd outside the repo)."""
+    wheel, _ = built
+    tmp = tmp_path_factory.mktemp("packaging")
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     venv = tmp / "venv"
     # --without-pip: the project venv's pip installs into it (pip --python), which
@@ -79,10 +87,23 @@ def test_wheel_holds_every_package_and_the_c_sources(installed):
         assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} is not in the wheel"
     c_files = sorted(p.name for p in (ROOT / "ebpf").iterdir() if p.suffix in (".c", ".h"))
     assert c_files and all(f"ebpf/{n}" in names for n in c_files)
+    headers = sorted(p.name for p in (ROOT / "ebpf" / "include").glob("*.h"))
+    assert headers and all(f"ebpf/include/{n}" in names for n in headers)   # what the programs #include
     rules = sorted(p.name for p in (ROOT / "lab" / "rules").glob("*.rules"))
     assert rules and all(f"lab/rules/{n}" in names for n in rules)   # the IDS bench's default ruleset
     assert "lab/traffic/openloop.c" in names                           # the LB bench's open-loop generator
     assert not any(n.startswith("tests/") for n in names)
+
+
+def test_the_build_warns_about_nothing(built):
+    """setuptools warned that the data directories (ebpf/include, lab/rules) were
+    "absent from the `packages` configuration" (and, in a later version, would
+    drop them), and that a TOML table for the license is deprecated."""
+    _, said = built
+    absent = re.findall(r"Package '[\w.]+' is absent from the `packages` configuration", said)
+    assert not absent, absent
+    warnings = sorted(set(re.findall(r"\w+Warning: .*", said)))   # BuildBackendWarning, SetuptoolsDeprecationWarning, ...
+    assert not warnings, "\n".join(warnings)
 
 
 def test_installed_wheel_imports_and_compiles_from_outside_the_repo(installed):

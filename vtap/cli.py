@@ -19,7 +19,8 @@ import time
 from ebpf.abi import VTAP
 from ebpf.errors import BpfError
 
-from .console import SIGNALS, UsageError, add_run_options, check_run_options, run_command, run_until_stopped, say, show_program, warn
+from .console import (SIGNALS, ArgumentParser, UsageError, add_run_options, check_run_options, run_command,
+                      run_until_stopped, say, show_program, warn)
 
 EXAMPLES = """\
 examples:
@@ -48,7 +49,7 @@ WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="vtap", description="Clone packets whose source or destination is on a watch-list "
         "to a monitor interface (eBPF at the TC clsact hook).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,15 +183,6 @@ def cleanup(a):
     return 0
 
 
-def monitor_name(tap, ifindex):
-    from ebpf import netdev
-    if not ifindex:
-        return None
-    with netdev.ipr(tap.netns) as ip:
-        dev = netdev.device(ip, ifindex)
-    return dev.name if dev else f"ifindex {ifindex}"
-
-
 def warn_at_start(tap):
     from ebpf import netdev
     with netdev.ipr(tap.netns) as ip:
@@ -202,14 +194,6 @@ def warn_at_start(tap):
         if f.runs_after:
             warn(f"{f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the vTAP; "
                  "frames they stop are not mirrored")
-    for o in tap.other_taps():
-        who = (f"vtap pid {', '.join(map(str, o.pids))} runs it" if o.live else
-               "left by a killed vtap: `vtap --cleanup` removes it")
-        mon = monitor_name(tap, o.entry.mirror_ifindex)
-        to = (f"to the same monitor {mon}: frames both match arrive there twice" if mon == tap.monitor else
-              f"to {mon}: frames both match are copied twice" if mon else
-              "(with --clone helper): frames both match are copied twice")
-        warn(f"{o.where} already has another vTAP filter ({who}) copying {to}")
 
 
 def monitor_news(state, tap, note=""):
@@ -257,6 +241,7 @@ def run(a):
         return cleanup(a)
     tap = TcMirror(monitor=a.monitor, watch=watch_list(a), match=a.match, sample=a.sample, clone=a.clone,
                    watch_max=a.watch_max, source=a.program)
+    tap.warn = warn  # its notes (another vTAP on a hook it taps) as this command's warnings
     if a.iface:
         ifaces = a.iface
         for ifname in ifaces:  # all names checked before anything is attached

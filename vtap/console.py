@@ -4,9 +4,11 @@ as a request to stop.
 
 Exit statuses (vtap, python -m lab redirect): 0 when the run was stopped (its
 duration, Ctrl-C, SIGTERM, SIGHUP, its output closed); 2 when the command as
-given cannot run (UsageError, ebpf.InputError); 1 when it was tried and failed.
+given cannot run (UsageError, ebpf.InputError, argparse's errors); 1 when it was
+tried and failed.
 """
 
+import argparse
 import os
 import select
 import signal
@@ -16,6 +18,27 @@ import time
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with its errors said as the tools say theirs: one line,
+    `NAME: error: MESSAGE`, exit status 2. (argparse's own print the usage first,
+    six lines and more, and the error itself last.) `error_name` is how the tool
+    calls itself in its other errors; the parsers of subcommands (add_parser)
+    are of this class too, and take it as a keyword."""
+
+    def __init__(self, *args, error_name=None, **kw):
+        super().__init__(*args, **kw)
+        self.error_name = error_name
+
+    def error(self, message):
+        self.exit(2, f"{self.error_name or self.prog}: error: {message}\n")
+
+    def options_given(self, a) -> list[str]:
+        """The options of namespace `a` whose value is not their default: those
+        given on the command line, but for one given its default value."""
+        return [act.option_strings[-1] for act in self._actions
+                if act.option_strings and getattr(a, act.dest, act.default) != act.default]
 
 
 class Stop(Exception):
@@ -97,8 +120,7 @@ def quiet_stdout():
 
 def add_run_options(p, cleans):
     """The options every command line that runs a program shares, in its words:
-    `cleans` says what --cleanup removes."""
-    import argparse
+    `cleans` says what --cleanup removes. `p` is an ArgumentParser of this module."""
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds between counter lines (default 1)")
     p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
@@ -108,6 +130,8 @@ def add_run_options(p, cleans):
     p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running ones too")
     # For developers: print the C text as it will be compiled.
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    # --cleanup refuses the options it would ignore, so it must see what was given
+    p.set_defaults(options_given=p.options_given)
 
 
 def check_run_options(a):
@@ -115,6 +139,11 @@ def check_run_options(a):
     import math
     if a.all and not a.cleanup:
         raise UsageError("--all goes with --cleanup")
+    if a.cleanup:  # it removes leftovers and reads no other option: one given was meant for a run
+        ignored = [o for o in a.options_given(a) if o not in ("--cleanup", "--all")]
+        if ignored:
+            raise UsageError(f"--cleanup takes no option but --all; it would ignore {', '.join(ignored)}")
+        return
     if not (math.isfinite(a.interval) and a.interval > 0):
         raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
     if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):

@@ -77,7 +77,7 @@ def run(sizes, gens, trials, duration, out=None, cpu=0, progress=True):
                              "received_pps": got / rep.seconds,
                              "received_mbps": got * size * 8 / rep.seconds / 1e6})
                 if bar:
-                    bar.step(f"{name} {size}B trial {trial + 1}")
+                    bar.step(f"{name} {size}B trial {trial}")
         finally:
             for g in sources.values():
                 g.close()

@@ -159,6 +159,7 @@ class Workload:
         if a.loop is not None and not 1 <= a.loop <= attacks.MAX_REPETITIONS:
             raise ValueError(f"--loop {a.loop} is outside 1..{attacks.MAX_REPETITIONS}")
         self.own = a.pcap is None
+        self.loop_given = a.loop  # for the sidecar: --loop as the user gave it (None: the default)
         self.home_net = parse_nets(a.home_net or (attacks.HOME_NET if self.own else "any"), "--home-net")
         self.watch = parse_nets(a.watch, "--watch").split(",") if a.watch else None
         if self.own:
@@ -307,13 +308,16 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True):
                 r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial))
                 rows.append({"trial": trial, **r})
                 sig_rows += [{"trial": trial, **s} for s in sigs]
-                if bar:
-                    bar.step(f"{rate} Mbps quota {quota or 'none'} t{trial + 1}")
+                if bar:  # the trial as the CSV numbers it, from 0
+                    bar.step(f"{rate} Mbps quota {quota or 'none'} trial {trial}")
     df = columns_first(rows, COLUMNS)
     sig_df = columns_first(sig_rows, SIG_COLUMNS)
     params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus),
               "pcap": None if work.own else str(work.pcap), "rules": str(work.rules), "home_net": work.home_net,
-              "watch": work.watch, "loop": work.loop, "repetitions": work.repetitions, "seed": work.seed,
+              # loop: --loop as given (own traffic: repetitions of the mix; a pcap: tcpreplay's
+              # loop count); tcpreplay_loop: what tcpreplay was told (1 for own traffic)
+              "watch": work.watch, "loop": work.loop_given, "tcpreplay_loop": work.loop,
+              "repetitions": work.repetitions, "seed": work.seed,
               "pcap_frames": work.frames, "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": work.truth_source}
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
@@ -370,15 +374,23 @@ def print_summary(df, stream=sys.stdout):
     if failed:
         stream.write(f"\nwarning: tcpreplay could not send {failed} frames (packets_failed in the CSV): "
                      "what the IDSes saw is less than the pcap\n")
-    stream.write("\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata\n")
-    stream.write(f"  {'quota':>6} {'rate':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} | "
-                 f"{'monitor alerts':>22} {'drop %':>6} | {'expected':>8}\n")
+    stream.write("\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata;\n"
+                 "correct = trials whose alerts equal the expected ones, signature by signature\n")
+    stream.write(f"  {'quota':>6} {'rate':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} {'correct':>7} | "
+                 f"{'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n")
     df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
     for (q, rate), g in df.groupby(["q", "rate"], sort=False):
         def span(col):
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
         exp = g["expected_alerts"].iloc[0]
         stream.write(f"  {q:>6} {rate:>6} {g['achieved_mbps'].median():6.1f} | {span('receiver_alerts'):>22} "
-                     f"{100 * g['receiver_drop_rate'].median():6.2f} | {span('monitor_alerts'):>22} "
-                     f"{100 * g['monitor_drop_rate'].median():6.2f} | "
-                     f"{'' if pd.isna(exp) else int(exp):>8}\n")
+                     f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
+                     f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
+                     f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n")
+
+
+def correct(column):
+    """Trials correct of those judged, as "2/3"; empty without expected alerts
+    (a pcap of the user's with --loop, where nothing is known to expect)."""
+    judged = column.dropna()
+    return f"{int(judged.astype(bool).sum())}/{len(judged)}" if len(judged) else ""

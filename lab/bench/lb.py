@@ -275,7 +275,7 @@ def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=10
                     "trial": trial, "percentile": q, "latency_ms": v} for q, v in zip(QUANTILES, qs))
         if bar:
             what = f"{c} conns" if loop == "closed" else f"{load:g} %"
-            bar.step(f"{name} {loop} {what} trial {trial + 1}")
+            bar.step(f"{name} {loop} {what} trial {trial}")
 
     with tb:
         webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)

@@ -145,7 +145,7 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
                 for s in cpu.samples().to_dict("records"):
                     seconds_rows.append({"method": m.name, "mode": m.mode or "", "trial": trial, **s})
                 if bar:
-                    bar.step(f"{m.label} trial {trial + 1}")
+                    bar.step(f"{m.label} trial {trial}")
         finally:
             close_all(methods)
     df = columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
@@ -199,7 +199,7 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                              "family": family, "vip": vip, "translated": r["method"].get("translated", 0),
                              "sender_csum": csum})
                 if bar:
-                    bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} t{trial + 1}")
+                    bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} trial {trial}")
         finally:
             close_all(gens, methods)
     df = columns_first(rows, COLUMNS)

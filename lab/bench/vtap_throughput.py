@@ -140,7 +140,7 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                     m = rig.run(gens[size], peers[name], seconds=duration, rate_pps=rate_pps)
                     rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu, rate_pps))
                     if bar:
-                        bar.step(f"tb{tb_no} {name} {size}B trial {trial + 1}")
+                        bar.step(f"tb{tb_no} {name} {size}B trial {trial}")
             finally:
                 close_all(gens, peers)
     df = columns_first(rows, COLUMNS)

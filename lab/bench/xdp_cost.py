@@ -140,7 +140,7 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                              "ns_per_run": (t1 - t0) / runs if runs else None, "offered_pps": rate,
                              "duration_s": round(rep.seconds, 3), "sent_packets": rep.packets})
                 if bar:
-                    bar.step(f"{name} {csum} {size}B t{trial}")
+                    bar.step(f"{name} {csum} {size}B trial {trial}")
         finally:
             close_all(gens, progs)
     df = columns_first(rows, COLUMNS)

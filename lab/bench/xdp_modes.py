@@ -171,7 +171,7 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
                              "sent_packets": rep.packets, "sender_dropped": rep.dropped, "handled_packets": handled,
                              "delivered_packets": delivered})
                 if bar:
-                    bar.step(f"{peer.name} {size}B {rate or 'max'} t{trial + 1}")
+                    bar.step(f"{peer.name} {size}B {rate or 'max'} trial {trial}")
         finally:
             close_all(gens, peers)
     df = columns_first(rows, COLUMNS)  # offload rows alone lack most columns

@@ -209,12 +209,12 @@ class BpfProgram:
     def attach_xdp(self, function: str, ifname: str, netns=None, mode="native"):
         """Attach `function` to ifname's XDP hook (refused if a program is there),
         in mode native, generic or offload (see xdp.py)."""
+        fn = self._load_offloaded(function, ifname, netns) if mode == "offload" else self.load(function, "XDP")
+        self._tell_skb_mode(mode)  # first: a second mode is refused for what it is, wherever
         for a in self._xdp:
             if a.ifname == ifname and a.netns == netns:
                 raise InputError(f"{type(self).__name__} is already attached to {a.where}: nothing changed "
                                  "(detach or close() it first)")
-        fn = self._load_offloaded(function, ifname, netns) if mode == "offload" else self.load(function, "XDP")
-        self._tell_skb_mode(mode)
         with interrupts.held():
             a = xdp.attach(netns, ifname, fn.fd, mode)
             self._xdp.append(a)

@@ -105,8 +105,9 @@ class Sampler:
     async def arun(self, seconds):
         """run() without blocking the caller's event loop: `await` it in a
         notebook cell, or beside traffic in asyncio.gather()."""
-        import asyncio
-        await asyncio.to_thread(self._run, seconds)
+        from .awaitable import in_thread
+        self._stop.clear()
+        await in_thread(self._run, seconds, stop=self._stop)
         return self.rates
 
     def start(self, seconds=MAX_SECONDS):

@@ -154,22 +154,24 @@ class Testbed(_Built):
             self._marker = Marker()
         return self._marker
 
-    def send(self, flows, rate_pps=None, max_seconds=None):
+    def send(self, flows, rate_pps=None, max_seconds=None, stop=None):
         """Send lab.Flow(s) from the sender to the receiver, each frame once and
         marked (capture() counts them by flow name); paced to rate_pps when
         given, bounded in packets and seconds. Returns a SendReport (packets,
-        bytes, seconds, pps)."""
+        bytes, seconds, pps). `stop`: a threading.Event that ends it early."""
         from .traffic import MAX_SECONDS, build, send_frames
         flows = [flows] if not isinstance(flows, (list, tuple)) else list(flows)
         frames = build(flows, self.marker, self.sender_mac, self.next_hop_mac)
         return send_frames(self.ns(self.sender), self.sender_iface, frames, rate_pps=rate_pps,
-                           max_seconds=max_seconds or MAX_SECONDS)
+                           max_seconds=max_seconds or MAX_SECONDS, stop=stop)
 
     async def asend(self, flows, rate_pps=None, max_seconds=None):
         """send() without blocking the caller's event loop (a notebook's top-level
         `await`, e.g. beside `await Sampler(tap).arun(3)` in asyncio.gather)."""
-        import asyncio
-        return await asyncio.to_thread(self.send, flows, rate_pps, max_seconds)
+        import threading
+        from .awaitable import in_thread
+        stop = threading.Event()  # set when the cell is interrupted: the send ends too
+        return await in_thread(self.send, flows, rate_pps, max_seconds, stop, stop=stop)
 
     def capture(self, host=None, ifname=None, direction="in"):
         """A Capture (use it in a `with` block) that counts this testbed's

@@ -107,10 +107,26 @@ def test_kernel_registration_is_idempotent(tmp_path):
 
 
 def test_allow_root_only_as_root():
-    probe = "from lab.jupyter import server_argv; print('--allow-root' in server_argv(8888, '/'))"
-    as_root = subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PY, "-c", probe],
-                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+    """Jupyter refuses root without --allow-root; a user gets no such flag. The
+    module is run from a copy any user can read (a clone may be root's alone)."""
+    import shutil
+    import tempfile
+    tmp_path = Path(tempfile.mkdtemp(prefix="vtl-jupyter-"))
+    tmp_path.chmod(0o755)
+    shutil.copy(ROOT / "lab" / "jupyter.py", tmp_path / "labjupyter.py")
+    (tmp_path / "labjupyter.py").chmod(0o644)
+    try:
+        _allow_root_as_root_only(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _allow_root_as_root_only(tmp_path):
+    probe = "from labjupyter import server_argv; print('--allow-root' in server_argv(8888, '/'))"
+    as_root = subprocess.run(["/usr/bin/python3", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=60)
+    as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (as_root.stdout, as_nobody.stdout) == ("True\n", "False\n"), as_root.stderr + as_nobody.stderr
 
 

@@ -344,7 +344,21 @@ def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
         km.interrupt_kernel()
         reply = kc._recv_reply(msg_id, timeout=30)
         assert reply["content"]["status"] == "ok"  # live() ends at the interrupt, quietly
+        # an awaited sampler beside paced traffic: both end with the cell
+        msg_id = kc.execute("import asyncio\nfrom lab import Sampler\n"
+                            "await asyncio.gather(Sampler(tap, interval=0.2).arun(60), "
+                            "tb.asend(Flow('w', tb.src4, tb.dst4, count=1500), rate_pps=150))")
+        time.sleep(6)
+        km.interrupt_kernel()
+        reply = kc._recv_reply(msg_id, timeout=30)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] in (
+            "KeyboardInterrupt", "CancelledError")
         kc.execute_interactive(
+            "import time\nc0 = tap.counters()['seen']; time.sleep(1.5); c1 = tap.counters()['seen']\n"
+            "print('after the interrupt', c1 - c0, 'frames in 1.5 s; sent before it', c0)",
+            timeout=60, output_hook=hook)
+        kc.execute_interactive(
+            "tap.reset_counters()\n"
             "with tb.capture() as mon:\n    tb.send(Flow('w', tb.src4, tb.dst4, count=40))\n"
             "print('interrupted', view.interrupted, 'hooks', tap.hooks(), 'mon', dict(mon.counts))\n"
             "tap.close(); tb.close(); print('closed', tap.hooks())", timeout=120, output_hook=hook)
@@ -352,6 +366,8 @@ def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
         assert "ERROR" not in text, text
         assert "interrupted True hooks ['eth0 ingress (tc) in netns vtl-" in text and "mon {'w': 40}" in text, text
         assert "closed []" in text
+        stopped = re.search(r"after the interrupt (\d+) frames in 1.5 s; sent before it (\d+)", text)
+        assert stopped and int(stopped.group(1)) == 0 and 0 < int(stopped.group(2)) < 1500, text
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -149,9 +149,10 @@ def packet_socket(ns, ifname, proto=0):
     return s
 
 
-def send_frames(ns, ifname, frames, rate_pps=None, max_seconds=MAX_SECONDS) -> SendReport:
+def send_frames(ns, ifname, frames, rate_pps=None, max_seconds=MAX_SECONDS, stop=None) -> SendReport:
     """Send every frame once from ns/ifname, optionally paced to rate_pps.
-    Bounded: stops at max_seconds even if frames remain. Reports what was sent."""
+    Bounded: stops at max_seconds even if frames remain, and when `stop` (a
+    threading.Event) is set. Reports what was sent."""
     if len(frames) > MAX_PACKETS:
         raise ValueError(f"{len(frames)} frames is over the lab's bound of {MAX_PACKETS}")
     sent = nbytes = 0
@@ -164,7 +165,7 @@ def send_frames(ns, ifname, frames, rate_pps=None, max_seconds=MAX_SECONDS) -> S
                 now = time.monotonic()
                 if due > now:
                     time.sleep(due - now)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 break
             while True:
                 try:

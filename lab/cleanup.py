@@ -10,16 +10,13 @@ import os
 import shutil
 
 from . import balancers, daemons, ids, netns, webservers  # noqa: F401 (their daemons register for cleanup)
+from .leftovers import owner_alive
 from .topology import RUN_DIR, orphaned_run_dirs
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
 
 def _owner_alive(run_id):
-    try:
-        pid = int((RUN_DIR / f"{run_id}.pid").read_text())
-    except (FileNotFoundError, ValueError):
-        return False
-    return pid != os.getpid() and netns.alive(pid)
+    return owner_alive(run_id)
 
 
 def cleanup(all_runs=False) -> list[str]:
@@ -71,7 +68,9 @@ def _peer_programs() -> list[str]:
     return removed
 
 
-def live_runs() -> list[str]:
-    """Run ids whose owner is still alive (what cleanup skipped)."""
+def live_runs(others=True) -> list[str]:
+    """Run ids whose owner is still alive (what cleanup skipped); others: not
+    those of this process."""
+    from .topology import LIVE_RUNS
     run_ids = {n[len(netns.PREFIX):].split("-", 1)[0] for n in netns.lab_namespaces()}
-    return sorted(i for i in run_ids if _owner_alive(i))
+    return sorted(i for i in run_ids if _owner_alive(i) and not (others and i in LIVE_RUNS))

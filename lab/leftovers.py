@@ -23,17 +23,25 @@ def _owner(run_id):
         return None
 
 
+def owner_alive(run_id) -> bool:
+    """Whether the process that built run `run_id` still runs it. A run file
+    naming this very process counts only for a topology it has built and not
+    torn down (its pid may be a dead owner's, reused)."""
+    from .topology import LIVE_RUNS
+    pid = _owner(run_id)
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return run_id in LIVE_RUNS
+    return netns.alive(pid)
+
+
 def dead_runs() -> dict[str, list[str]]:
     """{run id: its namespaces} of lab runs whose owning process is gone."""
     runs = {}
     for name in netns.lab_namespaces():
         runs.setdefault(name[len(netns.PREFIX):].split("-", 1)[0], []).append(name)
-    dead = {}
-    for run_id, names in runs.items():
-        pid = _owner(run_id)
-        if pid is None or (pid != os.getpid() and not netns.alive(pid)):
-            dead[run_id] = names
-    return dead
+    return {run_id: names for run_id, names in runs.items() if not owner_alive(run_id)}
 
 
 def notice(out=None) -> str | None:

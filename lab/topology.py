@@ -28,6 +28,7 @@ from ebpf import netdev
 from . import netns
 from .netns import LabError
 
+LIVE_RUNS: set[str] = set()  # run ids this process has built and not torn down (lab.leftovers)
 V4_POOL = ipaddress.ip_network("198.18.0.0/15")
 V6_POOL = ipaddress.ip_network("2001:2::/48")
 RUN_DIR = Path("/run/vtap-lab")
@@ -181,6 +182,7 @@ class Topology:
         from .leftovers import notice
         notice()  # before our own namespaces exist: a dead run's are said once, never ours
         self._built = True
+        LIVE_RUNS.add(self.run_id)
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         (RUN_DIR / f"{self.run_id}.pid").write_text(f"{os.getpid()}\n")
         self._owner_pid = os.getpid()
@@ -343,6 +345,7 @@ class Topology:
             except (LabError, OSError, NetlinkError) as e:
                 errors.append(f"{h.ns}: {netdev.reason(e)}")
         (RUN_DIR / f"{self.run_id}.pid").unlink(missing_ok=True)
+        LIVE_RUNS.discard(self.run_id)
         atexit.unregister(self._teardown_at_exit)
         if errors:
             raise LabError("teardown left: " + "; ".join(errors))

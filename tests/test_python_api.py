@@ -282,19 +282,21 @@ def test_a_dead_runs_leftovers_are_said_once_with_what_removes_them(capsys):
     try:
         assert run_id in dead_runs() and len(dead_runs()[run_id]) == 3
         capsys.readouterr()
-        with Topology("after") as topo:
-            topo.add_host("a")
-        err = capsys.readouterr().err.strip().splitlines()
-        said = [ln for ln in err if f"vtl-{run_id}-*" in ln]
-        assert len(said) == 1 and "3 namespaces" in said[0]
-        assert "python -m lab cleanup" in said[0] and "lab.remove_leftovers()" in said[0]
-        tap = TcMirror(monitor="lo")
-        tap.compile()  # a program starting says nothing new: said once
-        tap.close()
-        assert f"vtl-{run_id}-*" not in capsys.readouterr().err
-        removed = remove_leftovers()
-        assert sum(f"vtl-{run_id}-" in r for r in removed) == 3
-        assert run_id not in dead_runs() and not (RUN_DIR / f"{run_id}.pid").exists()
+        topo = Topology("after")
+        topo.add_host("a")
+        with topo:
+            err = capsys.readouterr().err.strip().splitlines()
+            said = [ln for ln in err if f"vtl-{run_id}-*" in ln]
+            assert len(said) == 1 and "3 namespaces" in said[0]
+            assert "python -m lab cleanup" in said[0] and "lab.remove_leftovers()" in said[0]
+            tap = TcMirror(monitor="lo")
+            tap.compile()  # a program starting says nothing new: said once
+            tap.close()
+            assert f"vtl-{run_id}-*" not in capsys.readouterr().err
+            removed = remove_leftovers()  # the dead run's, never this process's live one
+            assert sum(f"vtl-{run_id}-" in r for r in removed) == 3
+            assert not [r for r in removed if topo.prefix in r] and netns.exists(topo.ns("a"))
+            assert run_id not in dead_runs() and not (RUN_DIR / f"{run_id}.pid").exists()
     finally:
         for name in netns.lab_namespaces():
             if name.startswith(f"vtl-{run_id}-"):

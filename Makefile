@@ -4,7 +4,7 @@
 #   make lab    set up, then open JupyterLab on the notebooks (127.0.0.1 only; PORT=8890 to start elsewhere)
 PY := .venv/bin/python
 
-.PHONY: setup demo test lab cleanup
+.PHONY: setup demo test lab mutants cleanup
 setup:
 	@scripts/setup.sh
 
@@ -16,6 +16,11 @@ test: setup
 
 lab: setup
 	$(PY) -m lab jupyter $(if $(PORT),--port $(PORT))
+
+# Does the suite fail when the code is wrong? One-line mutants of the programs,
+# each run against the tests that cover it (about an hour; not part of `make test`).
+mutants: setup
+	$(PY) -m lab mutants $(if $(ONLY),--only $(ONLY))
 
 # Remove leftovers of crashed runs (lab namespaces, vTAP filters).
 cleanup:

@@ -1,4 +1,4 @@
-"""python -m lab {demo,bench,redirect,lb,jupyter,cleanup}: the lab's command line.
+"""python -m lab {demo,bench,redirect,lb,jupyter,mutants,cleanup}: the lab's command line.
 
     python -m lab demo
     python -m lab jupyter --port 8888
@@ -83,13 +83,15 @@ def _main(argv=None):
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
     for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
         bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench"))
-    from . import jupyter, lb, redirect
+    from . import jupyter, lb, mutants, redirect
     redirect.add_arguments(sub.add_parser("redirect", help="rewrite datagrams to a service so that they reach a "
                                           "backend (XDP), and back"))
     lb.add_arguments(sub.add_parser("lb", help="a layer-4 load balancer at the XDP hook (Maglev, conntrack, "
                                     "NAT or DSR)"))
     jupyter.add_arguments(sub.add_parser("jupyter", help="JupyterLab with the notebooks and the project's kernel, "
                                          "on 127.0.0.1 only", error_name="lab jupyter"))
+    mutants.add_arguments(sub.add_parser("mutants", help="one-line mutants of the programs: which test kills "
+                                         "each (not part of make test)", error_name="lab mutants"))
     c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs", error_name="lab")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
     a = p.parse_args(argv)
@@ -99,6 +101,8 @@ def _main(argv=None):
         return lb.main(a)
     if a.cmd == "jupyter":  # needs no root: the notebooks' code does, and says so
         return jupyter.main(a)
+    if a.cmd == "mutants":
+        return mutants.main(a)
 
     if os.geteuid() != 0:
         print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)

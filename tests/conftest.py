@@ -42,6 +42,15 @@ def _daemon_leftovers():
     return dirs | set(ids.lab_cgroups())
 
 
+def _another_live_owner(name):
+    run_id = name[len(netns.PREFIX):].split("-", 1)[0]
+    try:
+        pid = int((RUN_DIR / f"{run_id}.pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return pid != os.getpid() and netns.alive(pid)
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers():
     """Every test must leave no lab namespace behind (its own teardown's job),
@@ -49,7 +58,8 @@ def no_leftovers():
     line) or a Suricata cgroup."""
     before, daemon_files = set(netns.lab_namespaces()), _daemon_leftovers()
     yield
-    left = set(netns.lab_namespaces()) - before
+    # another live process's runs are its own (a second suite, a bench, a notebook): never ours to remove
+    left = {n for n in set(netns.lab_namespaces()) - before if not _another_live_owner(n)}
     for name in left:
         netns.remove(name)
     assert not left, f"test left namespaces behind: {sorted(left)}"

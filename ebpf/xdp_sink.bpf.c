@@ -3,9 +3,10 @@
  * The lab's packet sink: receivers and monitors in throughput runs count here,
  * at the first place a frame can be seen, so the stack's own cost never limits
  * what they can absorb. The same program, with another verdict, is the
- * simplest program of each kind the XDP-modes bench compares (seed 004): drop,
- * pass, send back (XDP_TX: out of the same device, nothing rewritten) and
- * redirect (XDP_REDIRECT to one other device, nothing rewritten).
+ * simplest program of each kind the XDP-modes bench compares (after the
+ * Cilium/SmartNIC benchmark note): drop, pass, send back (XDP_TX: out of the
+ * same device, nothing rewritten) and redirect (XDP_REDIRECT to one other
+ * device, nothing rewritten).
  * Needs kernel 4.8+ (XDP), 5.9+ for native XDP on veth receiving XDP_TX frames.
  * Built with -D SINK_VERDICT=XDP_DROP (default), XDP_PASS, XDP_TX or
  * XDP_REDIRECT, the last with -D SINK_REDIRECT_IFINDEX=<ifindex>.

@@ -1,5 +1,5 @@
 """Suricata in a lab namespace, listening on one interface: the IDS of the vTAP
-paper's Testbed 3 (seed 003, Table 3).
+paper's Testbed 3 (Table 3).
 
     >>> with Suricata(ns, "eth0", rules="lab/rules/vtap-lab.rules", cpu=1, quota_pct=50) as ids:  # doctest: +SKIP
     ...     ...                                # replay traffic

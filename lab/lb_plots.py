@@ -1,6 +1,6 @@
 """Figures and tables for the load-balancer notebook (04), from the CSVs of
 `python -m lab bench lb` (one row per run, and its lb_latency- companion with
-the latency percentiles of each run), beside seeds 001 and 002.
+the latency percentiles of each run), beside the two load-balancer articles.
 
     >>> df, meta = metrics.read_results(csv)                     # doctest: +SKIP
     >>> lat = pd.read_csv(latency_path(csv))
@@ -39,7 +39,8 @@ def lbs(df):
 
 
 def seed001_latency() -> pd.DataFrame:
-    """Seed 001: k6 against each LB with VUS virtual users (RPS, P50)."""
+    """The article on a containerised XDP load balancer: k6 against each LB
+    with VUS virtual users (RPS, P50)."""
     return pd.read_csv(PAPER_DIR / "lb_seed001_latency.csv")
 
 
@@ -48,7 +49,8 @@ def seed001_resources() -> pd.DataFrame:
 
 
 def seed002() -> pd.DataFrame:
-    """Seed 002: plow -c 1000 -n 3000000 against a Go L7 proxy and the XDP LB."""
+    """The 'zero copy' XDP load balancer article: plow -c 1000 -n 3000000
+    against a Go L7 proxy and the XDP LB."""
     return pd.read_csv(PAPER_DIR / "lb_seed002_plow.csv")
 
 
@@ -77,10 +79,10 @@ def open_table(df) -> pd.DataFrame:
 
 
 def beside_seed(df) -> pd.DataFrame:
-    """Seed 001's RPS and P50 per LB and virtual users, ours at the same
-    connection count (closed loop, medians), and each LB's RPS relative to
-    nginx-l4 at that level (the seeds' comparison, which transfers across
-    machines better than absolute numbers)."""
+    """RPS and P50 per LB and virtual users from the article on a containerised
+    XDP load balancer, ours at the same connection count (closed loop,
+    medians), and each LB's RPS relative to nginx-l4 at that level (the seeds'
+    comparison, which transfers across machines better than absolute numbers)."""
     s = seed001_latency().rename(columns={"vus": "connections"})
     s["ours"] = s["lb"].map(SEED_NAMES)
     s = s[s["ours"].notna()]
@@ -96,10 +98,11 @@ def beside_seed(df) -> pd.DataFrame:
 
 
 def resources_beside_seed(df) -> pd.DataFrame:
-    """Seed 001's CPU (cores) and memory beside ours at the same connection
-    count (closed loop, medians): our LB's processes' CPU (the seeds' measure,
-    as far as their numbers tell) and memory. What the LB costs the machine in
-    all is in open_table() (lb_cpu_cores, at equal offered load)."""
+    """CPU (cores) and memory from the article on a containerised XDP load
+    balancer beside ours at the same connection count (closed loop, medians):
+    our LB's processes' CPU (the seeds' measure, as far as their numbers tell)
+    and memory. What the LB costs the machine in all is in open_table()
+    (lb_cpu_cores, at equal offered load)."""
     s = seed001_resources().rename(columns={"vus": "connections"})
     s["lb"] = s["lb"].map(SEED_NAMES)
     ours = _median(df[df["loop"] == "closed"], ["connections", "lb"], ["lb_proc_cores", "lb_mem_mb"])
@@ -125,7 +128,8 @@ def _bars(ax, d, key, value, levels, names, scale=1.0):
 
 def rps_per_lb(df):
     """Closed loop: RPS per LB at each connection count, median and min..max;
-    seed 001's numbers as hollow markers beside ours."""
+    the numbers of the article on a containerised XDP load balancer as hollow
+    markers beside ours."""
     d = df[df["loop"] == "closed"]
     levels = sorted(d["connections"].unique())
     names = lbs(d)
@@ -139,8 +143,8 @@ def rps_per_lb(df):
             rows = s[(s["lb"] == seed) & s["vus"].isin(levels)]
             x = np.array([levels.index(v) for v in rows["vus"]]) + (i - (len(names) - 1) / 2) * width
             ax.plot(x, rows["rps"] / 1000, "o", mfc="none", mec="black", ms=7,
-                    label="seed 001" if seed == "L2-XDP" else None)
-    ax.set_xlabel("connections (wrk; seed 001: k6 virtual users)")
+                    label="first load-balancer article" if seed == "L2-XDP" else None)
+    ax.set_xlabel("connections (wrk; first load-balancer article: k6 virtual users)")
     ax.set_ylabel("requests per second (thousands)")
     ax.set_title("Closed loop: RPS per load balancer")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

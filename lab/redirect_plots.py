@@ -269,7 +269,7 @@ def targets(rate: pd.DataFrame = None, transfer: pd.DataFrame = None, modes: pd.
     return pd.DataFrame(rows)
 
 
-# ---- seed 004: XDP modes ------------------------------------------------------
+# ---- the Cilium/SmartNIC benchmark note: XDP modes ----------------------------
 
 def _programs(d):
     present = set(d["program"])
@@ -277,10 +277,10 @@ def _programs(d):
 
 
 def modes_bars(df: pd.DataFrame, offered=None):
-    """Seed 004's Figure 1 on this machine: at one offered load (see _at_load),
-    per program the router core's busy % and its ns per handled packet, a bar
-    per mode (median, min..max). Offload, where the kernel refused it, is a
-    grey outline marked 'unavailable'."""
+    """Figure 1 of the Cilium/SmartNIC benchmark note on this machine: at one
+    offered load (see _at_load), per program the router core's busy % and its
+    ns per handled packet, a bar per mode (median, min..max). Offload, where
+    the kernel refused it, is a grey outline marked 'unavailable'."""
     d, offered = _at_load(df, offered)
     d = d.copy()
     d["cpu_busy"] = 100 - d["cpu_idle"]
@@ -337,7 +337,8 @@ def modes_ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_modes() -> pd.DataFrame:
-    """Seed 004's ratios, and what this machine said when offload was tried."""
+    """The Cilium/SmartNIC benchmark note's ratios, and what this machine said
+    when offload was tried."""
     return pd.read_csv(PAPER_DIR / "xdp_modes_cpu.csv")
 
 

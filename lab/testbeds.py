@@ -1,4 +1,4 @@
-"""The vTAP paper's testbeds (seed 003, Figure 4) as namespace topologies.
+"""The vTAP paper's testbeds (its Figure 4) as namespace topologies.
 
 Testbed 1: the vTAP runs on the receiver.
 
@@ -223,8 +223,9 @@ def pair(a="a", b="b", name="pair") -> Topology:
 
 @dataclass(repr=False)
 class RouterTestbed(_Shown):
-    """Seed 000's set-up: a client, a router (the device under test) that the
-    service address is routed to, and a server behind it in a namespace of its own.
+    """The set-up of the student report on netfilter vs XDP: a client, a router
+    (the device under test) that the service address is routed to, and a server
+    behind it in a namespace of its own.
 
         client eth0 ---- eth0 dut eth1 ---- eth0 server
         .1.1 / 1::1       .1.2 / 1::2        .2.1 / 2::1       .2.2 / 2::2
@@ -329,8 +330,8 @@ def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
 
 @dataclass(repr=False)
 class LbTestbed(_Shown):
-    """Seeds 001/002's set-up: clients, a load balancer and web servers on one
-    layer-2 segment, a bridge in a "switch" namespace joining them.
+    """The set-up of the two load-balancer articles: clients, a load balancer and
+    web servers on one layer-2 segment, a bridge in a "switch" namespace joining them.
 
         client eth0 --+                              +-- eth0 be1  .11 / ::11
         .10 / ::10    |-- [br0 in switch] --+-- eth0 lb  .2 / ::2, VIP .100 / ::100

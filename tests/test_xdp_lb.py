@@ -1,5 +1,5 @@
 """XdpLoadBalancer on the real kernel: HTTP from a client namespace through the
-LB (native XDP, XDP_TX on veth) to nginx backends, as in seeds 001/002."""
+LB (native XDP, XDP_TX on veth) to nginx backends, as in the two load-balancer articles."""
 
 import json
 import os

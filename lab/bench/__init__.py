@@ -7,10 +7,13 @@ A bench is a module of this package that defines NAME (its command), SUMMARY
 
     vtap_throughput.py   the vTAP paper's Tables 1-2: PPS/Mbps/CPU per frame size and mirror
     generators.py        our XDP generator against trafgen, at the ceiling, per frame size
-    redirect.py          seed 000: a UDP destination rewrite by netfilter, XDP or TC (file transfer, rate)
-    xdp_modes.py         seed 004: XDP drop, tx, redirect and forward in native, generic and offload mode
-    ids.py               seed 003 Table 3: Suricata at the receiver and at the vTAP's monitor
-    lb.py                seeds 001/002: the XDP load balancer against nginx, HAProxy and nftables
+    redirect.py          the student report on netfilter vs XDP: a UDP destination rewrite by netfilter,
+                         XDP or TC (file transfer, rate)
+    xdp_modes.py         the Cilium/SmartNIC benchmark note: XDP drop, tx, redirect and forward in native,
+                         generic and offload mode
+    ids.py               the vTAP paper's Table 3: Suricata at the receiver and at the vTAP's monitor
+    lb.py                the two load-balancer articles: the XDP load balancer against nginx, HAProxy
+                         and nftables
     xdp_cost.py          a program's own ns per packet (kernel BPF statistics), whole vs partial checksums
 """
 

@@ -1,4 +1,4 @@
-"""python -m lab bench ids: the vTAP paper's IDS experiment (seed 003, Table 3,
+"""python -m lab bench ids: the vTAP paper's IDS experiment (its Table 3,
 Figure 7) on Testbed 3: Suricata on the receiver, which gets the original
 traffic, and on the monitor, which gets the vTAP's copies.
 
@@ -46,7 +46,7 @@ from ..traffic.report import MAX_LOAD_SECONDS
 from .common import Progress, columns_first, interleaved, parse_list
 
 NAME = "ids"
-SUMMARY = "seed 003 Table 3: Suricata at the receiver and at the vTAP's monitor, alerts and drops per rate"
+SUMMARY = "the vTAP paper's Table 3: Suricata at the receiver and at the monitor, alerts and drops per rate"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EXAMPLES = """\
 examples:

@@ -1,6 +1,7 @@
-"""python -m lab bench lb: seeds 001 and 002, an XDP load balancer against nginx,
-HAProxy and nftables on the LB testbed (lab.testbeds.lb_testbed): a client,
-the LB and two nginx backends (one worker each, access log off) on a bridge.
+"""python -m lab bench lb: after the two load-balancer articles, an XDP load
+balancer against nginx, HAProxy and nftables on the LB testbed
+(lab.testbeds.lb_testbed): a client, the LB and two nginx backends (one worker
+each, access log off) on a bridge.
 
     client --- [br0] --- lb (the balancer under test, VIP 198.18.5.100:80)
                     +--- be1, be2 (nginx :8080)
@@ -51,7 +52,7 @@ from ..webservers import NginxServer
 from .common import Progress, columns_first, interleaved, parse_list
 
 NAME = "lb"
-SUMMARY = "seeds 001/002: the XDP load balancer against nginx, HAProxy and nftables (RPS, latency, CPU, memory)"
+SUMMARY = "the load-balancer articles: the XDP LB against nginx, HAProxy, nftables (RPS, latency, CPU)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EXAMPLES = """\
 examples:

@@ -1,6 +1,7 @@
-"""python -m lab bench redirect: seed 000's experiment (a UDP destination
-rewrite by netfilter or by XDP) against every method we have, on the router
-testbed (lab.testbeds.router_testbed, lab.rig.RouterRig).
+"""python -m lab bench redirect: the experiment of the student report on
+netfilter vs XDP (a UDP destination rewrite by netfilter or by XDP) against
+every method we have, on the router testbed (lab.testbeds.router_testbed,
+lab.rig.RouterRig).
 
 Two workloads:
   transfer  the seed's: a file (512 MB) sent over UDP to the service, 5 trials per
@@ -28,7 +29,7 @@ from ..traffic import GENERATORS
 from .common import FCS, Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
 
 NAME = "redirect"
-SUMMARY = "seed 000: UDP destination rewrite, netfilter vs XDP vs TC: transfer CPU and forwarding rate"
+SUMMARY = "the netfilter-vs-XDP report: a UDP destination rewrite; transfer CPU and forwarding rate"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EXAMPLES = """\
 examples:

@@ -1,4 +1,4 @@
-"""python -m lab bench vtap-throughput: the vTAP paper's experiment (seed 003,
+"""python -m lab bench vtap-throughput: the vTAP paper's experiment (its
 Tables 1-2, Figures 5-6) against every mirror we have.
 
 For each testbed x mirror x frame size x trial: the generator offers its ceiling

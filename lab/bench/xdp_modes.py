@@ -1,6 +1,7 @@
-"""python -m lab bench xdp-modes: seed 004's comparison of XDP's modes (generic,
-native, hardware offload), with the simplest program of each kind and with the
-redirect, on the router testbed (lab.testbeds.router_testbed, lab.rig.RouterRig).
+"""python -m lab bench xdp-modes: the Cilium/SmartNIC benchmark note's
+comparison of XDP's modes (generic, native, hardware offload), with the
+simplest program of each kind and with the redirect, on the router testbed
+(lab.testbeds.router_testbed, lab.rig.RouterRig).
 
 Programs, on the router's receiving interface:
   drop      count and XDP_DROP (the cheapest thing XDP does)
@@ -25,7 +26,7 @@ from ..traffic import GENERATORS
 from .common import Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
 
 NAME = "xdp-modes"
-SUMMARY = "seed 004: XDP generic vs native (vs offload): drop, tx, redirect, forward; pps and CPU"
+SUMMARY = "the Cilium/SmartNIC note: XDP generic vs native (vs offload): drop, tx, redirect, forward"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EXAMPLES = """\
 examples:

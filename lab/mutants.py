@@ -37,7 +37,7 @@ TIMEOUT = 1200  # seconds per test command: a mutant that hangs a test is killed
 
 # Which tests cover what: fast (golden fixtures through BPF_PROG_TEST_RUN, pure
 # Python) and functional (real traffic through namespaces). Each a pytest argument list.
-VTAP = (["tests/test_parsing.py"], ["tests/test_tc_mirror.py", "tests/test_hooks_and_errors.py"])
+VTAP = (["tests/test_parsing.py"], ["tests/test_tc_mirror.py", "tests/test_copy_path.py", "tests/test_hooks_and_errors.py"])
 HEADERS = (["tests/test_kernel_headers.py", "tests/test_redirect_fixtures.py", "tests/test_partial_csum.py",
             "tests/test_xdp_lb_fixtures.py", "tests/test_parsing.py"],
            ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
@@ -246,8 +246,10 @@ class Edited:
 
 
 def _failed_test(output: str) -> str | None:
+    """The first failing test's node id, from pytest's -rfE summary lines
+    ("FAILED tests/x.py::name[param with spaces] - message")."""
     for line in output.splitlines():
-        m = re.match(r"(FAILED|ERROR) (\S+)", line)
+        m = re.match(r"(FAILED|ERROR) (tests/.+?)(?: - .*)?$", line)
         if m:
             return m.group(2)
     return None
@@ -271,6 +273,26 @@ def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     return True, _failed_test(r.stdout) or f"pytest exit {r.returncode} ({' '.join(args)})", seconds
 
 
+def confirmed_run(args, root=ROOT, tries=3):
+    """run_tests(), with each kill confirmed: the failing test alone, run again
+    with the mutant in place, must fail again. One that passes then failed for
+    another reason (a flaky test: itself a defect, listed) and is deselected for
+    the next try. Returns (killed?, by, seconds, [flaky tests])."""
+    flaky, secs, deselect = [], 0.0, []
+    for _ in range(tries):
+        killed, by, s = run_tests([*args, *deselect], root)
+        secs += s
+        if not killed or not by.startswith("tests/"):
+            return killed, by, secs, flaky
+        again, _, s = run_tests([by], root)
+        secs += s
+        if again:
+            return True, by, secs, flaky
+        flaky.append(by)
+        deselect += ["--deselect", by]
+    return False, "", secs, flaky
+
+
 def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
     """Every mutant in turn; the table as CSV in out_dir, returned."""
     from .bench.common import Progress
@@ -284,19 +306,25 @@ def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
     rows = []
     bar = Progress(len(mutants)) if progress else None
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, ["mutant", "where", "what", "killed_by", "stage", "seconds"])
+        w = csv.DictWriter(f, ["mutant", "where", "what", "killed_by", "stage", "seconds", "flaky"])
         w.writeheader()
         for m in mutants:
             fast, functional = m.tests
             with Edited(m, root) as line:
-                killed, by, secs = run_tests(fast, root) if fast else (False, "", 0.0)
-                stage = "fast" if killed else ""
-                if not killed and functional:
-                    killed, by, more = run_tests(functional, root)
+                flaky = []
+                killed, by, secs, stage = False, "", 0.0, ""
+                for name, args in (("fast", fast), ("functional", functional)):
+                    if not args:
+                        continue
+                    killed, by, more, seen_flaky = confirmed_run(args, root)
                     secs += more
-                    stage = "functional" if killed else ""
+                    flaky += seen_flaky
+                    if killed:
+                        stage = name
+                        break
             row = {"mutant": m.id, "where": f"{m.path}:{line}", "what": m.why,
-                   "killed_by": by if killed else "SURVIVED", "stage": stage, "seconds": round(secs, 1)}
+                   "killed_by": by if killed else "SURVIVED", "stage": stage, "seconds": round(secs, 1),
+                   "flaky": " ".join(flaky)}
             w.writerow(row)
             f.flush()
             rows.append(row)

@@ -163,7 +163,10 @@ def test_copies_longer_than_the_monitors_mtu_are_counted(clone):
     with t:
         marker = Marker()
         src, dst = t.addr("sender", "eth0"), t.addr("receiver", "eth0")
-        flows = [Flow("big", src, dst, count=N, size=1200), Flow("fits", src, dst, count=N, size=1014)]
+        # the QinQ frame's IP packet is exactly 1000 bytes too: its outer tag
+        # leaves the data at ingress (skb->vlan_tci), its inner one stays there
+        flows = [Flow("big", src, dst, count=N, size=1200), Flow("fits", src, dst, count=N, size=1014),
+                 Flow("fits-qinq", src, dst, count=N, size=1022, vlans=((0x88A8, 5), (0x8100, 7)))]
         frames = build(flows, marker, t.mac("sender", "eth0"), t.mac("receiver", "eth0"))
         with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap:
             tap.attach("eth0", "ingress")
@@ -171,8 +174,8 @@ def test_copies_longer_than_the_monitors_mtu_are_counted(clone):
             with Capture(t.ns("monitor"), "eth0", marker) as mon:
                 send_frames(t.ns("sender"), "eth0", frames, rate_pps=20000)
             c = tap.counters()
-    assert dict(mon.counts) == {"fits": N}  # 1014 bytes: an IP packet of exactly 1000
-    assert c["oversize"] == N and c["matched"] == 2 * N and invariant(c)
+    assert dict(mon.counts) == {"fits": N, "fits-qinq": N}  # IP packets of exactly 1000 bytes
+    assert c["oversize"] == N and c["matched"] == 3 * N and invariant(c)
 
 
 def test_gso_copies_count_their_wire_packets():

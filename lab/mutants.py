@@ -244,6 +244,20 @@ class Edited:
         os.replace(self.backup, self.path)
         return False
 
+    def original(self):
+        """For a block inside this one: the file as it was, the mutant after."""
+        edited = self
+
+        class _Original:
+            def __enter__(self):
+                self.mutated = edited.path.read_text()
+                edited.path.write_text(edited.backup.read_text())
+
+            def __exit__(self, *exc):
+                edited.path.write_text(self.mutated)
+                return False
+        return _Original()
+
 
 def _failed_test(output: str) -> str | None:
     """The first failing test's node id, from pytest's -rfE summary lines
@@ -273,11 +287,12 @@ def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     return True, _failed_test(r.stdout) or f"pytest exit {r.returncode} ({' '.join(args)})", seconds
 
 
-def confirmed_run(args, root=ROOT, tries=3):
-    """run_tests(), with each kill confirmed: the failing test alone, run again
-    with the mutant in place, must fail again. One that passes then failed for
-    another reason (a flaky test: itself a defect, listed) and is deselected for
-    the next try. Returns (killed?, by, seconds, [flaky tests])."""
+def confirmed_run(args, edited, root=ROOT, tries=3):
+    """run_tests(), with each kill confirmed: the failing test alone must fail
+    again with the mutant and pass without it. One that does not failed for
+    another reason (a flaky test, which is itself a defect, or the machine: a
+    second lab run at the same time) and is listed and deselected for the next
+    try. Returns (killed?, by, seconds, [tests that failed without the mutant's doing])."""
     flaky, secs, deselect = [], 0.0, []
     for _ in range(tries):
         killed, by, s = run_tests([*args, *deselect], root)
@@ -287,7 +302,11 @@ def confirmed_run(args, root=ROOT, tries=3):
         again, _, s = run_tests([by], root)
         secs += s
         if again:
-            return True, by, secs, flaky
+            with edited.original():
+                baseline_fails, _, s = run_tests([by], root)
+            secs += s
+            if not baseline_fails:
+                return True, by, secs, flaky
         flaky.append(by)
         deselect += ["--deselect", by]
     return False, "", secs, flaky
@@ -310,13 +329,14 @@ def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
         w.writeheader()
         for m in mutants:
             fast, functional = m.tests
-            with Edited(m, root) as line:
+            edited = Edited(m, root)
+            with edited as line:
                 flaky = []
                 killed, by, secs, stage = False, "", 0.0, ""
                 for name, args in (("fast", fast), ("functional", functional)):
                     if not args:
                         continue
-                    killed, by, more, seen_flaky = confirmed_run(args, root)
+                    killed, by, more, seen_flaky = confirmed_run(args, edited, root)
                     secs += more
                     flaky += seen_flaky
                     if killed:

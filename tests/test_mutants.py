@@ -55,3 +55,14 @@ def test_the_command_lists_and_refuses_an_unknown_mutant():
     r = subprocess.run([sys.executable, "-m", "lab", "mutants", "--only", "nope"], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 2 and r.stderr.strip() == "lab mutants: error: unknown mutant 'nope' (--list shows them)"
+
+
+def test_inside_a_mutant_the_original_can_be_run_again(tmp_path):
+    (tmp_path / "x.c").write_text("b = 2;\n")
+    m = mutants.Mutant("t", "x.c", "b = 2;", "b = 3;", "why", ([], []))
+    edited = mutants.Edited(m, tmp_path)
+    with edited:
+        with edited.original():
+            assert (tmp_path / "x.c").read_text() == "b = 2;\n"
+        assert (tmp_path / "x.c").read_text() == "b = 3;\n"
+    assert (tmp_path / "x.c").read_text() == "b = 2;\n"

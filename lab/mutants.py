@@ -269,16 +269,32 @@ def _failed_test(output: str) -> str | None:
     return None
 
 
+def _stop(proc, grace=60):
+    """SIGINT (pytest unwinds its fixtures: namespaces removed), SIGKILL after `grace` s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
 def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     """(killed?, by which test, seconds): pytest on `args`, stopping at the first failure."""
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
+                             "-o", "addopts=", *args], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
-                            "-o", "addopts=", *args], cwd=root, capture_output=True, text=True, timeout=timeout,
-                           env=env)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         return True, f"timeout after {timeout} s ({' '.join(args)})", time.monotonic() - t0
+    except KeyboardInterrupt:  # pytest tears its testbeds down on SIGINT: let it, then stop
+        _stop(proc)
+        raise
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
     seconds = time.monotonic() - t0
     if r.returncode == 0:
         return False, "", seconds

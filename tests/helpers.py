@@ -47,7 +47,31 @@ def snmp(ns, proto, field):
 
 
 def invariant(c):
+    """The vTAP's own bookkeeping. It cannot fail on the action path (TcMirror
+    moves mirred's failures from cloned to failed), so a test that uses it also
+    checks cloned against what arrived at the monitor."""
     return c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"]
+
+
+def frames_in(ns, ifname):
+    """How many frames interface `ifname` of namespace `ns` receives from now on,
+    by the kernel's own count (every frame, not only a run's marked ones): a
+    function that reads it. At a monitor, that is every copy that arrived."""
+    from lab.metrics import iface_counters
+    base = iface_counters(ns, ifname)["rx_packets"]
+    return lambda: iface_counters(ns, ifname)["rx_packets"] - base
+
+
+def wait_for(predicate, timeout=10.0, what="the condition"):
+    """Return once predicate() is true (polled every 10 ms); fail, saying `what`
+    was waited for, if it is not within `timeout` seconds. For state reached
+    asynchronously (a veth's NAPI, a capture's thread, a counter in another
+    namespace): a wait on the state itself, never a sleep that guesses how long."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.01)
 
 
 class _CapData(ctypes.Structure):
@@ -191,13 +215,17 @@ class Lines:
         self.t.start()
 
     def wait_for(self, text, timeout=20.0):
-        import queue
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+            line = self.next(max(0.01, deadline - time.monotonic()), f"line with {text!r}")
             assert line is not None, f"the stream ended before a line with {text!r}"
             if text in line:
                 return line
+
+    def next(self, timeout=20.0, what="line"):
+        """The next line, or None once the stream has ended."""
+        import queue
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no {what} within {timeout:g} s") from None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
+import pytest
 
 from lab.bench import vtap_throughput as vt
 from lab.metrics import CPU_COLUMNS
@@ -16,18 +17,27 @@ from lab.metrics import CPU_COLUMNS
 from helpers import assert_every_figure_shown_once, execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a sender's veth may refuse at 20 kpps (test_bench_command_line says why): 1 % of a run's
+# 20,000 frames, six times the most seen in a full suite; a DUT that falls behind refuses far more.
+SENDER_DROPS = 200
 
 
 def test_tiny_sweep_writes_documented_columns_and_sidecar(tmp_path):
-    df, path = vt.run([1], [64], ["none", "ebpf"], trials=1, duration=0.5, out=tmp_path, progress=False)
+    df, path = vt.run([1], [64], ["none", "ebpf"], trials=1, duration=0.5, out=tmp_path, progress=False,
+                      rate_pps=20_000)
     back = pd.read_csv(path)
     assert list(back.columns[:len(vt.COLUMNS)]) == vt.COLUMNS
     assert len(back) == 2 and set(back["mirror"]) == {"none", "ebpf"}
     e = back[back["mirror"] == "ebpf"].iloc[0]
     n = back[back["mirror"] == "none"].iloc[0]
     assert e["monitor_pps"] > 0 and n["monitor_pps"] == 0
-    assert e["sent_packets"] > 0 and 0 <= e["receiver_loss"] < 1
-    assert e["vtap_cloned"] == e["monitor_packets"]  # every clone arrived at the monitor sink
+    # at a modest rate nothing is lost past the sender's veth (see test_bench_command_line for
+    # what it may refuse): the loss is exactly what it refused
+    for r in (e, n):
+        assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROPS
+        assert r["receiver_packets"] == r["sent_packets"] - r["sender_dropped"]
+        assert r["receiver_loss"] == pytest.approx(r["sender_dropped"] / r["sent_packets"], abs=1e-12)
+    assert e["vtap_cloned"] == e["monitor_packets"] == e["receiver_packets"]  # every frame cloned, every clone arrived
     for _, r in back.iterrows():
         assert abs(sum(r[f"cpu_{c}"] for c in CPU_COLUMNS) - 100) <= 1
     meta = json.loads(path.with_suffix(".json").read_text())
@@ -48,9 +58,9 @@ def test_bench_command_line(tmp_path):
     # 256-frame ring holds 12.8 ms at 20 kpps, and fills whenever the DUT's core is
     # away longer, as while the kernel tears down the previous test's namespaces or the
     # hypervisor takes the vCPU (4 of 20000 once in a full suite, 32 in another, 0 of
-    # 120000 in six runs alone). How often that happens is the VM's, not the vTAP's,
-    # so no bound on it here; the identity below is what the vTAP answers for.
-    assert run["offered_pps"] == 20000 and 0 <= run["sender_dropped"] < run["sent_packets"]
+    # 120000 in six runs alone). How often that happens is the VM's, not the vTAP's, so
+    # the bound (SENDER_DROPS) is loose; the identity below is what the vTAP answers for.
+    assert run["offered_pps"] == 20000 and run["sent_packets"] == 20000 and run["sender_dropped"] <= SENDER_DROPS
     assert run["receiver_packets"] == run["sent_packets"] - run["sender_dropped"] == run["monitor_packets"] > 0
     for args, msg in ((["--mirrors", "bogus"], "unknown mirror 'bogus'"), (["--rate", "0"], "--rate must be")):
         bad = subprocess.run(cmd[:5] + args, capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -4,7 +4,6 @@ that do not fit the monitor are counted. Real devices, real VXLAN, real packets.
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from ebpf import InputError, TcMirror
 from ebpf import tc
 from lab.topology import Topology
 from lab.traffic import Capture, Flow, Marker, build, send_frames
-from helpers import invariant
+from helpers import frames_in, invariant, wait_for
 
 N = 300
 
@@ -88,6 +87,7 @@ def test_default_selection_skips_the_underlay_and_the_copies_arrive_once(tun):
                    tun.mac("sender", "eth0"), tun.mac("tapnode", "eth0"))
     for name in ("eth3", "mon0"):  # leave only eth0 and the underlay eth2 UP besides the monitor
         tun.run("tapnode", ["ip", "link", "set", name, "down"])
+    at_collector = frames_in(tun.ns("collector"), "vx0")
     proc = tun.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "vx0", "--direction", "both",
                                  "--json", "--interval", "0.2"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -103,7 +103,8 @@ def test_default_selection_skips_the_underlay_and_the_copies_arrive_once(tun):
             "be copied again; --iface eth2 --direction ingress taps it safely") in err
     assert coll.counts["w"] == N  # once each: no copy of a copy
     final = json.loads(out.splitlines()[-1])
-    assert final["cloned"] == final["matched"] and invariant(final)
+    # every copy made arrived, once (the tap node's replies to the sender are copied too)
+    assert final["cloned"] == final["matched"] == at_collector() >= N and invariant(final)
 
 
 def test_a_veth_peer_in_a_bridge_floods_the_copies_to_the_other_ports():
@@ -171,11 +172,15 @@ def test_copies_longer_than_the_monitors_mtu_are_counted(clone):
         with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap:
             tap.attach("eth0", "ingress")
             tap.reset_counters()
+            at_monitor = frames_in(t.ns("monitor"), "eth0")
             with Capture(t.ns("monitor"), "eth0", marker) as mon:
                 send_frames(t.ns("sender"), "eth0", frames, rate_pps=20000)
             c = tap.counters()
+            arrived = at_monitor()
     assert dict(mon.counts) == {"fits": N, "fits-qinq": N}  # IP packets of exactly 1000 bytes
-    assert c["oversize"] == N and c["matched"] == 3 * N and invariant(c)
+    # of the 3N copies, the N oversize ones never arrived: mirred says so (failed), the helper cannot
+    assert c["matched"] == 3 * N and c["oversize"] == N and arrived == 2 * N
+    assert (c["cloned"], c["failed"]) == ((2 * N, N) if clone == "action" else (3 * N, 0)) and invariant(c)
 
 
 def test_gso_copies_count_their_wire_packets():
@@ -210,11 +215,14 @@ def test_gso_copies_count_their_wire_packets():
                              "s.sendall(b'x'*4_000_000)\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\ns.close()\n"],
                   timeout=60)
             srv.wait(timeout=30)
-            time.sleep(0.3)
-            c = tap.counters()
-        out = t.run("sink", ["nft", "-j", "list", "table", "netdev", "vtl_count"], capture_output=True,
-                    text=True).stdout
-        rule = next(x["rule"] for x in json.loads(out)["nftables"] if "rule" in x)
-        on_wire = next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+            c = tap.counters()   # the client has ended: nothing more leaves its eth0
+
+        def on_wire():
+            out = t.run("sink", ["nft", "-j", "list", "table", "netdev", "vtl_count"], capture_output=True,
+                        text=True).stdout
+            rule = next(x["rule"] for x in json.loads(out)["nftables"] if "rule" in x)
+            return next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+        wait_for(lambda: on_wire() >= c["cloned_segs"], what=f"{c['cloned_segs']} segments at the sink")
+        on_wire = on_wire()
     assert c["cloned"] < c["cloned_segs"], "expected GSO frames at an egress tap of local TCP"
     assert c["cloned_segs"] == on_wire and c["oversize"] == 0 and invariant(c)

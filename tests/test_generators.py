@@ -11,6 +11,7 @@ from lab import testbeds  # the module: pytest would collect test*-named functio
 from lab.traffic import GENERATORS, Capture, Marker, XdpGenerator, flow_frames, Flow
 from lab.traffic.report import MAX_LOAD_PACKETS
 from tests.conftest import require_tool
+from tests.helpers import wait_for
 
 
 @pytest.fixture
@@ -37,12 +38,14 @@ def test_paced_send_is_counted_exactly_at_the_sink(pair, name):
         sink.attach("eth0", netns=pair.ns("rx"))  # native XDP: the veth gets NAPI for XDP frames
         with Capture(pair.ns("rx"), "eth0", marker) as cap, \
                 GENERATORS[name](pair.ns("tx"), "eth0", frames, cpu=0) as gen:
+            started = time.monotonic()
             report = gen.send(count=8000, seconds=10, rate_pps=40_000)
+            took = time.monotonic() - started
             cap.wait_quiet()
         assert report.packets == 8000 and report.dropped == 0
         assert report.bytes == 8000 * 128
-        if name == "xdp":  # trafgen paces loosely on short runs (it fills its ring first)
-            assert 0.15 < report.seconds < 2.0  # 8000 at 40 kpps is 0.2 s
+        if name == "xdp":  # paced: never ahead of the rate (trafgen paces loosely on short runs: it fills its ring first)
+            assert took >= 7999 / 40_000 and report.seconds >= 7999 / 40_000
         assert sum(cap.counts.values()) == 8000
         assert cap.kernel_drops == 0
         assert sink.counters()["packets"] >= 8000
@@ -59,6 +62,8 @@ def test_xdp_generator_interleaves_flows_evenly(pair):
 
 
 def test_xdp_generator_ceiling_is_bounded_by_seconds_and_accounted(pair):
+    """Unpaced and without a count, the run ends at its deadline: not before it,
+    and not at the packet limit. (How far it got is a speed: the bench's.)"""
     frames = udp_frames(pair.addr("tx", "eth0"), pair.addr("rx", "eth0"), pair.mac("tx", "eth0"),
                         pair.mac("rx", "eth0"), 64)
     with XdpSink("drop") as sink:
@@ -67,13 +72,13 @@ def test_xdp_generator_ceiling_is_bounded_by_seconds_and_accounted(pair):
             sink.reset_counters()
             report = gen.send(seconds=0.5)
             counted = gen._prog.counters()
-        time.sleep(0.2)
-        assert report.seconds < 0.7
-        assert report.packets > 10_000
+        assert report.seconds >= 0.5 and 0 < report.packets < MAX_LOAD_PACKETS
         assert counted["packets"] == report.packets  # the XDP program's own count agrees
         # the sink counts every frame, and the kernel's own IPv6 (MLD) may add one;
         # the paced test above counts the generator's frames exactly, by marker
-        assert 0 <= sink.counters()["packets"] - (report.packets - report.dropped) <= 2
+        wait_for(lambda: sink.counters()["packets"] >= report.packets - report.dropped,
+                 what=f"{report.packets - report.dropped} frames at the sink")
+        assert sink.counters()["packets"] - (report.packets - report.dropped) <= 2
     with netns.ipr(pair.ns("tx")) as ip:  # the dispatcher-holder veth pair is gone
         names = [link.get_attr("IFLA_IFNAME") for link in ip.get_links()]
     assert not [n for n in names if n.startswith("xgen")], names

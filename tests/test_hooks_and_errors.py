@@ -7,7 +7,7 @@ from ebpf import BpfProgram, CompileError, TcMirror, VerifierError
 from ebpf import tc
 from lab import netns
 from lab.traffic import Capture, Flow, Marker, build, send_frames
-from helpers import RX4, WATCHED_SRC4, invariant
+from helpers import RX4, WATCHED_SRC4, frames_in, invariant
 
 SIZE = 333  # a frame length nothing else on the link has, so the other filter counts exactly ours
 
@@ -53,6 +53,7 @@ def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path, c
         before = tc.hook_snapshot(ns)
         with TcMirror(monitor="mon0", netns=ns, clone=clone) as tap:
             tap.attach("eth0", "ingress")
+            at_monitor = frames_in(tb1.ns("monitor"), "eth0")
             during = tc.hook_snapshot(ns)["eth0"]
             assert sorted(n for _, _, _, n in during[1]) == ["other:count_frames", "vtap:tc_mirror"]
             assert tap.tc_filters[0].runs_after == 0
@@ -62,7 +63,7 @@ def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path, c
             assert _send(tb1, 300) == 300
             assert other.hits() == 300
             c = tap.counters()
-            assert invariant(c)
+            assert c["matched"] == c["cloned"] == at_monitor() == 300 and invariant(c)
         assert tc.hook_snapshot(ns) == before
         assert _send(tb1, 200) == 0          # no vTAP any more...
         assert other.hits() == 500           # ...and the other filter still runs

@@ -326,8 +326,20 @@ def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
                                  "VTL_OUT": str(tmp_path / "results"), "VTL_FIGURES": str(tmp_path / "figures")})
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES05
     assert_every_figure_shown_once(nb, FIGURES05)
-    df = pd.read_csv(next(p for p in (tmp_path / "results").glob("ids-*.csv") if "signatures" not in p.name))
+    path = next(p for p in (tmp_path / "results").glob("ids-*.csv") if "signatures" not in p.name)
+    df = pd.read_csv(path)
     assert len(df) == 4 and df["receiver_correct"].all() and df["monitor_correct"].all()
+    # the alerts of each IDS in each run, signature by signature, are the generator's truth for
+    # the traffic replayed (the seed the sidecar names, VTL_LOOP repetitions), not the bench's column
+    meta = json.loads(path.with_suffix(".json").read_text())["parameters"]
+    assert meta["repetitions"] == 2
+    truth = attacks.generate(seed=meta["seed"], repetitions=2).truth
+    sigs = pd.read_csv(path.with_name(path.stem + "-signatures.csv"))
+    runs = sigs.groupby(["rate", "trial", "cpu_quota_pct", "ids"], dropna=False)
+    assert len(runs) == 2 * len(df)   # the receiver's and the monitor's, per run
+    for run, g in runs:
+        assert {int(r.sid): int(r.alerts) for r in g.itertuples() if r.alerts} == dict(truth), run
+    assert (df["receiver_alerts"] == sum(truth.values())).all() and (df["monitor_alerts"] == sum(truth.values())).all()
     # the targets table says the 1 Mbps runs were exact
     out = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
                   for o in c.outputs)

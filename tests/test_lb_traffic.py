@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from ebpf.maglev import maglev_table
 from ebpf.xdp_lb import Backend, XdpLoadBalancer
 from lab.lb import HealthChecker
 from lab.traffic.frames import send_frames, syn_flood
@@ -52,6 +51,16 @@ def client(tb, n, **kw):
     return Connections(tb.ns(tb.client), tb.vip4, tb.service_port, n, **kw)
 
 
+# An LRU hash keeps a few free entries per CPU (the kernel's bpf_lru_list: 128
+# each, taken back in batches when the table is full), so "full" is within that.
+LRU_SLACK = 128 * os.cpu_count()
+
+
+def half_open_entries(lb):
+    """Entries in the half-open table, counted in the kernel's map."""
+    return sum(1 for _ in lb.table("half_open").keys())
+
+
 def tables_empty(lb, limit=30.0):
     """Wait (up to `limit` s) for the last FINs and ACKs to clear the tables,
     sweeping what idles past its timeout; the sessions left."""
@@ -62,6 +71,32 @@ def tables_empty(lb, limit=30.0):
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+def paper_maglev(names, size=65537):
+    """Maglev's lookup table as the paper (Eisenbud et al., NSDI 2016, section
+    3.4) populates it, equal weights, written apart from ebpf/maglev.py and with
+    other hashes: each backend's preference list is offset + j * skip modulo the
+    prime size, and backends take turns claiming their next free slot."""
+    import hashlib
+
+    def h(name, salt):
+        return int.from_bytes(hashlib.sha256(salt + name.encode()).digest()[:8], "big")
+
+    names = sorted(names)
+    perm = [(h(n, b"offset") % size, h(n, b"skip") % (size - 1) + 1) for n in names]
+    nxt, table, filled = [0] * len(names), [None] * size, 0
+    while True:
+        for i, (offset, skip) in enumerate(perm):
+            c = (offset + nxt[i] * skip) % size
+            while table[c] is not None:
+                nxt[i] += 1
+                c = (offset + nxt[i] * skip) % size
+            table[c] = names[i]
+            nxt[i] += 1
+            filled += 1
+            if filled == size:
+                return table
 
 
 def test_weights_spread_real_connections(bed, lb):
@@ -82,7 +117,8 @@ def test_weights_spread_real_connections(bed, lb):
 def test_removing_a_backend_moves_its_flows_and_few_others(bed, lb):
     """The same 300 connections (same source ports) before and after be3 leaves:
     be3's flows go elsewhere; the others stay where they were, but for about the
-    share of Maglev slots that changed owner between the two tables."""
+    share of slots that change owner between the two tables in Maglev as the
+    paper describes it (computed here, not by ebpf/maglev.py)."""
     tb, _ = bed
     lb, svc = lb
     three = {be(tb, i): 1 for i in range(3)}
@@ -103,10 +139,11 @@ def test_removing_a_backend_moves_its_flows_and_few_others(bed, lb):
     after = round_()
     assert "served by be3" not in after
     kept = [(a, b) for a, b in zip(before, after) if a != "served by be3"]
-    moved = sum(a != b for a, b in kept) / len(kept)
-    t0, t1 = maglev_table(three), maglev_table({be(tb, 0): 1, be(tb, 1): 1})
+    moved = sum(a != b for a, b in kept)
+    # expected: the share of the others' slots that change owner in the paper's Maglev (a few in 10,000)
+    t0, t1 = paper_maglev(list(three)), paper_maglev([be(tb, 0), be(tb, 1)])
     changed = sum(a != b for a, b in zip(t0, t1) if a != be(tb, 2)) / sum(a != be(tb, 2) for a in t0)
-    assert moved <= max(3 * changed, 0.05), (moved, changed)
+    assert moved <= 2 + 3 * changed * len(kept), (moved, len(kept), changed)
 
 
 def test_ten_thousand_connections_through_a_drain_break_none(bed, lb):
@@ -162,9 +199,11 @@ def test_killed_backend_leaves_after_its_fall_probes_and_only_its_connections_br
 @pytest.mark.lb(timeouts={"syn": 1.0}, max_half_open=4096)
 def test_syn_flood_from_another_namespace_breaks_no_established_connection(bed, lb):
     """Many more spoofed SYNs than the half-open table holds (4096 entries here),
-    while 200 keep-alive connections go on making requests: the SYNs can evict
-    only half-open entries, so every request on every connection is answered by
-    the backend it started with. The flood's entries expire (SYN timeout 1 s)."""
+    while 200 keep-alive connections go on making requests, some rounds of them
+    with the table full from start to end (its entries counted in the kernel's
+    map): the SYNs can evict only half-open entries, so every request on every
+    connection is answered by the backend it started with. The flood's entries
+    expire (SYN timeout 1 s)."""
     tb, _ = bed
     lb, svc = lb
     lb.set_backends(svc, {be(tb, 0): 1, be(tb, 1): 1})
@@ -176,15 +215,18 @@ def test_syn_flood_from_another_namespace_breaks_no_established_connection(bed, 
         assert first.count(None) == 0
         report = {}
         sender = threading.Thread(target=lambda: report.update(
-            sent=send_frames(tb.ns(tb.attacker), "eth0", flood, max_seconds=25)))
+            sent=send_frames(tb.ns(tb.attacker), "eth0", flood, rate_pps=20_000, max_seconds=25)))
         sender.start()
-        rounds = 0
+        rounds = full_rounds = 0
         while sender.is_alive():
+            full = half_open_entries(lb) >= lb.max_half_open - LRU_SLACK
             assert c.request() == first
+            full = full and half_open_entries(lb) >= lb.max_half_open - LRU_SLACK
+            full_rounds += full   # the table full from before this round's requests to after their answers
             rounds += 1
         sender.join()
         assert c.request() == first
-    assert report["sent"].packets == len(flood) and rounds >= 1
+    assert report["sent"].packets == len(flood) and full_rounds >= 1, (rounds, full_rounds)
     counters = lb.counters()
     # half-open entries made: many times what the table holds (veth drops some of a flood)
     assert counters["new_sessions"] > 2 * lb.max_half_open, counters

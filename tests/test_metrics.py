@@ -1,8 +1,13 @@
 """CPU sampling (mpstat's columns), interface counters and result files."""
 
 import json
+import os
+import platform
+import subprocess
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pandas as pd
 
@@ -13,7 +18,9 @@ from lab.bench.common import udp_frames
 from lab.mirrors import NoMirror
 from lab.rig import ThroughputRig
 from lab.traffic import Flow, Marker, XdpGenerator, build, send_frames
-from helpers import snmp
+from helpers import snmp, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cpu_columns_add_up_to_100_per_core_under_load():
@@ -59,7 +66,7 @@ def test_interface_counters_count_what_was_sent(tb1):
     c = IfaceCounters({"tx": (tb1.ns("sender"), "eth0"), "rx": (tb1.ns("receiver"), "eth0")})
     c.mark()
     report = send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20_000)
-    time.sleep(0.2)
+    wait_for(lambda: c.delta()["rx"]["rx_packets"] >= 500, what="500 frames at the receiver")
     d = c.delta()
     assert d["tx"]["tx_packets"] == report.packets == 500
     assert d["rx"]["rx_packets"] == 500
@@ -74,6 +81,18 @@ def test_results_have_a_sidecar_with_machine_and_parameters(tmp_path):
     assert meta["parameters"] == {"sizes": [64]}
     for key in ("kernel", "cpu_model", "cores", "commit", "date", "tools"):
         assert meta[key], key
+    # this machine, as the kernel and git describe it
+    with open("/proc/cpuinfo") as f:
+        info = [line.split(":", 1) for line in f if ":" in line]
+    assert meta["kernel"] == os.uname().release and meta["host"] == os.uname().nodename
+    assert meta["cores"] == sum(k.strip() == "processor" for k, _ in info) == os.cpu_count()
+    models = {v.strip() for k, v in info if k.strip() == "model name"}
+    assert meta["cpu_model"] in models or (not models and meta["cpu_model"] == platform.processor())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert meta["commit"] in (head, head + "-dirty")
+    written = datetime.fromisoformat(meta["date"])
+    assert written.tzinfo is not None and abs(datetime.now(timezone.utc) - written) < timedelta(minutes=5)
+    assert meta["tools"]["python"] == platform.python_version() and meta["tools"]["pandas"] == pd.__version__
     assert json.loads(path.with_suffix(".json").read_text())["csv"] == path.name
 
 
@@ -82,7 +101,6 @@ def test_a_companion_csv_takes_its_partners_time(tmp_path):
     redirect_transfer_cpu-T.csv, and notebook 02 finds one from the other's name.
     Written across a second boundary, the second once got T+1 and the notebook
     failed (found by a fresh-clone CI run)."""
-    from datetime import datetime, timezone
     df = pd.DataFrame([{"a": 1}])
     first = write_results(df, "pair", {}, tmp_path)
     second = write_results(df, "pair", {}, tmp_path)            # in the same second, it is "-2"

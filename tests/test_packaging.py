@@ -132,9 +132,41 @@ print(json.dumps({"files": [sys.modules[m].__file__ for m in mods], "sources": s
 
 
 def test_vtap_console_script_runs(installed):
+    """The installed `vtap` command, run for real from outside the repository:
+    it compiles the installed C, taps a lab host's eth0, and every frame sent
+    there is copied and arrives at the monitor; bad input is one line, exit 2."""
+    import signal
+    from lab.topology import Topology
+    from lab.traffic import Flow, Marker, build, send_frames
+    from tests.helpers import Lines, frames_in, wait_for
     _, python, _, cwd = installed
-    r = _run([python.parent / "vtap", "--help"], cwd=cwd)
-    assert r.stdout.startswith("usage: vtap")
+    vtap = str(python.parent / "vtap")
+    assert _run([vtap, "--help"], cwd=cwd).stdout.startswith("usage: vtap")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    t = Topology("pkg")
+    for h in ("sender", "tapped", "monitor"):
+        t.add_host(h)
+    t.add_link("sender", "tapped")
+    t.add_link("tapped", "monitor", a_if="mon0", b_if="eth0", a_addrs=[], b_addrs=[])
+    with t:
+        r = t.run("tapped", [vtap, "--monitor", "nosuch0"], cwd=cwd, env=env, check=False, capture_output=True,
+                  text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr == "vtap: error: no interface named 'nosuch0' in this network namespace\n"
+        proc = t.popen("tapped", [vtap, "--monitor", "mon0", "--iface", "eth0", "--json"], cwd=cwd, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out = Lines(proc.stdout)
+        assert json.loads(out.next(timeout=120))["event"] == "attached"
+        at_monitor = frames_in(t.ns("monitor"), "eth0")
+        frames = build([Flow("a", t.addr("sender", "eth0"), t.addr("tapped", "eth0"), count=50)], Marker(),
+                       t.mac("sender", "eth0"), t.mac("tapped", "eth0"))
+        send_frames(t.ns("sender"), "eth0", frames, rate_pps=1000)
+        wait_for(lambda: at_monitor() >= 50, what="50 copies at the monitor")
+        proc.send_signal(signal.SIGINT)
+        final = json.loads([ln for ln in iter(out.next, None)][-1])
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+        assert final["event"] == "final" and final["seen"] == final["cloned"] == at_monitor() == 50
 
 
 def test_jupyterlab_is_only_an_extra(installed):

@@ -5,7 +5,7 @@ import struct
 
 from ebpf import TcMirror
 from lab.traffic import Capture, ExactFrames, Flow, Marker, flow_frames, send_frames
-from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, invariant
+from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, frames_in, invariant
 
 
 def _eth(dst, src, ethertype):
@@ -43,6 +43,7 @@ def test_malformed_frames_pass_untouched_and_are_not_mirrored(tb1):
     exact = ExactFrames(frames)
     with TcMirror(monitor="mon0", watch=["0.0.0.0/0", "::/0"], netns=tb1.ns("receiver")) as tap:
         tap.attach("eth0", "egress")
+        at_monitor = frames_in(tb1.ns("monitor"), "eth0")
         with Capture(tb1.ns("receiver"), "eth0", exact, direction="out") as left, \
                 Capture(tb1.ns("monitor"), "eth0", exact) as mon:
             send_frames(tb1.ns("receiver"), "eth0", [f for fs in frames.values() for f in fs] * reps)
@@ -50,7 +51,7 @@ def test_malformed_frames_pass_untouched_and_are_not_mirrored(tb1):
     assert dict(left.counts) == {name: reps for name in frames}, "a malformed frame was dropped"
     assert sum(mon.counts.values()) == 0, f"malformed frames mirrored: {dict(mon.counts)}"
     assert c["malformed"] == reps * len(frames)
-    assert c["matched"] == c["cloned"] and invariant(c)
+    assert c["matched"] == c["cloned"] == at_monitor() and invariant(c)   # no copy of any of them
 
 
 def test_malformed_frames_mirrored_when_mirroring_everything(tb1):
@@ -59,12 +60,14 @@ def test_malformed_frames_mirrored_when_mirroring_everything(tb1):
     exact = ExactFrames(frames)
     with TcMirror(monitor="mon0", watch=None, netns=tb1.ns("receiver")) as tap:
         tap.attach("eth0", "egress")
+        at_monitor = frames_in(tb1.ns("monitor"), "eth0")
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
             send_frames(tb1.ns("receiver"), "eth0", [f for fs in frames.values() for f in fs])
         c = tap.counters()
-    # All are cloned. The monitor host's own receive path discards a frame whose
-    # VLAN tag is cut short before any capture sees it; the rest arrive byte for byte.
-    assert c["cloned"] >= len(frames) and invariant(c)
+    # All are cloned, and every copy reaches the monitor's interface. The monitor host's own
+    # receive path discards a frame whose VLAN tag is cut short before any capture sees it;
+    # the rest arrive byte for byte.
+    assert c["cloned"] == at_monitor() >= len(frames) and invariant(c)
     assert dict(mon.counts) == {name: 1 for name in frames if name != "truncated vlan"}
 
 

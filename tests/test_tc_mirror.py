@@ -7,7 +7,7 @@ from ebpf import netdev, tc
 from lab import netns
 from lab.traffic import Capture, ExactFrames, Flow, Marker, build, flow_frames, send_frames
 from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_SRC4, WATCHED_SRC6,
-                     invariant, run_flows)
+                     frames_in, invariant, run_flows, wait_for)
 
 N = 500
 CLONES = ["action", "helper"]  # who copies: the filter's mirred action, or bpf_clone_redirect()
@@ -53,7 +53,9 @@ def test_match_modes_mirror_exact_counts(tb1, match, want, clone):
         c = tap.counters()
     assert dict(rx) == {f.name: N for f in flows}, "the vTAP must not disturb the original traffic"
     assert {k: mon[k] for k in want} == want
-    assert c["cloned"] == sum(want.values()) and c["failed"] == 0 and invariant(c)
+    # every frame matched was copied, and every copy arrived
+    assert c["matched"] == c["cloned"] == sum(mon.values()) == sum(want.values()) and c["failed"] == 0
+    assert invariant(c)
 
 
 def test_ipv6_prefixes_and_tcp(tb1):
@@ -86,7 +88,7 @@ def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
         c = tap.counters()
     # Byte-exact: the copies carry every tag the sender put on the wire.
     assert dict(mon.counts) == {"w": N}
-    assert c["cloned"] == N and invariant(c)
+    assert c["matched"] == c["cloned"] == mon.counts["w"] and invariant(c)
 
 
 def test_arp_and_other_non_ip(tb1):
@@ -137,19 +139,22 @@ def test_both_directions_on_several_interfaces(tb2):
         _, rx, mon = run_flows(tb2, [Flow("fwd", WATCHED_SRC4, RX4, count=N)])
         c = tap.counters()
     assert rx["fwd"] == N
-    assert mon["fwd"] == 2 * N and c["cloned"] == 2 * N and invariant(c)
+    assert c["matched"] == c["cloned"] == mon["fwd"] == 2 * N and invariant(c)
 
 
 def test_sampling_ratio_within_tolerance(tb1):
     n, rate = 4000, 4
     with tap_for(tb1, watch=None, sample=rate) as tap:
         tap.attach(tb1.tap_iface, "ingress")
+        at_monitor = frames_in(tb1.ns(tb1.monitor), tb1.monitor_capture_iface)
         _, rx, mon = run_flows(tb1, [Flow("s", WATCHED_SRC4, RX4, count=n)])
         c = tap.counters()
     # Random 1-in-4 sampling: expected 1000, sd = sqrt(n p (1-p)) = 27.4; accept +-5 sd.
     assert rx["s"] == n
     assert 1000 - 137 <= mon["s"] <= 1000 + 137
-    assert invariant(c) and c["sampled_out"] > 0
+    # (watching everything: a frame of the kernel's own could be sampled too, and arrive)
+    assert c["matched"] >= n and c["cloned"] == at_monitor() >= mon["s"]
+    assert c["sampled_out"] == c["matched"] - c["cloned"] > 0 and c["failed"] == 0 and invariant(c)
 
 
 def test_live_changes_take_effect_without_reload(tb1):
@@ -165,10 +170,11 @@ def test_live_changes_take_effect_without_reload(tb1):
         tap.set_watch(None)
         tap.set_sample(1_000_000)
         tap.reset_counters()
+        at_monitor = frames_in(tb1.ns(tb1.monitor), tb1.monitor_capture_iface)
         _, _, mon = run_flows(tb1, flows)
         c = tap.counters()
         assert mon["a"] + mon["b"] <= 2  # 1 in a million of 1000 packets
-        assert c["matched"] >= 2 * N and invariant(c)
+        assert c["matched"] >= 2 * N and c["cloned"] == at_monitor() <= 2 and invariant(c)
         assert kernel_prog_id(tb1) == prog_id  # the same program all along
 
 
@@ -192,13 +198,16 @@ def test_live_monitor_change(clone):
         with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap, \
                 Capture(t.ns("monitor"), "m0", marker) as m0, Capture(t.ns("monitor"), "m1", marker) as m1:
             tap.attach("eth0", "ingress")
+            at_m0, at_m1 = frames_in(t.ns("monitor"), "m0"), frames_in(t.ns("monitor"), "m1")
             send("first")
             tap.monitor = "mon1"
             send("second")
             c = tap.counters()
+            arrived = at_m0() + at_m1()
     assert dict(m0.counts) == {"first": N}
-    assert c["cloned"] >= 2 * N and c["failed"] == 0 and invariant(c)
     assert dict(m1.counts) == {"second": N}
+    # (watching everything: the kernel's own frames are copied too, and arrive)
+    assert c["cloned"] == arrived >= 2 * N and c["failed"] == 0 and invariant(c)
 
 
 @pytest.mark.parametrize("clone", CLONES)
@@ -213,16 +222,20 @@ def test_clone_failure_is_counted_with_its_bytes(tb1, clone):
     after = build([Flow("b", WATCHED_SRC4, RX4, count=N, size=size)], marker, tb1.sender_mac, tb1.next_hop_mac)
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
+        at_monitor = frames_in(tb1.ns(tb1.monitor), tb1.monitor_capture_iface)
         with Capture(tb1.ns("receiver"), "eth0", marker) as rx:
             send_frames(tb1.ns("sender"), "eth0", before, rate_pps=20000)
             c = settled(tap, "cloned", N)  # every frame through the tap before the monitor goes
             assert c["cloned"] == N and c["cloned_bytes"] == N * size and c["failed"] == 0
+            wait_for(lambda: at_monitor() >= N, what=f"{N} copies at the monitor")
+            arrived = at_monitor()   # (the monitor's end goes with mon0)
             with netns.ipr(tb1.ns("receiver")) as ip:
                 ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
             send_frames(tb1.ns("sender"), "eth0", after, rate_pps=20000)
-        c = tap.counters()
+        c = settled(tap, "matched", 2 * N)
     assert rx.counts["a"] == rx.counts["b"] == N
-    assert c["failed"] == N and c["cloned"] == N and c["cloned_bytes"] == N * size and invariant(c)
+    assert c["matched"] == 2 * N and c["failed"] == N and c["cloned"] == arrived == N
+    assert c["cloned_bytes"] == N * size and invariant(c)
 
 
 @pytest.mark.parametrize("clone, failed", [("action", N), ("helper", 0)])
@@ -240,7 +253,8 @@ def test_a_monitor_that_is_down(tb1, clone, failed):
         c = tap.counters()
         assert tap.health().monitor_state == "down"
     assert rx.counts["a"] == N and mon.counts["a"] == 0
-    assert c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
+    # the helper's copies are "cloned" but never arrive: nothing tells it the device was down
+    assert c["matched"] == N and c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
 
 
 def test_counters_read_before_attach_leave_the_maps_filled(tb1):
@@ -316,7 +330,7 @@ def test_a_monitor_without_carrier(tb1, clone, failed):
         assert tap.health().monitor_state == "no-carrier"
         send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
         c = settled(tap, "matched", N)
-    assert c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
+    assert c["matched"] == N and c["failed"] == failed and c["cloned"] == N - failed and invariant(c)
 
 
 def test_counters_by_interface(tb2):
@@ -345,7 +359,8 @@ def test_failures_of_a_filter_removed_from_outside_are_kept(tb1):
         before = settled(tap, "failed", N)
         tc.cleanup("vtap", tb1.ns("receiver"), spare_live=False)
         after = tap.counters()
-    assert before["failed"] == after["failed"] == N and after["cloned"] == 0 and invariant(after)
+    assert before["failed"] == after["failed"] == N and after["cloned"] == 0 and after["matched"] == N
+    assert invariant(after)
 
 
 def test_a_watch_list_change_that_does_not_fit_twice(tb1):

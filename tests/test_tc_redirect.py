@@ -10,7 +10,6 @@ and forward, IPv4 and IPv6, at a connected client; the counters are exact; the
 forward fallbacks are counted, and an unknown neighbour is not one (the helper
 resolves it); nothing is left on the hooks after close."""
 
-import time
 from collections import Counter
 
 import pytest
@@ -21,7 +20,7 @@ from scapy.packet import Raw
 
 from ebpf import BpfError, TcRedirect, tc, testrun
 from fixtures import redirect as fx
-from helpers import nft_udp_counter
+from helpers import nft_udp_counter, wait_for
 from lab import netns, testbeds
 from lab.traffic import Capture, FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
@@ -299,13 +298,14 @@ def test_forward_fallbacks_are_counted_and_a_neighbour_is_resolved(rtb):
         prog.attach(rtb.dut_in)
         prog.attach(rtb.dut_out)
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, ttl=1), rate_pps=2000)
+        wait_for(lambda: prog.counters()["slow_ttl"] >= 20, what="20 datagrams with TTL 1 at the router")
         c = prog.counters()
         assert c["slow_ttl"] == 20 and c["to_backend"] == 20 and c["xdp_redirect"] == 0 and at_server() == 0
 
         prog.reset_counters()
         rtb.topo.run("dut", ["ip", "neigh", "del", rtb.server4, "dev", rtb.dut_out])
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, N), rate_pps=20000)
-        time.sleep(0.2)
+        wait_for(lambda: at_server() >= N, what=f"{N} datagrams at the server")
         c = prog.counters()
         assert c["to_backend"] == c["xdp_redirect"] == N and c["slow_no_neigh"] == 0 and at_server() == N
         assert c["not_ip"] >= 1  # the server's ARP reply, seen on its way in at eth1
@@ -313,9 +313,10 @@ def test_forward_fallbacks_are_counted_and_a_neighbour_is_resolved(rtb):
         prog.reset_counters()
         rtb.topo.run("dut", ["ip", "link", "set", rtb.dut_out, "mtu", "1000"])
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, size=1200), rate_pps=2000)
+        wait_for(lambda: prog.counters()["slow_too_big"] >= 20, what="20 datagrams too big for eth1")
         c = prog.counters()
         assert c["slow_too_big"] == 20 and c["to_backend"] == 20 and c["xdp_redirect"] == 0
-    time.sleep(0.2)
+        wait_for(lambda: at_server() >= N + 20, what=f"{N + 20} datagrams at the server")
     assert at_server() == N + 20  # the kernel delivered the big ones too, in fragments
 
 

@@ -16,7 +16,8 @@ from lab import netns
 from lab.testbeds import lb_testbed
 from lab.topology import RUN_DIR
 from lab.webservers import SUFFIX, NginxServer
-from helpers import Lines
+from ebpf.abi import defines
+from helpers import Lines, wait_for
 from tests.conftest import ROOT, require_tool
 
 
@@ -54,6 +55,9 @@ def get(tb, url, n):
         assert r.returncode == 0, r.stderr
         bodies.append(r.stdout.splitlines()[0])
     return bodies
+
+
+LB_FIN_CLIENT = defines("xdp_lb.h")["LB_FIN_CLIENT"]   # a session's flag: the client's FIN seen
 
 
 @pytest.mark.parametrize("lab", [True, False], indirect=True,
@@ -162,7 +166,9 @@ def test_command_line_bad_input_is_one_line(args, message):
 def test_dsr_backends_answer_the_client_directly():
     """DSR: the LB changes only the destination MAC; each backend holds the VIP
     on its loopback, serves the service's port and answers the client itself, so
-    the LB sees the client's packets only."""
+    the LB sees the client's packets only. So it never sees a backend's FIN: each
+    session ends established with the client's FIN alone, and leaves the table
+    when it has idled past the FIN timeout (1 s here; 10 s by default)."""
     require_tool("nginx")
     require_tool("curl")
     tb = lb_testbed(dsr=True)
@@ -170,7 +176,7 @@ def test_dsr_backends_answer_the_client_directly():
         webs = [NginxServer(tb.ns(be), tb.vip4, tb.service_port, name=be).start() for be in tb.backends]
         sink = XdpSink("pass")
         sink.attach(tb.lb, netns=tb.ns(tb.switch))
-        lb = XdpLoadBalancer(mode="dsr", netns=tb.ns(tb.lb))
+        lb = XdpLoadBalancer(mode="dsr", netns=tb.ns(tb.lb), timeouts={"fin": 1.0})
         try:
             svc = lb.add_service(f"tcp:{tb.vip4}:{tb.service_port}")
             lb.set_backends(svc, {f"{tb.backend4(i)}:{tb.service_port}": 1 for i in range(2)})
@@ -178,9 +184,21 @@ def test_dsr_backends_answer_the_client_directly():
             n = 20
             assert set(get(tb, f"http://{tb.vip4}/", n)) == {"served by be1", "served by be2"}
             assert {c for w in webs for c in w.clients()} == {tb.client4}   # the client's own address
+            assert sum(w.requests() for w in webs) == n
             c = lb.counters()
             assert c["to_client"] == 0 and c["to_backend"] > 0        # replies never came through the LB
             assert c["new_sessions"] == c["established"] == n
+            assert c["closed_fin"] == c["closed_rst"] == 0             # no session could see both FINs
+            # every connection's session, established, with the client's FIN (the last may be in flight)
+            wait_for(lambda: sum(s["fin"] == LB_FIN_CLIENT for s in lb.sessions()) == n, what=f"{n} sessions FIN'd")
+            left = lb.sessions()
+            assert len(left) == n and {(s["state"], s["fin"], s["half_open"]) for s in left} == \
+                {("established", LB_FIN_CLIENT, False)}
+            assert {s["client"] for s in left} == {tb.client4} and len({s["client_port"] for s in left}) == n
+            swept = []
+            wait_for(lambda: swept.append(lb.sweep()) or lb.sessions() == [], timeout=30,
+                     what="the sweep to empty the session table")
+            assert sum(swept) == n                                      # each session swept once, nothing else
         finally:
             lb.close()
             sink.close()

@@ -280,7 +280,16 @@ def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net):
         r.close()
 
 
-def test_maglev_minimal_disruption():
+def kernel_ring(lb):
+    """The first service's Maglev table as the program reads it: backend indexes
+    from the kernel's `rings` map (0: empty), not from what user space remembers."""
+    import ctypes
+    from ebpf.xdp_lb import RING_SIZE
+    rings = lb.table("rings")
+    return [rings[ctypes.c_int(i)].value for i in range(RING_SIZE)]
+
+
+def test_maglev_minimal_disruption(net):
     from ebpf.maglev import maglev_table
     names = {f"10.0.0.{i}:80": 1 for i in range(1, 9)}
     before = maglev_table(names)
@@ -289,7 +298,25 @@ def test_maglev_minimal_disruption():
     assert moved / len(before) < 1 / 8                   # others' slots barely move
     assert all(b != "10.0.0.3:80" for b in after)
     assert maglev_table(dict(reversed(list(names.items())))) == before   # order does not matter
-    assert maglev_table({**names, "10.0.0.3:80": 1}) == before
+    # re-adding it (last, after the seven that stayed) restores the table before its removal
+    readded = {n: w for n, w in names.items() if n != "10.0.0.3:80"} | {"10.0.0.3:80": 1}
+    assert list(readded) != list(names) and maglev_table(readded) == before
+    assert maglev_table(readded | {"10.0.0.3:80": 2}) != before   # (the comparison can tell tables apart)
+    # the same in the kernel, where set_backends writes only the slots that change
+    lb = XdpLoadBalancer(self4=SELF4, netns=net.ns("lb"))
+    try:
+        svc = lb.add_service(f"tcp:{VIP}:80")
+        eight = {f"198.18.1.{i}:8080": 1 for i in range(10, 18)}
+        lb.set_backends(svc, eight)
+        first = kernel_ring(lb)
+        assert 0 not in first and len(set(first)) == 8
+        lb.set_backends(svc, {b: w for b, w in eight.items() if b != "198.18.1.12:8080"})
+        without = kernel_ring(lb)
+        assert 0 not in without and len(set(without)) == 7 and without != first
+        lb.set_backends(svc, eight)
+        assert kernel_ring(lb) == first
+    finally:
+        lb.close()
 
 
 def test_attach_refuses_an_interface_that_does_not_forward(net):

@@ -98,6 +98,26 @@ def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig):
     assert rig.lb.counters()["drop_no_session"] == 1
 
 
+def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(rig):
+    """The client's FIN half-closes: the backend may go on sending, and the client ACKs what it gets.
+    Those ACKs must not end the session; only the ACK after both FINs does."""
+    syn, *_ = handshake(rig)
+    lb_port = Ether(syn.data)[TCP].sport
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001))).verdict == "XDP_TX"
+    for i in range(3):                         # the backend's data after the client's FIN, each ACKed
+        data = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="PA", seq=5001 + 100 * i, ack=1002)
+                                        / Raw(b"x" * 100)))
+        assert data.verdict == "XDP_TX" and Ether(data.data)[TCP].dport == 40000
+        ack = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5101 + 100 * i)))
+        assert ack.verdict == "XDP_TX"
+        (s,) = rig.lb.sessions()
+        assert s["state"] == "established" and s["fin"] == 0x10   # half-closed (the client's FIN seen), and still there
+    assert rig.lb.counters()["closed_fin"] == 0
+    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002))).verdict == "XDP_TX"
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302))).verdict == "XDP_TX"
+    assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
+
+
 @pytest.mark.parametrize("side", ["client", "backend"])
 def test_rst_from_either_side_ends_the_session(rig, side):
     syn, *_ = handshake(rig)

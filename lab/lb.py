@@ -33,6 +33,7 @@ examples:
   python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backends-file backends.txt
                         # edit the file while it runs: weights change, 0 drains
   python -m lab lb ... --mode dsr       # backends hold the VIP and answer clients directly
+  python -m lab lb ... --timeout udp=5  # idle UDP flows leave the table after 5 s
   ip netns exec lb python -m lab lb ...     # inside a network namespace
   python -m lab lb --cleanup            # remove what a killed run left attached
 
@@ -79,6 +80,9 @@ def add_arguments(p):
     p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
                    help="tcp: connect to each backend every --check-interval (default %(default)s)")
     p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
+    p.add_argument("--timeout", metavar="STATE=S", action="append", default=[],
+                   help="how long an idle session of a state lives: syn, established, fin, udp (default "
+                        "syn=10 established=300 fin=10 udp=30; repeatable)")
     p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
     p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
     add_run_options(p, "load balancer programs")
@@ -105,10 +109,28 @@ def read_backends(a):
     return out
 
 
+def read_timeouts(a):
+    """{state: seconds} from --timeout STATE=S (UsageError on a bad one)."""
+    from ebpf.xdp_lb import TIMEOUTS
+    out = {}
+    for text in a.timeout:
+        state, _, value = text.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1
+        if state not in TIMEOUTS or not 0 < seconds <= 86400:
+            raise UsageError(f"bad --timeout {text!r}: want STATE=SECONDS, STATE one of {', '.join(TIMEOUTS)}, "
+                             "0 < SECONDS <= 86400")
+        out[state] = seconds
+    return out
+
+
 def check_args(a):
     check_run_options(a)
     if a.cleanup:
         return
+    read_timeouts(a)
     if not a.iface:
         raise UsageError("--iface is required (where clients and backends are reached)")
     if not a.service:
@@ -316,7 +338,7 @@ def run(a):
             self6 = addr
         else:
             self4 = addr
-    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode)
+    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode, timeouts=read_timeouts(a))
     services = [lb.add_service(s) for s in a.service]
     weights = read_backends(a)
     health = HealthChecker(weights, a.check_interval, a.rise, a.fall,

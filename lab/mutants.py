@@ -47,6 +47,7 @@ TC_REDIRECT = (["tests/test_tc_redirect.py"], ["tests/test_redirects.py"])
 LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py"],
       ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py"])
 LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
+HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 
@@ -205,7 +206,16 @@ MUTANTS = [
       LB_PY),
     M("health-rise-ignored", "lab/lb.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
       "if self._streak[b] >= (1 if ok else self.fall):", "a backend back after one good probe, not --rise",
-      (["tests/test_xdp_lb.py", "-k", "health or rise or fall"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])),
+      HEALTH),
+    M("health-fall-ignored", "lab/lb.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
+      "if self._streak[b] >= (self.rise if ok else 1):", "a backend out after one failed probe, not --fall", HEALTH),
+    M("health-timeout-passes", "lab/lb.py", "        except OSError:\n            return False",
+      "        except socket.timeout:\n            return True\n        except OSError:\n            return False",
+      "a backend that fails silently (probes time out) counted healthy", HEALTH),
+    M("health-not-applied", "lab/lb.py", "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
+      "the command line's health results never reach the LB's table", HEALTH),
+    M("lb-cli-timeouts-ignored", "lab/lb.py", "mode=a.mode, timeouts=read_timeouts(a))", "mode=a.mode, timeouts=None)",
+      "--timeout accepted and ignored", (["tests/test_lb_health.py"], [])),
     M("watch-host-bits", "ebpf/tc_mirror.py", "net = ipaddress.ip_network(text.strip(), strict=True)",
       "net = ipaddress.ip_network(text.strip(), strict=False)", "a CIDR with host bits set accepted silently",
       WATCH_PY),
@@ -269,6 +279,12 @@ def _failed_test(output: str) -> str | None:
     return None
 
 
+def _interruptible():
+    """In the pytest child: SIGINT as Python's default (a KeyboardInterrupt that
+    tears testbeds down), even if this process was started with it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc, grace=60):
     """SIGINT (pytest unwinds its fixtures: namespaces removed), SIGKILL after `grace` s."""
     proc.send_signal(signal.SIGINT)
@@ -285,7 +301,7 @@ def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
                              "-o", "addopts=", *args], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=_interruptible)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -408,8 +424,11 @@ def main(a) -> int:
     if os.geteuid() != 0:
         print("lab mutants: error: the tests run real namespaces and BPF programs: run as root", file=sys.stderr)
         return 2
-    # SIGTERM unwinds as Ctrl-C does, through Edited: the file is put back before we exit
+    # SIGTERM unwinds as Ctrl-C does, through Edited: the file is put back before we exit.
+    # SIGINT too when started in the background (`... &` ignores it): its pytest
+    # children, which inherit the disposition, are stopped with it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         path = run(chosen, a.out)
     except KeyboardInterrupt:

@@ -1,9 +1,11 @@
 """A UDP and TCP echo service and its client, for traffic through the fast paths
 judged by real sockets (each run inside a namespace by the tests):
 
-    python tests/echo.py serve PORT
+    python tests/echo.py serve PORT [COUNT_FILE]
         echoes UDP datagrams (from the address each was sent to) and TCP
-        streams on every address, IPv4 and IPv6; prints "ready" once it listens
+        streams on every address, IPv4 and IPv6; prints "ready" once it listens;
+        with COUNT_FILE, writes there how many TCP connections it has accepted
+        (a health check's probe is one, once its handshake completed)
     python tests/echo.py exchange HOST PORT N
         N UDP exchanges and N TCP connections with a connected socket, payloads
         of varied length (one byte to many segments); prints one JSON line:
@@ -45,7 +47,7 @@ def udp_echo(family, port):
         s.sendmsg([data], [(level, kind, info[0])] if info else [], 0, peer)
 
 
-def serve(port):
+def serve(port, count_file=None):
     t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -60,8 +62,14 @@ def serve(port):
     for family in (socket.AF_INET, socket.AF_INET6):
         threading.Thread(target=udp_echo, args=(family, port), daemon=True).start()
     print("ready", flush=True)
+    accepted = 0
     while True:
         c, _ = t.accept()
+        accepted += 1
+        if count_file:
+            with open(count_file + ".tmp", "w") as f:
+                f.write(str(accepted))
+            os.replace(count_file + ".tmp", count_file)
         threading.Thread(target=one, args=(c,), daemon=True).start()
 
 
@@ -93,6 +101,6 @@ def exchange(host, port, n):
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(int(sys.argv[2]))
+        serve(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         exchange(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

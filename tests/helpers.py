@@ -2,8 +2,13 @@
 code where the kernel refuses it."""
 
 import contextlib
+from collections import Counter
 import ctypes
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,6 +39,12 @@ def run_flows(tb, flows, rate=RATE, sender=None, sender_iface="eth0", dst_mac=No
     with Capture(tb.ns(tb.receiver), tb.receiver_iface, marker) as rx, \
             Capture(tb.ns(tb.monitor), tb.monitor_capture_iface, marker) as mon:
         report = send_frames(tb.ns(sender), sender_iface, frames, rate_pps=rate)
+        # The run's end: the receiver has every frame (a vTAP never holds one back;
+        # where a test expects fewer, this waits its full time), so every copy made
+        # of them has been sent to the monitor; then each capture has read all its
+        # interface counted.
+        rx.finish(Counter(k for k in map(marker, frames) if k))
+        mon.finish()
     assert report.packets == len(frames)
     assert rx.kernel_drops == 0 and mon.kernel_drops == 0, "the capture itself lost frames"
     return report, rx.counts, mon.counts
@@ -229,3 +240,59 @@ class Lines:
             return self.q.get(timeout=timeout)
         except queue.Empty:
             raise AssertionError(f"no {what} within {timeout:g} s") from None
+
+
+# --- the fast paths' command lines, judged by echo sockets (tests/echo.py) ---------------
+
+ROOT = Path(__file__).resolve().parents[1]
+ECHO = str(ROOT / "tests" / "echo.py")
+PORT = 7000  # where the backends listen
+N = 12       # UDP exchanges and TCP connections per family
+
+
+class Tool:
+    """`python -m lab CMD ARGS --json` in a namespace, as a user runs it."""
+
+    def __init__(self, ns, cmd, *args, interval=0.5):
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "lab", cmd, *args, "--json",
+                                   "--interval", str(interval)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.out, self.err = Lines(self.p.stdout), Lines(self.p.stderr)
+        self.attached = json.loads(self.out.wait_for('"attached"', timeout=90))
+
+    def stop(self):
+        """SIGTERM; the last JSON object (its final counters) and every warning."""
+        self.p.send_signal(signal.SIGTERM)
+        assert self.p.wait(timeout=30) == 0
+        lines = [ln for ln in iter(self.out.q.get, None)]
+        warnings = [ln for ln in iter(self.err.q.get, None)]
+        return json.loads(lines[-1]), warnings
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def echo_servers(topo, hosts, count_dir=None):
+    """tests/echo.py serving on each host; with count_dir, each writes how many
+    TCP connections it has accepted to count_dir/HOST."""
+    procs = []
+    for h in hosts:
+        extra = [str(count_dir / h)] if count_dir else []
+        p = topo.popen(h, [sys.executable, ECHO, "serve", str(PORT), *extra], stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def exchange(topo, host, dst, port, n=N):
+    out = topo.run(host, [sys.executable, ECHO, "exchange", dst, str(port), str(n)], capture_output=True, text=True,
+                   timeout=4 * n + 30).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stop_all(procs):
+    for p in procs:
+        p.kill()
+        p.wait()

@@ -26,7 +26,10 @@ PY = sys.executable
 
 
 @pytest.fixture(autouse=True)
-def tools():
+def tools(request):
+    """Suricata and tcpreplay, but for the tests of the pure-Python attack generator."""
+    if request.node.get_closest_marker("generator_only"):
+        return
     require_tool("suricata")
     require_tool("tcpreplay")
 
@@ -52,6 +55,7 @@ def suricata_leftovers():
 
 # --- the generator and its truth -------------------------------------------------------
 
+@pytest.mark.generator_only
 def test_generator_is_deterministic_and_repetitions_multiply_the_truth(tmp_path):
     a, b = attacks.generate(seed=5, repetitions=6), attacks.generate(seed=5, repetitions=6)
     attacks.write_pcap(tmp_path / "a.pcap", a.frames)
@@ -66,6 +70,7 @@ def test_generator_is_deterministic_and_repetitions_multiply_the_truth(tmp_path)
     assert attacks.read_pcap(tmp_path / "a.pcap") == a.frames
 
 
+@pytest.mark.generator_only
 def test_derived_repetitions_keep_each_checksum_right_or_wrong_as_crafted():
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.layers.l2 import Ether

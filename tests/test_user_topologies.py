@@ -7,60 +7,16 @@ commands print. The judges are the receivers: sockets that get every byte back
 
 import json
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from ebpf import xdp
-from helpers import Lines
+from helpers import PORT, N, Tool, echo_servers, exchange, stop_all
 from lab import netns
 from lab.testbeds import user_router, user_segment
 from tests.conftest import ROOT
-
-ECHO = str(ROOT / "tests" / "echo.py")
-PORT = 7000  # where the backends listen
-N = 12       # UDP exchanges and TCP connections per family
-
-
-class Tool:
-    """`python -m lab CMD ARGS --json` in a namespace, as a user runs it."""
-
-    def __init__(self, ns, cmd, *args):
-        self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "lab", cmd, *args, "--json",
-                                   "--interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
-        self.out, self.err = Lines(self.p.stdout), Lines(self.p.stderr)
-        self.attached = json.loads(self.out.wait_for('"attached"', timeout=90))
-
-    def stop(self):
-        """SIGTERM; the last JSON object (its final counters) and every warning."""
-        self.p.send_signal(signal.SIGTERM)
-        assert self.p.wait(timeout=30) == 0
-        lines = [ln for ln in iter(self.out.q.get, None)]
-        warnings = [ln for ln in iter(self.err.q.get, None)]
-        return json.loads(lines[-1]), warnings
-
-    def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
-
-
-def echo_servers(topo, hosts):
-    procs = []
-    for h in hosts:
-        p = topo.popen(h, [sys.executable, ECHO, "serve", str(PORT)], stdout=subprocess.PIPE, text=True)
-        procs.append(p)
-        assert p.stdout.readline().strip() == "ready"
-    return procs
-
-
-def exchange(topo, host, dst, port, n=N):
-    out = topo.run(host, [sys.executable, ECHO, "exchange", dst, str(port), str(n)], capture_output=True, text=True,
-                   timeout=4 * n + 30).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def csum_errors(ns):
@@ -77,12 +33,6 @@ def csum_errors(ns):
         elif len(parts) == 2 and parts[0] in ("Udp6InCsumErrors", "UdpLite6InCsumErrors"):
             total += int(parts[1])
     return total
-
-
-def stop_all(procs):
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 def serve_and_exchange(topo, servers, ns, cmd, args, targets, n=N):

@@ -154,6 +154,10 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
     (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5"], "bad backend '1.2.3.5'"),
     (["--iface", "eth0", "--service", "tcp:[2001:2::1]:80", "--backend", "1.2.3.5:80"], "has no IPv6 backend"),
     (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
+    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "udp=0"],
+     "bad --timeout 'udp=0'"),
+    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "tcp=5"],
+     "bad --timeout 'tcp=5'"),
 ])
 def test_command_line_bad_input_is_one_line(args, message):
     r = subprocess.run([sys.executable, "-m", "lab", "lb", *args], cwd=ROOT, capture_output=True, text=True,

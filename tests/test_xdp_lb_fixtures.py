@@ -15,7 +15,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from ebpf.xdp_lb import XdpLoadBalancer
 
-from fixtures.lb import BE1, BE2, BE6, CLIENT_MAC, PORT_COUNT, PORT_MIN, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
+from fixtures.lb import BE1, BE2, BE6, BE6B, CLIENT_MAC, PORT_COUNT, PORT_MIN, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +43,23 @@ def checksums_valid(frame: bytes) -> bool:
     return True
 
 
-def handshake(rig, sport=40000, src="198.18.7.7"):
+CLIENT4, CLIENT6 = "198.18.7.7", "2001:2:0:7::7"   # the fixtures' client (Rig.from_client)
+FAMILIES = pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+
+
+def l3(v6):
+    return IPv6 if v6 else IP
+
+
+def handshake(rig, sport=40000, src=CLIENT4, v6=False):
     """SYN, SYN-ACK, ACK through the LB; returns (syn out, synack out, ack out)."""
-    syn = rig.run(rig.from_client(TCP(sport=sport, dport=80, flags="S", seq=1000), src=src))
+    syn = rig.run(rig.from_client(TCP(sport=sport, dport=80, flags="S", seq=1000), src=src, v6=v6))
     assert syn.verdict == "XDP_TX"
     out = Ether(syn.data)
     lb_port = out[TCP].sport
     synack = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="SA", seq=5000, ack=1001),
-                                      src=out[IP].dst))
-    ack = rig.run(rig.from_client(TCP(sport=sport, dport=80, flags="A", seq=1001, ack=5001), src=src))
+                                      src=out[l3(v6)].dst, v6=v6))
+    ack = rig.run(rig.from_client(TCP(sport=sport, dport=80, flags="A", seq=1001, ack=5001), src=src, v6=v6))
     return syn, synack, ack
 
 
@@ -70,12 +78,14 @@ def test_syn_creates_a_half_open_session_and_leaves_rewritten(rig):
     assert c["new_sessions"] == 1 and c["to_backend"] == 1 and c["xdp_tx"] == 1
 
 
-def test_reply_is_translated_back_and_the_handshake_establishes(rig):
-    syn, synack, ack = handshake(rig)
+@FAMILIES
+def test_reply_is_translated_back_and_the_handshake_establishes(rig, v6):
+    syn, synack, ack = handshake(rig, v6=v6)
     assert synack.verdict == "XDP_TX"
     back = Ether(synack.data)
     assert (back.src, back.dst) == (rig.mac, CLIENT_MAC)
-    assert (back[IP].src, back[TCP].sport, back[IP].dst, back[TCP].dport) == (VIP, 80, "198.18.7.7", 40000)
+    assert (back[l3(v6)].src, back[TCP].sport, back[l3(v6)].dst, back[TCP].dport) == \
+        ((VIP6, 80, CLIENT6, 40000) if v6 else (VIP, 80, CLIENT4, 40000))
     assert checksums_valid(synack.data)
     assert ack.verdict == "XDP_TX" and checksums_valid(ack.data)
     assert Ether(ack.data)[TCP].sport == Ether(syn.data)[TCP].sport   # the same LB port all along
@@ -84,48 +94,57 @@ def test_reply_is_translated_back_and_the_handshake_establishes(rig):
     assert rig.lb.counters()["established"] == 1
 
 
-def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig):
-    syn, *_ = handshake(rig)
+@FAMILIES
+def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig, v6):
+    syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001))).verdict == "XDP_TX"
-    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5001, ack=1002))).verdict == "XDP_TX"
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict \
+        == "XDP_TX"
+    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5001, ack=1002), v6=v6)).verdict \
+        == "XDP_TX"
     assert len(rig.lb.sessions()) == 1
-    last = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002)))
+    last = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6))
     assert last.verdict == "XDP_TX"            # the last ACK still reaches the backend
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
     # and nothing of it is left: a stray ACK now has no session
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002))).verdict == "XDP_DROP"
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).verdict \
+        == "XDP_DROP"
     assert rig.lb.counters()["drop_no_session"] == 1
 
 
-def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(rig):
+@FAMILIES
+def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(rig, v6):
     """The client's FIN half-closes: the backend may go on sending, and the client ACKs what it gets.
     Those ACKs must not end the session; only the ACK after both FINs does."""
-    syn, *_ = handshake(rig)
+    syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001))).verdict == "XDP_TX"
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict \
+        == "XDP_TX"
     for i in range(3):                         # the backend's data after the client's FIN, each ACKed
         data = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="PA", seq=5001 + 100 * i, ack=1002)
-                                        / Raw(b"x" * 100)))
+                                        / Raw(b"x" * 100), v6=v6))
         assert data.verdict == "XDP_TX" and Ether(data.data)[TCP].dport == 40000
-        ack = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5101 + 100 * i)))
+        ack = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5101 + 100 * i), v6=v6))
         assert ack.verdict == "XDP_TX"
         (s,) = rig.lb.sessions()
-        assert s["state"] == "established" and s["fin"] == 0x10   # half-closed (the client's FIN seen), and still there
+        assert s["state"] == "established" and s["fin"] == 0x10   # half-closed (the client's FIN seen), still there
     assert rig.lb.counters()["closed_fin"] == 0
-    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002))).verdict == "XDP_TX"
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302))).verdict == "XDP_TX"
+    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002), v6=v6)).verdict \
+        == "XDP_TX"
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302), v6=v6)).verdict \
+        == "XDP_TX"
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
 
 
+@FAMILIES
 @pytest.mark.parametrize("side", ["client", "backend"])
-def test_rst_from_either_side_ends_the_session(rig, side):
-    syn, *_ = handshake(rig)
+def test_rst_from_either_side_ends_the_session(rig, side, v6):
+    syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
     if side == "client":
-        r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="R", seq=1001)))
+        r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="R", seq=1001), v6=v6))
     else:
-        r = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="R", seq=5001)))
+        r = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="R", seq=5001), v6=v6))
     assert r.verdict == "XDP_TX" and checksums_valid(r.data)
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_rst"] == 1
 
@@ -237,19 +256,27 @@ def test_a_non_syn_without_a_session_is_dropped(rig):
     assert r.verdict == "XDP_DROP" and rig.lb.counters()["drop_no_session"] == 1
 
 
-def test_udp_session_and_reply(net):
+@FAMILIES
+def test_udp_session_and_reply(net, v6):
     r = Rig(net, services=("udp",))
+    ip = l3(v6)
+    want_out = (SELF6, BE6, 8080) if v6 else (SELF4, BE1, 8080)
+    want_back = (VIP6, 80, CLIENT6, 5353) if v6 else (VIP, 80, CLIENT4, 5353)
     try:
-        q = r.run(r.from_client(UDP(sport=5353, dport=80) / b"query"))
+        q = r.run(r.from_client(UDP(sport=5353, dport=80) / b"query", v6=v6))
         assert q.verdict == "XDP_TX" and checksums_valid(q.data)
         out = Ether(q.data)
-        assert (out[IP].src, out[IP].dst, out[UDP].dport) == (SELF4, BE1, 8080) and out[UDP].load == b"query"
-        a = r.run(r.from_backend(UDP(sport=8080, dport=out[UDP].sport) / b"answer"))
+        assert (out[ip].src, out[ip].dst, out[UDP].dport) == want_out and out[UDP].load == b"query"
+        assert out[UDP].chksum != 0                    # a UDP checksum is never dropped, in IPv6 it is mandatory
+        a = r.run(r.from_backend(UDP(sport=8080, dport=out[UDP].sport) / b"answer", v6=v6))
         assert a.verdict == "XDP_TX" and checksums_valid(a.data)
         back = Ether(a.data)
-        assert (back[IP].src, back[UDP].sport, back[IP].dst, back[UDP].dport) == (VIP, 80, "198.18.7.7", 5353)
+        assert (back[ip].src, back[UDP].sport, back[ip].dst, back[UDP].dport) == want_back
         (s,) = r.lb.sessions()
         assert s["state"] == "udp" and not s["half_open"]
+        # the same flow again: the same session, the same LB port
+        q2 = r.run(r.from_client(UDP(sport=5353, dport=80) / b"again", v6=v6))
+        assert Ether(q2.data)[UDP].sport == out[UDP].sport and len(r.lb.sessions()) == 1
     finally:
         r.close()
 
@@ -278,24 +305,35 @@ def test_dsr_rewrites_only_the_mac(net):
         r.close()
 
 
-def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net):
-    r = Rig(net, backends=((BE1, 1), (BE2, 3)))
+@FAMILIES
+def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net, v6):
+    one, three = (BE6, BE6B) if v6 else (BE1, BE2)
+    r = Rig(net, backends=((BE1, 1), (BE2, 3)), backends6=((BE6, 1), (BE6B, 3)))
+    ip = l3(v6)
+    vip, be = (f"tcp:[{VIP6}]:80", lambda a: f"[{a}]:8080") if v6 else (f"tcp:{VIP}:80", lambda a: f"{a}:8080")
+
+    def client(i):
+        return f"2001:2:0:{7 + i // 200:x}::{i % 200 + 1:x}" if v6 else f"198.18.{7 + i // 200}.{i % 200 + 1}"
+
+    def syn(i, sport):
+        l4 = TCP(sport=sport, dport=80, flags="S")
+        return Ether(src=CLIENT_MAC, dst=r.mac) / (IPv6(src=client(i), dst=VIP6) if v6 else IP(src=client(i), dst=VIP)) / l4
     try:
         dst = []
         for i in range(400):
-            res = r.run(r.from_client(TCP(sport=30000 + i, dport=80, flags="S"), src=f"198.18.{7 + i // 200}.{i % 200 + 1}"))
-            dst.append(Ether(res.data)[IP].dst)
-        share = dst.count(BE2) / len(dst)
+            res = r.run(syn(i, 30000 + i))
+            assert res.verdict == "XDP_TX"
+            dst.append(Ether(res.data)[ip].dst)
+        assert set(dst) == {one, three}
+        share = dst.count(three) / len(dst)
         assert 0.65 <= share <= 0.85, share      # 3 of 4 by weight, within a stated tolerance
-        # drain BE2: new sessions avoid it, a session it holds goes on
-        held = next(i for i, d in enumerate(dst) if d == BE2)
-        r.lb.set_backends(f"tcp:{VIP}:80", {f"{BE1}:8080": 1, f"{BE2}:8080": 0})
-        src = f"198.18.{7 + held // 200}.{held % 200 + 1}"
-        again = r.run(r.from_client(TCP(sport=30000 + held, dport=80, flags="S"), src=src))
-        assert Ether(again.data)[IP].dst == BE2          # its half-open session still holds it
-        fresh = [Ether(r.run(r.from_client(TCP(sport=50000 + i, dport=80, flags="S"), src="198.18.9.9")).data)[IP].dst
-                 for i in range(50)]
-        assert set(fresh) == {BE1}
+        # drain the heavier one: new sessions avoid it, a session it holds goes on
+        held = next(i for i, d in enumerate(dst) if d == three)
+        r.lb.set_backends(vip, {be(one): 1, be(three): 0})
+        again = r.run(syn(held, 30000 + held))
+        assert Ether(again.data)[ip].dst == three        # its half-open session still holds it
+        fresh = [Ether(r.run(syn(399, 50000 + i)).data)[ip].dst for i in range(50)]
+        assert set(fresh) == {one}
     finally:
         r.close()
 

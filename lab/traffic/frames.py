@@ -193,16 +193,23 @@ class Capture:
     A VLAN tag the kernel moved into packet metadata is put back into the frame
     (as libpcap does), so frames are seen as they were on the wire. `counts` maps
     classifier results to counts; `frames` keeps the raw frames if keep=True.
+
+    A run ends (the `with` block's exit, or finish()) once the counts reach
+    `expect`, if given, and then once the socket has read every frame the
+    interface has counted: on the state, never on a quiet period. `unseen`:
+    frames the run sends that the interface counts but its kernel discards
+    before any packet socket (a VLAN tag cut short).
     """
 
-    def __init__(self, ns, ifname, classify, direction="in", keep=False):
+    def __init__(self, ns, ifname, classify, direction="in", keep=False, expect=None, unseen=0):
         self.ns, self.ifname, self.classify = ns, ifname, classify
-        self.direction, self.keep = direction, keep
+        self.direction, self.keep, self.expect, self.unseen = direction, keep, expect, unseen
         self.counts = Counter()
         self.frames = []
         self.kernel_drops = 0
         self._stop = threading.Event()
-        self._last = time.monotonic()
+        self._read = 0      # frames of `direction` taken off the socket, classified or not
+        self._dropped = 0   # frames the socket's queue dropped (either direction)
 
     def __enter__(self):
         self.sock = packet_socket(self.ns, self.ifname, ETH_P_ALL)
@@ -212,6 +219,9 @@ class Capture:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
         self.sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         self.sock.settimeout(0.05)
+        self._base = self._device_frames()
+        self._socket_stats()               # (reading them resets them: start from zero)
+        self._dropped = 0
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -228,6 +238,7 @@ class Capture:
             outgoing = addr[2] == PACKET_OUTGOING
             if (self.direction == "in" and outgoing) or (self.direction == "out" and not outgoing):
                 continue
+            self._read += 1
             for level, kind, payload in anc:
                 if level == SOL_PACKET and kind == PACKET_AUXDATA and len(payload) >= size:
                     aux = _Aux.from_buffer_copy(payload[:size])
@@ -238,22 +249,66 @@ class Capture:
             if key is None:
                 continue
             self.counts[key] += 1
-            self._last = time.monotonic()
             if self.keep:
                 self.frames.append(data)
 
-    def wait_quiet(self, quiet=0.3, timeout=5.0):
-        """Wait until no classified frame has arrived for `quiet` seconds."""
+    def _device_frames(self) -> int:
+        """Frames the interface received (or sent, direction="out"), by the
+        kernel's own count: a received frame is counted before packet sockets
+        see it, so this socket has read it once its count is reached."""
+        from ..metrics import iface_counters
+        return iface_counters(self.ns, self.ifname)["rx_packets" if self.direction == "in" else "tx_packets"]
+
+    def _socket_stats(self):
+        self._dropped += struct.unpack("II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
+
+    def reached(self, expect) -> bool:
+        """The counts have reached `expect`: a total, or {key: count}."""
+        if isinstance(expect, int):
+            return sum(self.counts.values()) >= expect
+        return all(self.counts[k] >= n for k, n in expect.items())
+
+    def wait_for(self, expect, timeout=10.0) -> bool:
+        """Wait until the counts reach `expect` (see reached()); False if they do
+        not within `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and time.monotonic() - self._last < quiet:
-            time.sleep(0.05)
+        while not self.reached(expect):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def drain(self, timeout=2.0) -> bool:
+        """Wait until every frame the interface has counted so far (in this
+        capture's direction, by the kernel) has passed this socket and been
+        classified: then no frame that reached the interface is still on its
+        way to `counts`. False if that does not happen within `timeout` (frames
+        the interface counts but never hands to packet sockets: those an XDP
+        program there drops or sends back)."""
+        deadline = time.monotonic() + timeout
+        target = self._device_frames() - self._base
+        while True:
+            self._socket_stats()
+            if self._read + self._dropped + self.unseen >= target:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
+    def finish(self, expect=None, timeout=10.0):
+        """End of a run: wait for `expect` (if given), then for every frame the
+        interface has counted to be classified. No waiting on silence."""
+        if expect is not None:
+            self.wait_for(expect, timeout)
+        self.drain()
 
     def __exit__(self, *exc):
-        self.wait_quiet()
+        if exc[0] is None:
+            self.finish(self.expect)
         self._stop.set()
         self._thread.join()
-        stats = self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
-        self.kernel_drops = struct.unpack("II", stats)[1]
+        self._socket_stats()
+        self.kernel_drops = self._dropped
         self.sock.close()
         return False
 

@@ -45,7 +45,7 @@ REDIRECT = (["tests/test_redirect_fixtures.py", "tests/test_partial_csum.py"],
             ["tests/test_redirect.py", "tests/test_user_topologies.py", "tests/test_redirects.py"])
 TC_REDIRECT = (["tests/test_tc_redirect.py"], ["tests/test_redirects.py"])
 LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py"],
-      ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py"])
+      ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"])
 LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
 HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])

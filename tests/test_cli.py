@@ -372,20 +372,36 @@ def test_oversize_copies_are_announced_once(tb1):
     the copies that no longer fit, and says so once, not per interval."""
     from lab.traffic import Marker, build, send_frames
     proc = start_vtap(tb1, ["--interval", "0.1"])
-    err = Stderr(proc)
+    err, out = Stderr(proc), Lines(proc.stdout)
     tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "mtu", "1000"])
-    time.sleep(0.5)  # a few intervals: vtap reads the new MTU into its map
     marker = Marker()
+
+    def big(n):
+        return build([Flow("big", WATCHED_SRC4, RX4, count=n, size=1200)], marker, tb1.sender_mac, tb1.next_hop_mac)
+
+    def counted(matched):
+        """vtap's counters once its rows show `matched` watched frames."""
+        while True:
+            c = json.loads(out.next(what="a row of counters"))
+            if c.get("matched", 0) >= matched:
+                return c
+    # one frame at a time until one is counted oversize: from then on vtap has the new MTU
+    probes, deadline = 0, time.monotonic() + 30
+    while True:
+        send_frames(tb1.ns("sender"), "eth0", big(1))
+        probes += 1
+        if counted(probes)["oversize"]:
+            break
+        assert time.monotonic() < deadline, "vtap never read the monitor's new MTU"
     for _ in range(2):
-        frames = build([Flow("big", WATCHED_SRC4, RX4, count=100, size=1200)], marker, tb1.sender_mac,
-                       tb1.next_hop_mac)
-        send_frames(tb1.ns("sender"), "eth0", frames, rate_pps=20000)
-        time.sleep(0.3)
+        send_frames(tb1.ns("sender"), "eth0", big(100), rate_pps=20000)
+    assert counted(probes + 200)["matched"] == probes + 200
     err.wait_for("copies were longer than monitor mon0's MTU (1000) allows")
     proc.send_signal(signal.SIGINT)
-    final = json.loads(proc.stdout.read().splitlines()[-1])
+    final = json.loads([ln for ln in iter(lambda: out.next(what="the final row"), None)][-1])
     assert proc.wait(timeout=15) == 0
-    assert final["oversize"] == 200 and err.text().count("longer than monitor") == 1
+    assert final["event"] == "final" and final["oversize"] == 201    # the last probe and every one after it
+    assert err.text().count("longer than monitor") == 1
 
 
 def test_watch_list_from_standard_input(tb1):

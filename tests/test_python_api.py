@@ -21,7 +21,7 @@ from lab import Flow, Sampler, Topology, dead_runs, leftovers, live, netns, remo
 from lab.topology import RUN_DIR
 
 from conftest import ROOT
-from helpers import execute_notebook
+from helpers import execute_notebook, wait_for
 
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
 
@@ -194,7 +194,11 @@ def _interrupted_loop(tap, delay):
             tap.attach("eth0", "both")
             for f in tap.tc_filters:
                 tap.detach_tc(f)
-        time.sleep(1)
+        timer.join()          # the loop ended first: the interrupt is due now,
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:   # raised at a bytecode boundary of this loop
+            time.sleep(0.001)
+        pytest.fail("the interrupt never arrived")
     except KeyboardInterrupt:
         pass
     timer.join()
@@ -213,10 +217,15 @@ def test_an_interrupt_leaves_objects_usable(tb1):
         view = live(tap, seconds=10, interval=0.1)
         assert view.interrupted
         # traffic: the send stops, the testbed and the program go on
+        from lab.metrics import iface_counters
+        rx0, seen0 = iface_counters(tb1.ns("receiver"), "eth0")["rx_packets"], tap.counters()["seen"]
         _interrupt_after(0.5)
         with pytest.raises(KeyboardInterrupt):
             tb1.send(Flow("w", tb1.src4, tb1.dst4, count=2000), rate_pps=1000)
-        time.sleep(0.2)
+        # every frame the interrupted send got out has passed the vTAP (the receiver's
+        # kernel counts a frame before its ingress hook runs) before the counters restart
+        wait_for(lambda: tap.counters()["seen"] - seen0 ==
+                 iface_counters(tb1.ns("receiver"), "eth0")["rx_packets"] - rx0, what="the vTAP to see every frame")
         tap.reset_counters()
         with tb1.capture() as mon:
             tb1.send(Flow("again", tb1.src4, tb1.dst4, count=50))
@@ -246,7 +255,9 @@ def test_sampler_rates_add_up_to_the_counters(tb1):
         flow = Flow("w", tb1.src4, tb1.dst4, count=300, size=200)
         with Sampler(tap, interval=0.1, by_row=True) as s:
             tb1.send(flow, rate_pps=600)
-            time.sleep(0.3)
+            wait_for(lambda: tap.counters()["cloned"] == 300, what="300 copies")
+            n = len(s.times)
+            wait_for(lambda: len(s.times) > n, what="a sample after the last copy")
         counts, rates = s.counts, s.rates
         assert counts["eth0 cloned"].iloc[-1] - counts["eth0 cloned"].iloc[0] == 300
         seconds = [b - a for a, b in zip(s.times, s.times[1:])]

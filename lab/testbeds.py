@@ -173,16 +173,19 @@ class Testbed(_Built):
         stop = threading.Event()  # set when the cell is interrupted: the send ends too
         return await in_thread(self.send, flows, rate_pps, max_seconds, stop, stop=stop)
 
-    def capture(self, host=None, ifname=None, direction="in"):
+    def capture(self, host=None, ifname=None, direction="in", expect=None):
         """A Capture (use it in a `with` block) that counts this testbed's
         frames by flow name as they arrive at host/ifname: by default the
-        monitor's eth0, where the vTAP's copies arrive."""
+        monitor's eth0, where the vTAP's copies arrive. The block ends once the
+        interface's frames have all been counted; with `expect` ({flow: count}),
+        first once the counts reach it (frames still queued on another host
+        are otherwise not waited for)."""
         from .traffic import Capture
         host = host or self.monitor
         if ifname is None:
             ifname = {self.monitor: self.monitor_capture_iface, self.receiver: self.receiver_iface,
                       self.sender: self.sender_iface}.get(host, "eth0")
-        return Capture(self.ns(host), ifname, self.marker, direction=direction)
+        return Capture(self.ns(host), ifname, self.marker, direction=direction, expect=expect)
 
 
 def testbed1(mtu=1500) -> Testbed:

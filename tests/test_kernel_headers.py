@@ -162,6 +162,68 @@ def test_udp_checksum_that_comes_out_zero_is_sent_as_ffff(prog):
     assert Ether(r.data)[UDP].chksum == 0xFFFF and r.data == want
 
 
+# --- the incremental update's arithmetic, where it is easy to get wrong ---------------
+# A second implementation of csum_replace4 (RFC 1624, eqn. 3) as the program computes
+# it: 16-bit words as a little-endian CPU loads them from network order, the sum folded
+# until no carry is left. It is used only to choose payloads that make the rare cases;
+# the verdict is still scapy's checksum from scratch.
+
+def _swap(w):
+    return ((w & 0xFF) << 8) | (w >> 8)
+
+
+def _replace4_sum(check_be, old_addr, new_addr):
+    """The unfolded sum csum_replace4() makes for a UDP checksum `check_be`
+    (as on the wire) when an IPv4 address changes."""
+    import ipaddress
+    old = int.from_bytes(ipaddress.ip_address(old_addr).packed, "little")
+    new = int.from_bytes(ipaddress.ip_address(new_addr).packed, "little")
+    return ((~_swap(check_be)) & 0xFFFF) + ((~(old >> 16)) & 0xFFFF) + ((~(old & 0xFFFF)) & 0xFFFF) + \
+        (new >> 16) + (new & 0xFFFF)
+
+
+def _fold(s):
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return s
+
+
+def _udp4_with_word(word):
+    return eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(sport=40000, dport=8080) / \
+        Raw(word.to_bytes(2, "big") + b"x" * 6)
+
+
+def _payload_where(condition):
+    """The first payload word for which condition(sum csum_replace4 makes) holds,
+    for the destination address rewrite of _udp4_with_word(); the frame."""
+    base = Ether(bytes(_udp4_with_word(0)))[UDP].chksum
+    rest = (~base) & 0xFFFF                      # the datagram's sum without the word
+    for word in range(0x10000):
+        check = (~_fold(rest + word)) & 0xFFFF or 0xFFFF
+        if condition(_replace4_sum(check, "198.18.0.17", NEW4)):
+            frame = _udp4_with_word(word)
+            assert Ether(bytes(frame))[UDP].chksum == check, "the model disagrees with scapy"
+            return frame
+    raise AssertionError("no payload makes the case")
+
+
+def test_an_update_whose_sum_carries_twice_is_folded_to_the_end(prog):
+    """A sum whose first fold carries again: folded once, the carry is lost."""
+    frame = _payload_where(lambda s: (s & 0xFFFF) + (s >> 16) > 0xFFFF)
+    r = testrun.run(prog, bytes(frame))
+    assert r.verdict == "XDP_TX" and r.data == expected(frame, 4)
+
+
+def test_a_udp_checksum_that_is_zero_between_two_rewrites_is_not_taken_for_none(prog):
+    """The address rewrite makes the UDP checksum 0: it must become 0xFFFF, or the
+    port rewrite that follows takes the datagram for one without a checksum and
+    leaves it 0 (the receiver then checks nothing)."""
+    frame = _payload_where(lambda s: (~_fold(s)) & 0xFFFF == 0)
+    r = testrun.run(prog, bytes(frame))
+    assert r.verdict == "XDP_TX" and r.data == expected(frame, 4)
+    assert Ether(r.data)[UDP].chksum != 0
+
+
 UNTOUCHED = [
     ("arp", Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff", type=0x0806) / Raw(b"\x00" * 28), "XDP_PASS"),
     ("ipv4 fragment (not the first)", eth() / IP(src="198.18.1.10", dst="198.18.0.17", frag=10, proto=17) /
@@ -180,6 +242,8 @@ UNTOUCHED = [
     ("ihl below 5", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17", ihl=4) / UDP(dport=8080)), "XDP_DROP"),
     ("truncated udp", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080))[:14 + 20 + 6],
      "XDP_DROP"),
+    ("udp length below its own header", eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080, len=7) /
+     PAYLOAD, "XDP_DROP"),
     ("tcp doff beyond the frame", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") /
                                         TCP(dport=8080, dataofs=15)), "XDP_DROP"),
 ]

@@ -29,11 +29,11 @@ def rtb(request):
         yield tb
 
 
-def to_service(tb, n, family=4, ttl=64, size=200, dport=None):
-    """n datagrams from the client to the service, as crafted frames (one flow)."""
+def to_service(tb, n, family=4, ttl=64, size=200, dport=None, marker=None):
+    """n datagrams from the client to the service, as crafted frames (one flow, "s")."""
     src, dst = (tb.client4, tb.vip4) if family == 4 else (tb.client6, tb.vip6)
     flow = Flow("s", src, dst, "udp", sport=40000, dport=dport or tb.service_port, count=n, size=size)
-    frames = build([flow], Marker(), tb.topo.mac("client", "eth0"), tb.topo.mac("dut", "eth0"))
+    frames = build([flow], marker or Marker(), tb.topo.mac("client", "eth0"), tb.topo.mac("dut", "eth0"))
     if ttl != 64:
         from scapy.layers.l2 import Ether
         frames = [bytes(Ether(f)) for f in frames]
@@ -43,8 +43,12 @@ def to_service(tb, n, family=4, ttl=64, size=200, dport=None):
 
 def _with_ttl(p, ttl):
     from scapy.layers.inet import IP
-    p[IP].ttl = ttl
-    del p[IP].chksum
+    from scapy.layers.inet6 import IPv6
+    if IPv6 in p:
+        p[IPv6].hlim = ttl
+    else:
+        p[IP].ttl = ttl
+        del p[IP].chksum
     return p.__class__(bytes(p))
 
 
@@ -135,6 +139,36 @@ def test_forward_leaves_to_the_kernel_what_its_fast_path_cannot_take(rtb):
         assert c["slow_too_big"] == 20 and c["xdp_redirect"] == 49
         wait_for(lambda: at_server() >= 50 + 20, what="70 datagrams at the server")
     assert at_server() == 50 + 20  # the kernel delivered them all (the big ones in fragments), the TTL 1 ones none
+
+
+def test_forward_in_ipv6_decrements_the_hop_limit_and_leaves_1_and_too_big_to_the_kernel(rtb):
+    """As TTL 1 in IPv4: the kernel, not the fast path, answers a hop limit of 1
+    (ICMPv6 time exceeded), and a packet larger than the egress MTU (ICMPv6
+    packet too big: IPv6 routers do not fragment); neither reaches the server.
+    What the fast path forwards arrives with its hop limit one lower."""
+    from lab.traffic import Capture
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+    at_server = nft_udp_counter(rtb.ns("server"), rtb.backend_port)
+    with XdpRedirect(rtb.rules("udp", families=(6,)), action="forward", netns=rtb.ns("dut")) as prog:
+        prog.attach(rtb.dut_in)
+        prog.attach(rtb.dut_out)
+        send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, family=6, ttl=1), rate_pps=2000)
+        wait_for(lambda: prog.counters()["seen"] >= 20, what="20 datagrams with hop limit 1 at the router")
+        c = prog.counters()
+        assert c["slow_ttl"] == 20 and c["xdp_redirect"] == 0 and c["to_backend"] == 20
+        marker = Marker()
+        with Capture(rtb.ns("server"), "eth0", marker, keep=True, expect=20) as cap:
+            send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, family=6, ttl=2, marker=marker), rate_pps=2000)
+        assert cap.counts == {"s": 20} and {Ether(f)[IPv6].hlim for f in cap.frames} == {1}
+        # 1300 bytes of IPv6 to an egress of 1280: too big by the whole packet (header included)
+        rtb.topo.run("dut", ["ip", "link", "set", rtb.dut_out, "mtu", "1280"])
+        send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, family=6, size=14 + 1300), rate_pps=2000)
+        wait_for(lambda: prog.counters()["slow_too_big"] >= 20, what="20 datagrams too big for eth1")
+        c = prog.counters()
+        assert c["slow_ttl"] == 20 and c["slow_too_big"] == 20
+        assert c["xdp_redirect"] + c["slow_no_neigh"] == 20   # the hop-limit-2 ones only
+    assert at_server() == 20
 
 
 def redirect_cli(tb, *args, **kw):

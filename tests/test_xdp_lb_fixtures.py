@@ -251,9 +251,13 @@ def test_service_traffic_it_cannot_forward_right_is_dropped_by_reason(rig, what,
     assert c[reason] == 1 == c["xdp_drop"] and rig.lb.sessions() == [], what
 
 
-def test_a_non_syn_without_a_session_is_dropped(rig):
-    r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=5)))
+@pytest.mark.parametrize("flags", ["A", "SA", "FA", "PA"])
+def test_a_non_syn_without_a_session_is_dropped(rig, flags):
+    """Only a SYN (without ACK) opens a session: a SYN-ACK from outside is an
+    answer to nothing here (a reflection, or a scan) and opens none."""
+    r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags=flags, seq=5)))
     assert r.verdict == "XDP_DROP" and rig.lb.counters()["drop_no_session"] == 1
+    assert rig.lb.sessions() == [] and rig.lb.counters()["new_sessions"] == 0
 
 
 @FAMILIES

@@ -106,6 +106,7 @@ def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig, v6):
     last = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6))
     assert last.verdict == "XDP_TX"            # the last ACK still reaches the backend
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
+    assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))   # its LB port is free again
     # and nothing of it is left: a stray ACK now has no session
     assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).verdict \
         == "XDP_DROP"
@@ -147,6 +148,7 @@ def test_rst_from_either_side_ends_the_session(rig, side, v6):
         r = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="R", seq=5001), v6=v6))
     assert r.verdict == "XDP_TX" and checksums_valid(r.data)
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_rst"] == 1
+    assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))
 
 
 def test_two_clients_with_the_same_source_port_get_different_lb_ports(rig):

@@ -73,16 +73,22 @@ def test_open_loop_charges_a_stall_to_the_requests_due_during_it(bed):
     assert r.percentile(99) >= (stall - 0.1) * 1000, (stall, r.quantiles_ms[-6:])
 
 
-def queued_at(ns, port):
-    """Bytes waiting to be read on the namespace's established TCP sockets of
-    local port `port` (/proc/net/tcp, as the kernel counts them)."""
-    text = netns.run(ns, ["cat", "/proc/net/tcp"], capture_output=True, text=True).stdout
-    waiting = 0
-    for line in text.splitlines()[1:]:
+def tcp_sockets(ns, port):
+    """(state, bytes waiting to be read) of each TCP socket of local port `port`
+    in namespace `ns`, IPv4 and IPv6, as the kernel lists them (/proc/net/tcp*;
+    states in hex: 01 ESTABLISHED, 03 SYN_RECV, 08 CLOSE_WAIT, 0A LISTEN)."""
+    text = netns.run(ns, ["cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True, text=True).stdout
+    out = []
+    for line in text.splitlines():
         f = line.split()
-        if int(f[1].split(":")[1], 16) == port and f[3] == "01":   # ESTABLISHED
-            waiting += int(f[4].split(":")[1], 16)
-    return waiting
+        if len(f) > 4 and ":" in f[1] and f[1].rsplit(":", 1)[1] == f"{port:04X}":
+            out.append((f[3], int(f[4].split(":")[1], 16)))
+    return out
+
+
+def queued_at(ns, port):
+    """Bytes waiting to be read on the namespace's established TCP sockets of local port `port`."""
+    return sum(waiting for state, waiting in tcp_sockets(ns, port) if state == "01")
 
 
 def test_wrk_counts_requests_the_servers_saw(bed):
@@ -104,11 +110,8 @@ def served_once_closed(bed, i=0):
     tb, webs = bed
     ns, port = tb.ns(tb.backends[i]), tb.backend_port
 
-    def open_connections():
-        text = netns.run(ns, ["cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True, text=True).stdout
-        return sum(1 for line in text.splitlines() if line.split()[1:2] and ":" in line.split()[1]
-                   and line.split()[1].rsplit(":", 1)[1] == f"{port:04X}" and line.split()[3] in ("01", "03", "08"))
-    wait_for(lambda: open_connections() == 0, timeout=30, what="nginx to close every connection")
+    wait_for(lambda: not [s for s, _ in tcp_sockets(ns, port) if s in ("01", "03", "08")], timeout=30,
+             what="nginx to close every connection")
     return webs[i].requests()
 
 

@@ -20,7 +20,6 @@ root, namespaces and minutes each; choosing the few tests that cover a line,
 fast ones first, is what makes 40 mutants take an hour and not a day.
 """
 
-import argparse
 import csv
 import os
 import re
@@ -190,8 +189,12 @@ MUTANTS = [
       "now - s->last_seen > 2 * cf->timeout_ns[to & 3]", "sessions live twice their timeout", LB),
     M("lb-options-ignored", "ebpf/xdp_lb.bpf.c", "else if (p->iph->ihl != 5)", "else if (p->iph->ihl > 6)",
       "a service's packets with short IPv4 options forwarded", LB),
-    M("lb-port-range-edge", "ebpf/xdp_lb.bpf.c", "port - cf->port_min < cf->port_count)",
-      "port - cf->port_min <= cf->port_count)", "a reply to the port after the LB's range taken for one", LB),
+    # (`<` made `<=` here, a reply to the port after the range looked up too, is equivalent: no session
+    # can hold a port outside the range, so the lookup finds none and the frame passes as before)
+    M("lb-port-range-last", "ebpf/xdp_lb.bpf.c", "port - cf->port_min < cf->port_count)",
+      "port - cf->port_min < cf->port_count - 1)", "a reply to the range's last LB port not taken for one", LB),
+    M("lb-port-range-first", "ebpf/xdp_lb.bpf.c", "port >= cf->port_min &&", "port > cf->port_min &&",
+      "a reply to the range's first LB port not taken for one", LB),
     M("lb-reply-mac", "ebpf/xdp_lb.bpf.c", "__builtin_memcpy(p->eth->h_dest, s->client_mac, ETH_ALEN);",
       "__builtin_memcpy(p->eth->h_dest, s->backend_mac, ETH_ALEN);", "replies sent back to the backend's MAC", LB),
     M("lb-frag-passes", "ebpf/xdp_lb.bpf.c", "\t\t\tst->drop_fragment++;\n\t\t\treturn -2;",
@@ -285,28 +288,39 @@ def _interruptible():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _stop(proc, grace=60):
-    """SIGINT (pytest unwinds its fixtures: namespaces removed), SIGKILL after `grace` s."""
+def _stop(proc, grace=60) -> str:
+    """SIGINT (pytest unwinds its fixtures: namespaces removed), SIGKILL after
+    `grace` s. Returns what it printed."""
     proc.send_signal(signal.SIGINT)
     try:
-        proc.communicate(timeout=grace)
+        out, _ = proc.communicate(timeout=grace)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+def _hung_in(output: str) -> str:
+    """Where a hung test was, from the stack faulthandler dumped: the deepest
+    frame in a test file ("tests/x.py:123 in test_name")."""
+    frames = re.findall(r'File "[^"]*/(tests/[^"]+)", line (\d+) in (\w+)', output)
+    return f"{frames[0][0]}:{frames[0][1]} in {frames[0][2]}" if frames else ""
 
 
 def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     """(killed?, by which test, seconds): pytest on `args`, stopping at the first failure."""
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # faulthandler_timeout: a test that hangs dumps its stack before the timeout, which says where
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
-                             "-o", "addopts=", *args], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "-o", "addopts=", "-o", f"faulthandler_timeout={max(1, timeout - 60)}", *args],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, preexec_fn=_interruptible)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _stop(proc)
-        return True, f"timeout after {timeout} s ({' '.join(args)})", time.monotonic() - t0
+        where = _hung_in(_stop(proc))
+        return True, f"timeout after {timeout} s ({where or ' '.join(args)})", time.monotonic() - t0
     except KeyboardInterrupt:  # pytest tears its testbeds down on SIGINT: let it, then stop
         _stop(proc)
         raise

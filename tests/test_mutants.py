@@ -66,3 +66,17 @@ def test_inside_a_mutant_the_original_can_be_run_again(tmp_path):
             assert (tmp_path / "x.c").read_text() == "b = 2;\n"
         assert (tmp_path / "x.c").read_text() == "b = 3;\n"
     assert (tmp_path / "x.c").read_text() == "b = 2;\n"
+
+
+def test_a_hung_test_is_named_from_the_stack_faulthandler_dumped():
+    """A mutant that makes a test hang is killed by the timeout; the stack
+    pytest's faulthandler dumped first says in which test it hung."""
+    dump = """Timeout (0:19:00)!
+Thread 0x00007f (most recent call first):
+  File "/usr/lib/python3/dist-packages/bcc/table.py", line 340 in __setitem__
+  File "/tmp/m/repo/ebpf/xdp_lb.py", line 220 in set_backends
+  File "/tmp/m/repo/tests/test_xdp_lb_fixtures.py", line 346 in test_maglev_spreads_by_weight
+  File "/tmp/m/repo/.venv/lib/python3.11/site-packages/_pytest/python.py", line 157 in pytest_pyfunc_call
+"""
+    assert mutants._hung_in(dump) == "tests/test_xdp_lb_fixtures.py:346 in test_maglev_spreads_by_weight"
+    assert mutants._hung_in("no stack") == ""

@@ -36,6 +36,26 @@ def skb_mode(prog, on):
     t[t.Key(0)] = t.Leaf(int(on))
 
 
+# --- the benches' own partial frames ----------------------------------------------------
+
+@pytest.mark.parametrize("name", ["udp4", "tcp4", "udp6", "tcp6"])
+@pytest.mark.parametrize("size", [0, 1, 41, 1400])
+def test_the_benches_make_partial_frames_as_the_rfcs_say(name, size):
+    """lab.traffic.partial makes the frames the benches send as a sender with
+    TX checksum offload (--sender-csum partial, xdp-cost): its field must be
+    the pseudo-header's sum as computed here from the RFCs, with the carries
+    folded back in (every one of these sums carries)."""
+    from lab.traffic.partial import partial
+    l3 = IP(src="198.18.255.254", dst="198.19.255.250") if name[-1] == "4" else \
+        IPv6(src="fdff:ffff:ffff::fffe", dst="fdff:ffff:ffff::fffa")   # high words: the sums carry
+    l4 = UDP(sport=40000, dport=8080) if name.startswith("udp") else TCP(sport=40000, dport=80, flags="PA")
+    frame = bytes(rfx.eth() / l3 / l4 / Raw(b"q" * size))
+    want = as_partial(frame)
+    pseudo, _, _ = segment(frame)
+    assert sum(pseudo[i] << 8 | pseudo[i + 1] for i in range(0, len(pseudo), 2)) > 0xFFFF  # it carries
+    assert partial(frame) == want and is_partial(want)
+
+
 # --- the redirect ------------------------------------------------------------------
 
 def rfx_frames():

@@ -6,6 +6,8 @@ LB's interface is `lb`'s eth0 (198.18.1.1, 2001:2:0:1::1), and the backends
 are addresses of the other host, whose neighbour entries the topology fills.
 """
 
+import time
+
 import pytest
 from scapy.layers.inet import IP, TCP, UDP, ICMP
 from scapy.layers.inet6 import (ICMPv6EchoRequest, ICMPv6MLReport2, ICMPv6ND_NA, ICMPv6ND_NS, ICMPv6NDOptSrcLLAddr,
@@ -168,6 +170,12 @@ def test_when_no_lb_port_is_free_the_syn_is_dropped_and_counted(net):
         assert verdicts == ["XDP_TX", "XDP_TX", "XDP_DROP"]
         assert r.lb.counters()["drop_no_port"] == 1
         assert sorted(s["lb_port"] for s in r.lb.sessions()) == [PORT_MIN, PORT_MIN + 1]
+        # the range's first and last ports are both the LB's: the backend's
+        # replies to each go back to their client
+        for s in r.lb.sessions():
+            back = r.run(r.from_backend(TCP(sport=8080, dport=s["lb_port"], flags="SA")))
+            assert back.verdict == "XDP_TX" and Ether(back.data)[IP].dst == s["client"], s
+        assert r.lb.counters()["to_client"] == 2
     finally:
         r.close()
 
@@ -396,6 +404,41 @@ def test_attach_refuses_an_interface_that_does_not_forward(net):
         assert attached(net.ns("be")) == []
     finally:
         lb.close()
+
+
+def age(lb, table, seconds):
+    """Make every session of a table look idle for `seconds`, as the program
+    reads it (last_seen against bpf_ktime_get_ns(), CLOCK_MONOTONIC)."""
+    t = lb.table(table)
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    for k, v in list(t.items()):
+        v.last_seen = now - int(seconds * 1e9)
+        t[k] = v
+
+
+@pytest.mark.parametrize("proto, table, state", [("udp", "sessions", "udp"), ("tcp", "half_open", "syn")])
+def test_the_program_expires_a_session_idle_past_its_timeout_when_it_is_next_seen(net, proto, table, state):
+    """Between sweeps the program itself ends a session idle longer than its
+    state's timeout, when its flow sends again, and starts a new one; one idle
+    for less stays. (Its age is written into the map: no test waits for time.)"""
+    r = Rig(net, services=(proto,))
+    timeout = r.lb.timeouts[state]
+    l4 = (lambda: UDP(sport=5353, dport=80) / b"q") if proto == "udp" else \
+        (lambda: TCP(sport=40000, dport=80, flags="S"))
+    try:
+        assert r.run(r.from_client(l4())).verdict == "XDP_TX"
+        age(r.lb, table, 0.75 * timeout)
+        assert r.run(r.from_client(l4())).verdict == "XDP_TX"
+        c = r.lb.counters()
+        assert (c["new_sessions"], c["expired"]) == (1, 0) and len(r.lb.sessions()) == 1
+        age(r.lb, table, 1.25 * timeout)
+        assert r.run(r.from_client(l4())).verdict == "XDP_TX"
+        c = r.lb.counters()
+        assert (c["new_sessions"], c["expired"]) == (2, 1)
+        (s,) = r.lb.sessions()
+        assert s["idle_s"] < 1   # the new one, seen just now
+    finally:
+        r.close()
 
 
 def test_idle_sessions_are_swept_from_both_tables(net):

@@ -286,9 +286,11 @@ def echo_servers(topo, hosts, count_dir=None):
     return procs
 
 
-def exchange(topo, host, dst, port, n=N):
-    out = topo.run(host, [sys.executable, ECHO, "exchange", dst, str(port), str(n)], capture_output=True, text=True,
-                   timeout=4 * n + 30).stdout
+def exchange(topo, host, dst, port, n=N, expect_none=False):
+    """tests/echo.py exchange from `host`; expect_none: a test that expects no
+    answer tries once, with short timeouts."""
+    argv = [sys.executable, ECHO, "exchange", dst, str(port), str(n), *(["once"] if expect_none else [])]
+    out = topo.run(host, argv, capture_output=True, text=True, timeout=16 * n + 60).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

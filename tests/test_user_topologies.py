@@ -124,7 +124,7 @@ def test_lb_says_why_traffic_fails_without_a_peer_program():
             start = tool.err.wait_for("will be lost", timeout=10)
             assert "veth peer lb" in start and f"({'namespace ' + tb.ns('switch')})" in start
             assert start.rstrip().endswith("fix: --prepare-peer (attaches a pass program to lb while this runs)")
-            got = exchange(tb.topo, "client", tb.vip4, PORT, n=2)
+            got = exchange(tb.topo, "client", tb.vip4, PORT, n=2, expect_none=True)
             hinted = json.loads(tool.out.wait_for('"hint"', timeout=15))
             warning = tool.err.wait_for("no replies", timeout=5)
             final, _ = tool.stop()
@@ -206,7 +206,7 @@ def test_redirect_forward_says_why_traffic_fails_without_peer_programs():
         tool = Tool(tb.ns("router"), "redirect", *redirect_args(tb, tb.routed4, tb.routed6), "--action", "forward")
         try:
             lost = sorted([tool.err.wait_for("will be lost", timeout=10), tool.err.wait_for("will be lost", 10)])
-            got = exchange(tb.topo, "client", tb.routed4, 8080, n=2)
+            got = exchange(tb.topo, "client", tb.routed4, 8080, n=2, expect_none=True)
             tool.out.wait_for('"hint"', timeout=15)
             tool.stop()
         finally:

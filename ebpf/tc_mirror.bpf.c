@@ -193,6 +193,13 @@ static __always_inline int oversize(struct __sk_buff *skb, __u32 mtu, __u32 segs
 	return skb->len - l2 > mtu;
 }
 
+/* A fresh load of the flag at each call (volatile: the compiler may not reuse
+ * an earlier read across the lookups between two calls). */
+static __always_inline int mirror_all(struct vtap_config *cfg)
+{
+	return *(volatile __u32 *)&cfg->flags & VTAP_F_MIRROR_ALL;
+}
+
 int tc_mirror(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
@@ -205,7 +212,13 @@ int tc_mirror(struct __sk_buff *skb)
 		return VERDICT_PASS;
 	st->seen++;
 
-	if (!(cfg->flags & VTAP_F_MIRROR_ALL)) {
+	if (!mirror_all(cfg)) {
+#ifdef VTAP_TEST_RACE_WINDOW
+		/* Tests only: widen the moment between the first read of the flag
+		 * and the lookup, so that a watch-list change lands in it. */
+		for (int i = 0; i < VTAP_TEST_RACE_WINDOW; i++)
+			bpf_get_prandom_u32();
+#endif
 		/* Headers split across pages (GSO, some drivers) are not in the linear
 		 * data the parser reads: pull just enough of them. Rare, so one compare
 		 * is all the common case pays. */
@@ -213,8 +226,14 @@ int tc_mirror(struct __sk_buff *skb)
 		if (linear < PARSE_DEPTH && skb->len > linear)
 			bpf_skb_pull_data(skb, skb->len < PARSE_DEPTH ? skb->len : PARSE_DEPTH);
 
+		/* User space switches mirror-all on before it empties the watch-list,
+		 * and fills the list before it switches mirror-all off. A frame that
+		 * read the flag before the switch and looks up after the emptying
+		 * would be missed, though its address was watched all along: so a
+		 * miss reads the flag again. Found, or the flag on at either read:
+		 * copied. */
 		int verdict = classify(skb);
-		if (verdict != MATCHED) {
+		if (verdict != MATCHED && !mirror_all(cfg)) {
 			if (verdict == NON_IP)
 				st->non_ip++;
 			else if (verdict == MALFORMED)

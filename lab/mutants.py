@@ -105,6 +105,8 @@ MUTANTS = [
       "st->cloned_segs += 1;", "a GSO copy counted as one segment", VTAP, nth=1),
     M("vtap-oversize-boundary", "ebpf/tc_mirror.bpf.c", "return skb->len - l2 > mtu;",
       "return skb->len - l2 >= mtu;", "a copy exactly at the monitor's MTU called oversize", VTAP),
+    M("vtap-mirror-all-read-once", "ebpf/tc_mirror.bpf.c", "if (verdict != MATCHED && !mirror_all(cfg)) {",
+      "if (verdict != MATCHED) {", "a frame missed while the watch-list changes to mirror-all", VTAP),
     M("vtap-helper-failure-uncounted", "ebpf/tc_mirror.bpf.c", "\t\tst->failed++;\n\t\treturn VERDICT_PASS;",
       "\t\treturn VERDICT_PASS;", "--clone helper: a refused copy is not counted as failed", VTAP),
     # --- the shared parsing -----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 sides include, so each is defined once (in C). Standard library only: the
 command line reads these before it imports anything heavier.
 
-    >>> VTAP["VTAP_IF_SLOTS"]
+    >>> defines("vtap.h")["VTAP_IF_SLOTS"]
     256
 """
 
@@ -16,6 +16,3 @@ _DEFINE = re.compile(r"^#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", re.M)
 def defines(header) -> dict[str, int]:
     """Every `#define NAME <integer>` of a header."""
     return {name: int(value, 0) for name, value in _DEFINE.findall((HERE / header).read_text())}
-
-
-VTAP = defines("vtap.h")

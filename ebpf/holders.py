@@ -1,5 +1,6 @@
-"""Which processes hold a BPF program: how a live vTAP is told from a dead one's
-leftovers without a state file.
+"""Which processes hold a BPF program, and what BPF memory a process holds: how
+a live vTAP is told from a dead one's leftovers without a state file, and what
+a program's maps cost.
 
 A program stays loaded while a filter or a file descriptor refers to it. A vTAP
 keeps the fd of its program open as long as it runs; after `kill -9` only the
@@ -48,6 +49,27 @@ def holders(prog_ids) -> dict[int, list[int]]:
             except OSError:
                 continue
     return found
+
+
+def maps_memlock(pids) -> int:
+    """The locked memory of every BPF map the processes hold an fd to, each map
+    once (fdinfo's memlock): what a program's maps cost in kernel memory."""
+    maps = {}  # map id -> bytes: a map may be open on several fds
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fdinfo")
+        try:
+            entries = list(fds.iterdir())
+        except OSError:
+            continue
+        for fd in entries:
+            try:
+                info = fd.read_text()
+            except OSError:
+                continue
+            if "map_type:" in info:
+                fields = dict(ln.split(":", 1) for ln in info.splitlines() if ":" in ln)
+                maps[int(fields["map_id"])] = int(fields["memlock"])
+    return sum(maps.values())
 
 
 def comm(pid: int) -> str:

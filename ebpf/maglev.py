@@ -19,7 +19,9 @@ they are given in.
 
 import hashlib
 
-SIZE = 65537  # prime, as Katran's ring: one slot per ~15 flows at 1M flows over 64 backends
+from .abi import defines
+
+SIZE = defines("xdp_lb.h")["LB_RING_SIZE"]  # the program's ring: a prime, one slot per ~15 flows at 1M flows over 64 backends
 
 
 def _hash64(name: str, salt: bytes) -> int:

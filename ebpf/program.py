@@ -19,6 +19,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from .abi import defines
 from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
 from . import interrupts, netdev, privileges, tc, xdp
 
@@ -27,7 +28,18 @@ HERE = Path(__file__).resolve().parent
 # log is caught by pointing the process's fd 2 elsewhere: one compile, load or
 # cleanup at a time in this process, whichever thread asks.
 _BCC_LOCK = threading.RLock()
-INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums, rewriting
+INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums, rewriting, the one exit
+
+
+def _names(prefix):
+    """The verdicts (V_) or reasons (R_) of include/verdict.h, lowercase, by index."""
+    found = sorted((v, n) for n, v in defines("include/verdict.h").items()
+                   if n.startswith(prefix) and n != prefix + "COUNT")
+    return [n[len(prefix):].lower() for _, n in found]
+
+
+VERDICTS = _names("V_")  # what a program did with a frame: pass, drop, tx, redirect, mirror, aborted
+REASONS = _names("R_")   # why: not_ip, malformed, fragment, unmatched, ...
 
 
 def import_bcc():
@@ -88,6 +100,14 @@ def _verifier_summary(log: str) -> str:
     return lines[-1] if lines else "no verifier log"
 
 
+def _exits(fps) -> dict:
+    """A struct fp_counts per CPU, summed and named."""
+    return {"seen": sum(f.seen for f in fps),
+            "verdict": {n: sum(f.verdict[i] for f in fps) for i, n in enumerate(VERDICTS)},
+            "reason": {n: sum(f.reason[i] for f in fps) for i, n in enumerate(REASONS)},
+            "dropped": {n: sum(f.dropped[i] for f in fps) for i, n in enumerate(REASONS)}}
+
+
 class BpfProgram:
     """Base class: compile, load, attach, read counters, detach.
 
@@ -101,6 +121,12 @@ class BpfProgram:
     SOURCE: str = ""
     ROWS = "total"              # what counter_rows() is per: "interface", "backend", "rule", ...
     MAIN_COUNTERS: tuple = ()   # the counters repr() shows (all of them when empty)
+    # Which of verdict.h's verdicts and reasons the program gives, in the order
+    # its counters show them; DROPS: the reasons it drops for, each also counted
+    # as dropped_<reason>. exits() has them all, for checking these lists.
+    VERDICTS: tuple = ()
+    REASONS: tuple = ()
+    DROPS: tuple = ()
 
     def __init__(self, cflags=(), source=None):
         here = Path(inspect.getfile(type(self))).resolve().parent
@@ -264,6 +290,14 @@ class BpfProgram:
     def xdp_attachments(self):
         return list(self._xdp)
 
+    def detach(self):
+        """Off every hook this object attached to; it stays loaded, to attach
+        again (close() also frees it)."""
+        for a in reversed(self._xdp):
+            self.detach_xdp(a)
+        for f in reversed(self._tc_filters):
+            self.detach_tc(f)
+
     def detach_xdp(self, a):
         with interrupts.held():
             xdp.detach(a)
@@ -274,11 +308,30 @@ class BpfProgram:
         return self.compile()[name.encode()]  # BCC wants bytes; str is deprecated
 
     def percpu_totals(self, map_name: str, index: int = 0) -> dict:
-        """Sum one entry of a per-CPU array of counter structs over all CPUs."""
+        """Sum one entry of a per-CPU array of counter structs over all CPUs. A
+        struct fp_counts (verdict.h) becomes seen, the program's VERDICTS and
+        REASONS, and dropped_<reason> for its DROPS."""
         table = self.table(map_name)
         per_cpu = table.getvalue(table.Key(index))
-        fields = [name for name, _ in table.sLeaf._fields_]  # BCC: Leaf is the per-CPU array
-        return {name: sum(getattr(v, name) for v in per_cpu) for name in fields}
+        out = {}
+        for name, _ in table.sLeaf._fields_:  # BCC: Leaf is the per-CPU array
+            if name == "fp":
+                e = _exits([v.fp for v in per_cpu])
+                out["seen"] = e["seen"]
+                out.update({v: e["verdict"][v] for v in self.VERDICTS})
+                out.update({r: e["reason"][r] for r in self.REASONS})
+                out.update({f"dropped_{r}": e["dropped"][r] for r in self.DROPS})
+            else:
+                out[name] = sum(getattr(v, name) for v in per_cpu)
+        return out
+
+    def exits(self, map_name: str = "stats", index: int = 0) -> dict:
+        """Every verdict and reason of one entry's struct fp_counts, all of
+        verdict.h's names (zero or not): {"seen": n, "verdict": {name: n},
+        "reason": {name: n}, "dropped": {name: n}}. For every program,
+        seen == sum(verdict) == sum(reason)."""
+        table = self.table(map_name)
+        return _exits([v.fp for v in table.getvalue(table.Key(index))])
 
     def counter_rows(self) -> dict:
         """{row: {counter: value}}, one row per ROWS (per interface, backend,

@@ -24,11 +24,15 @@
  *
  * The program only observes: the frame always goes on to the next filter on the
  * hook (if any) and is then passed. It never drops, never edits the original,
- * and a frame it cannot parse is counted, not mirrored by a watch-list.
+ * and a frame it cannot parse is counted, not mirrored by a watch-list. It
+ * parses with the shared parse_l4() (addresses only: PARSE_L3) and every
+ * return goes through fp_exit() (verdict.h), which counts the verdict (pass or
+ * mirror) and the reason.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include "parsing_helpers.h"
+#include "verdict.h"
 #include "vtap.h"
 
 #ifndef VTAP_MATCH_SRC
@@ -51,11 +55,6 @@
 #define VERDICT_PASS TC_ACT_UNSPEC
 #endif
 
-#define MATCHED 1
-#define NOT_WATCHED 0
-#define NON_IP (-1)
-#define MALFORMED (-2)
-
 /* Deepest header we read: Ethernet, two VLAN tags, and an IPv4 header with all
  * its options (60 bytes; IPv6's fixed header is 40). */
 #define PARSE_DEPTH (ETH_HLEN + VLAN_MAX_DEPTH * sizeof(struct vlan_hdr) + 60)
@@ -72,14 +71,14 @@ static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
 #if VTAP_MATCH_SRC
 	key.addr = saddr;
 	if (watch_v4.lookup(&key))
-		return MATCHED;
+		return 1;
 #endif
 #if VTAP_MATCH_DST
 	key.addr = daddr;
 	if (watch_v4.lookup(&key))
-		return MATCHED;
+		return 1;
 #endif
-	return NOT_WATCHED;
+	return 0;
 }
 
 static __always_inline int watched_v6(struct ipv6hdr *ip6)
@@ -89,43 +88,32 @@ static __always_inline int watched_v6(struct ipv6hdr *ip6)
 #if VTAP_MATCH_SRC
 	__builtin_memcpy(key.addr, &ip6->saddr, sizeof(key.addr));
 	if (watch_v6.lookup(&key))
-		return MATCHED;
+		return 1;
 #endif
 #if VTAP_MATCH_DST
 	__builtin_memcpy(key.addr, &ip6->daddr, sizeof(key.addr));
 	if (watch_v6.lookup(&key))
-		return MATCHED;
+		return 1;
 #endif
-	return NOT_WATCHED;
+	return 0;
 }
 
-/* Parse Ethernet, up to two 802.1Q/802.1ad tags and the IP header (the shared
- * parsing_helpers.h, each step bounds-checked there), then look the addresses
- * up. A frame whose headers are cut short or invalid is MALFORMED; one that is
- * not IP is NON_IP: a watch-list can match neither. */
+/* Parse to the IP header (parse_l4, PARSE_L3: extension headers come after
+ * the addresses, and ports are not matched), then look the addresses up.
+ * Returns the reason a frame is not copied (not_ip, malformed, unmatched: a
+ * watch-list can match none of them), or -1 when it is watched. */
 static __always_inline int classify(struct __sk_buff *skb)
 {
-	void *data_end = (void *)(long)skb->data_end;
-	struct hdr_cursor nh = {.pos = (void *)(long)skb->data};
-	struct ethhdr *eth;
-	struct iphdr *iph;
-	struct ipv6hdr *ip6h;
-	int proto = parse_ethhdr(&nh, data_end, &eth);
+	struct l4_pkt p = {};
+	int parsed = parse_l4((void *)(long)skb->data, (void *)(long)skb->data_end, &p, PARSE_L3);
 
-	if (proto < 0)
-		return MALFORMED;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		if (parse_iphdr(&nh, data_end, &iph) < 0)
-			return MALFORMED;
-		return watched_v4(iph->saddr, iph->daddr);
-	}
-	if (proto == bpf_htons(ETH_P_IPV6)) {
-		if (parse_ip6hdr(&nh, data_end, &ip6h) < 0)
-			return MALFORMED;
-		/* Extension headers come after the addresses: nothing to skip. */
-		return watched_v6(ip6h);
-	}
-	return NON_IP;
+	if (parsed == PARSE_NOT_IP)
+		return R_NOT_IP;
+	if (parsed != PARSE_OK)
+		return R_MALFORMED;
+	if (p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h))
+		return -1;
+	return R_UNMATCHED;
 }
 
 /* Length of the Ethernet header and of the VLAN tags still in the data; *proto
@@ -210,7 +198,7 @@ int tc_mirror(struct __sk_buff *skb)
 	/* Array lookups in range cannot fail; the verifier still wants the check. */
 	if (!cfg || !st)
 		return VERDICT_PASS;
-	st->seen++;
+	st->fp.seen++;
 
 	if (!mirror_all(cfg)) {
 #ifdef VTAP_TEST_RACE_WINDOW
@@ -232,21 +220,13 @@ int tc_mirror(struct __sk_buff *skb)
 		 * would be missed, though its address was watched all along: so a
 		 * miss reads the flag again. Found, or the flag on at either read:
 		 * copied. */
-		int verdict = classify(skb);
-		if (verdict != MATCHED && !mirror_all(cfg)) {
-			if (verdict == NON_IP)
-				st->non_ip++;
-			else if (verdict == MALFORMED)
-				st->malformed++;
-			return VERDICT_PASS;
-		}
+		int why = classify(skb);
+		if (why >= 0 && !mirror_all(cfg))
+			return fp_exit(&st->fp, V_PASS, why, VERDICT_PASS);
 	}
-	st->matched++;
 
-	if (cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold) {
-		st->sampled_out++;
-		return VERDICT_PASS;
-	}
+	if (cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
+		return fp_exit(&st->fp, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
 
 	/* The copy leaves through the monitor's egress; the original is untouched. */
 	__u32 segs = skb->gso_segs;
@@ -254,19 +234,15 @@ int tc_mirror(struct __sk_buff *skb)
 		st->oversize++;
 #if VTAP_CLONE_BY_ACTION
 	/* Counted as handed to the action; user space moves the action's own
-	 * failures (monitor gone or down) from `cloned` to `failed`. */
-	st->cloned++;
+	 * failures (monitor gone or down) from `mirrored` to `failed`. */
 	st->cloned_bytes += skb->len;
 	st->cloned_segs += segs > 1 ? segs : 1;
-	return VERDICT_MIRROR;
+	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED, VERDICT_MIRROR);
 #else
-	if (bpf_clone_redirect(skb, cfg->monitor_ifindex, 0) < 0) {
-		st->failed++;
-		return VERDICT_PASS;
-	}
-	st->cloned++;
+	if (bpf_clone_redirect(skb, cfg->monitor_ifindex, 0) < 0)
+		return fp_exit(&st->fp, V_PASS, R_CLONE_FAILED, VERDICT_PASS);
 	st->cloned_bytes += skb->len;
 	st->cloned_segs += segs > 1 ? segs : 1;
-	return VERDICT_PASS;
+	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED, VERDICT_PASS);
 #endif
 }

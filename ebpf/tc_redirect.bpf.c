@@ -7,7 +7,7 @@
  *
  * Kernel: 5.10+ (bpf_redirect_neigh; 5.7+ for __sk_buff gso_size); built and
  * tested on 6.x. On kernels without BPF_F_IPV6 (before 6.16 and its stable
- * backports) the IPv6 checksum update retries without it, see rewrite_addr6().
+ * backports) the IPv6 checksum update retries without it, see skb_rewrite_addr6().
  * Loaded by ebpf/tc_redirect.py (class TcRedirect), direct-action, which passes:
  *   REDIRECT_ACTION   REDIRECT_ACTION_PASS or REDIRECT_ACTION_FORWARD (xdp_redirect.h)
  *
@@ -31,17 +31,18 @@
  *            egress MTU, no route, a VLAN tag) goes to the kernel rewritten, as
  *            `pass` hands it over, counted by reason.
  *
- * The verdicts are counted in struct redirect_stats's XDP-named fields, so one
- * Python class (and one table of counters) serves both programs:
- *   xdp_pass      TC_ACT_OK        (the frame goes on into the stack)
- *   xdp_redirect  TC_ACT_REDIRECT  (bpf_redirect_neigh took it)
- *   xdp_drop      TC_ACT_SHOT      (a helper failed half-way through a rewrite,
- *                                   or bpf_redirect_neigh refused its arguments)
- *   xdp_aborted   anything else    (never returned today)
+ * The verdicts are counted under the names every program uses (verdict.h), so
+ * one Python class (and one table of counters) serves both programs:
+ *   pass      TC_ACT_OK        (the frame goes on into the stack)
+ *   redirect  TC_ACT_REDIRECT  (bpf_redirect_neigh took it)
+ *   drop      TC_ACT_SHOT      (a helper failed half-way through a rewrite,
+ *                              or bpf_redirect_neigh refused its arguments)
+ *   aborted   anything else    (never returned today)
  * slow_no_neigh stays 0: bpf_redirect_neigh resolves the neighbour itself.
  *
- * Frames it must not touch pass unchanged, counted by reason: not IP, no rule,
- * fragments, malformed. Every return goes through count_verdict().
+ * Frames it must not touch pass unchanged, counted by reason: not_ip,
+ * unmatched, fragment, malformed. It parses with the shared parse_l4(), and
+ * every return goes through tc_exit() (verdict.h).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -54,12 +55,6 @@
 #define REDIRECT_ACTION REDIRECT_ACTION_PASS
 #endif
 
-#ifndef AF_INET
-#define AF_INET 2
-#endif
-#ifndef AF_INET6
-#define AF_INET6 10
-#endif
 #ifndef EINVAL
 #define EINVAL 22
 #endif
@@ -110,9 +105,6 @@ struct pkt_fields {
 	int no_l4_csum; /* UDP sent without a checksum (0): see store_flags() */
 };
 
-/* The one exit (redirect_match.h): every verdict is counted. */
-#define count_verdict(st, action) count_verdict_as(st, action, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT)
-
 /* UDP's checksum rules for the helper: a checksum of 0 (IPv4: none) stays 0,
  * and an update that computes 0 writes 0xFFFF, its other form (RFC 768). */
 static __always_inline __u64 l4_flags(const struct pkt_fields *p)
@@ -134,7 +126,7 @@ static __always_inline __u64 store_flags(const struct pkt_fields *p)
 /* An IPv4 address: the L4 checksum through its pseudo-header, the header
  * checksum, then the field. A helper that fails (no memory to un-clone the
  * skb) fails the rewrite, and tc_redirect() drops the packet. */
-static __always_inline int rewrite_addr4(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field, __be32 from,
+static __always_inline int skb_rewrite_addr4(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field, __be32 from,
 					 __be32 to)
 {
 	/* nothing to write; and an update by no difference could still turn a
@@ -153,7 +145,7 @@ static __always_inline int rewrite_addr4(struct __sk_buff *skb, const struct pkt
 
 /* An IPv6 address: only the pseudo-header covers it. The helper takes a
  * 16-byte change as a checksum difference (size 0 in the flags). */
-static __always_inline int rewrite_addr6(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field,
+static __always_inline int skb_rewrite_addr6(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field,
 					 const __u32 *from, const __u32 *to)
 {
 	__u32 old[4], new[4], diff;
@@ -179,7 +171,7 @@ static __always_inline int rewrite_addr6(struct __sk_buff *skb, const struct pkt
 /* A TCP or UDP port: the L4 checksum covers it, not the pseudo-header (so a
  * CHECKSUM_PARTIAL field, which holds the pseudo-header's sum only, is left
  * alone by the helper: the port is summed at transmit). */
-static __always_inline int rewrite_port(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field, __be16 from,
+static __always_inline int skb_rewrite_port(struct __sk_buff *skb, const struct pkt_fields *p, __u32 field, __be16 from,
 					__be16 to)
 {
 	if (from == to)
@@ -273,19 +265,18 @@ static __always_inline int forward(struct __sk_buff *skb, struct redirect_stats 
 int tc_redirect(struct __sk_buff *skb)
 {
 	void *data, *data_end;
-	struct redirect_pkt pk = {};
+	struct l4_pkt pk = {};
 	struct redirect_key key = {};
-	struct redirect_target *to = NULL;
-	struct rule_stats *rs = NULL;
+	struct redirect_target *to;
 	struct pkt_fields p = {};
-	__u32 to_addr[4], zero = 0, linear;
+	__u32 to_addr[4], zero = 0, linear, rule;
 	__be16 to_port;
-	int match, reply, failed;
+	int parsed, reason, reply, failed;
 	struct redirect_stats *st = stats.lookup(&zero);
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return TC_ACT_OK;
-	st->seen++;
+	st->fp.seen++;
 
 	/* Headers split across pages (GSO, some drivers) are not in the linear
 	 * data the parser reads: pull just enough of them. Rare, so one compare
@@ -297,25 +288,23 @@ int tc_redirect(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	match = redirect_parse(data, data_end, &pk, &key);
-	if (match == MATCH_PARSED) {
-		/* to a service? else, from a backend (a reply)? */
-		to = rules.lookup(&key);
-		match = MATCH_TO_BACKEND;
-		if (!to) {
-			reply_key(&pk, &key);
-			to = replies.lookup(&key);
-			match = to ? MATCH_REPLY : MATCH_NO_RULE;
-		}
-		if (to) {
-			__u32 rule = to->rule;
-			rs = rule_stats.lookup(&rule);
-		}
+	parsed = parse_l4(data, data_end, &pk, PARSE_L4);
+	if (parsed != PARSE_OK) /* untouched, counted by reason */
+		return tc_exit(&st->fp, TC_ACT_OK, untouched_reason(parsed));
+	/* to a service? else, from a backend (a reply)? */
+	service_key(&pk, &key);
+	to = rules.lookup(&key);
+	reason = R_TO_BACKEND;
+	if (!to) {
+		reply_key(&pk, &key);
+		to = replies.lookup(&key);
+		reason = R_TO_CLIENT;
 	}
-	count_match(st, match, rs, skb->len);
-	if (!to) /* untouched, counted by reason */
-		return count_verdict(st, TC_ACT_OK);
-	reply = match == MATCH_REPLY;
+	if (!to)
+		return tc_exit(&st->fp, TC_ACT_OK, R_UNMATCHED);
+	rule = to->rule;
+	count_rule(rule_stats.lookup(&rule), reason == R_TO_CLIENT, skb->len);
+	reply = reason == R_TO_CLIENT;
 
 	/* Offsets and values now, while the packet pointers are valid (see
 	 * struct pkt_fields). Offsets by pointer difference: the verifier allows
@@ -351,18 +340,18 @@ int tc_redirect(struct __sk_buff *skb)
 
 	if (reply) {
 		if (p.v4)
-			failed = rewrite_addr4(skb, &p, p.l3 + offsetof(struct iphdr, saddr), p.saddr[0], to_addr[0]);
+			failed = skb_rewrite_addr4(skb, &p, p.l3 + offsetof(struct iphdr, saddr), p.saddr[0], to_addr[0]);
 		else
-			failed = rewrite_addr6(skb, &p, p.l3 + offsetof(struct ipv6hdr, saddr), p.saddr, to_addr);
-		failed = failed || rewrite_port(skb, &p, p.sport, p.sport_val, to_port);
+			failed = skb_rewrite_addr6(skb, &p, p.l3 + offsetof(struct ipv6hdr, saddr), p.saddr, to_addr);
+		failed = failed || skb_rewrite_port(skb, &p, p.sport, p.sport_val, to_port);
 		__builtin_memcpy(p.saddr, to_addr, sizeof(p.saddr));
 		p.sport_val = to_port;
 	} else {
 		if (p.v4)
-			failed = rewrite_addr4(skb, &p, p.l3 + offsetof(struct iphdr, daddr), p.daddr[0], to_addr[0]);
+			failed = skb_rewrite_addr4(skb, &p, p.l3 + offsetof(struct iphdr, daddr), p.daddr[0], to_addr[0]);
 		else
-			failed = rewrite_addr6(skb, &p, p.l3 + offsetof(struct ipv6hdr, daddr), p.daddr, to_addr);
-		failed = failed || rewrite_port(skb, &p, p.sport + sizeof(__be16), p.dport_val, to_port);
+			failed = skb_rewrite_addr6(skb, &p, p.l3 + offsetof(struct ipv6hdr, daddr), p.daddr, to_addr);
+		failed = failed || skb_rewrite_port(skb, &p, p.sport + sizeof(__be16), p.dport_val, to_port);
 		__builtin_memcpy(p.daddr, to_addr, sizeof(p.daddr));
 		p.dport_val = to_port;
 	}
@@ -370,10 +359,10 @@ int tc_redirect(struct __sk_buff *skb)
 	 * or is handed an offset out of the packet: whatever was written so far
 	 * would reach nobody, half rewritten, so the packet stops here. */
 	if (failed)
-		return count_verdict(st, TC_ACT_SHOT);
+		return tc_exit(&st->fp, TC_ACT_SHOT, reason);
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
-	return count_verdict(st, forward(skb, st, &p));
+	return tc_exit(&st->fp, forward(skb, st, &p), reason);
 #else
-	return count_verdict(st, TC_ACT_OK);
+	return tc_exit(&st->fp, TC_ACT_OK, reason);
 #endif
 }

@@ -12,17 +12,13 @@ through the skb helpers (bpf_skb_store_bytes, bpf_l3/l4_csum_replace), and
 `forward` sends with bpf_redirect_neigh, which resolves the next hop's MAC
 itself: no devmap, no neighbour fallback (slow_no_neigh stays 0).
 
-The counters keep XdpRedirect's names, the verdicts included: xdp_pass counts
-TC_ACT_OK, xdp_redirect TC_ACT_REDIRECT, xdp_drop TC_ACT_SHOT (a rewrite that
-failed half-way: no memory to un-clone the skb), xdp_aborted anything else.
+The counters are XdpRedirect's, under the names every program uses
+(include/verdict.h): pass counts TC_ACT_OK, redirect TC_ACT_REDIRECT, drop
+TC_ACT_SHOT (a rewrite that failed half-way: no memory to un-clone the skb),
+aborted anything else.
 """
 
 from .xdp_redirect import XdpRedirect
-
-# What each verdict counter of struct redirect_stats counts in this program.
-VERDICTS = {"xdp_pass": "TC_ACT_OK", "xdp_redirect": "TC_ACT_REDIRECT", "xdp_drop": "TC_ACT_SHOT",
-            "xdp_aborted": "any other"}
-
 
 class TcRedirect(XdpRedirect):
     """Rewrite datagrams to a service so that they reach its backend, and back,

@@ -7,6 +7,8 @@
 #ifndef VTAP_H
 #define VTAP_H
 
+#include "verdict.h"
+
 /* config.flags */
 #define VTAP_F_MIRROR_ALL 1 /* no watch-list: mirror every frame, parsed or not */
 
@@ -29,21 +31,15 @@ struct vtap_config {
 	__u32 monitor_mtu;      /* the monitor's MTU, kept current by user space; 0: unknown */
 };
 
-/* Per-CPU counters, one entry per interface slot.
- * Invariant: matched == cloned + sampled_out + failed. */
+/* Per-CPU counters, one entry per interface slot. Every frame is counted in
+ * fp (verdict.h): seen; verdict pass (not copied) or mirror; and its reason:
+ * not_ip, malformed, unmatched (not on the watch-list), sampled_out, mirrored
+ * (the copy handed to the kernel) or clone_failed (bpf_clone_redirect refused
+ * it). With the mirred action (default) user space moves the action's own
+ * refusals out of `mirrored` (ebpf/mirror_ledger.py). */
 struct vtap_stats {
-	__u64 seen;         /* every frame the program ran on */
-	__u64 non_ip;       /* not IPv4/IPv6 (ARP, LLDP, ...): a watch-list cannot match it */
-	__u64 malformed;    /* IPv4/IPv6 ethertype but headers truncated or invalid */
-	__u64 matched;      /* on the watch-list (or every frame, with no watch-list) */
-	__u64 sampled_out;  /* matched, but skipped by 1-in-N sampling */
-	__u64 cloned;       /* copies sent to the monitor. With the mirred action
-	                     * (default), the program counts what it hands over and user
-	                     * space moves the action's refusals to `failed` */
-	__u64 failed;       /* the copy was refused (monitor gone, or down on the action path;
-	                     * no memory). With bpf_clone_redirect a monitor that is only
-	                     * down takes the copies and drops them without an error */
-	__u64 cloned_bytes; /* bytes of those copies, Ethernet header included */
+	struct fp_counts fp;
+	__u64 cloned_bytes; /* bytes of the copies handed over, Ethernet header included */
 	__u64 cloned_segs;  /* the copies in wire packets: a GSO frame (one skb of up to 64 KB,
 	                     * seen by egress taps of local TCP and after GRO) counts its
 	                     * gso_segs, any other frame 1 */

@@ -131,6 +131,18 @@ def attached(netns=None) -> list[tuple[str, int, str, int]]:
     return found
 
 
+def removed_from_outside(attachments) -> list[str]:
+    """The interfaces of these attachments whose XDP hook no longer runs their
+    program: taken off from outside (ip link set ... xdp off, another tool's
+    --cleanup --all). A running tool asks every interval, and stops."""
+    gone = []
+    for ns in {a.netns for a in attachments}:
+        on = {(ifindex, mode, pid) for _, ifindex, mode, pid in attached(ns)}
+        gone += [a.ifname for a in attachments
+                 if a.netns == ns and (a.ifindex, a.mode, prog_id(a.prog_fd)) not in on]
+    return gone
+
+
 def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str]]:
     """Remove the XDP programs named `prog_name` from the namespace's interfaces
     whose program no process holds any more (what a killed tool left), or all of

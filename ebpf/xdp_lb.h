@@ -1,8 +1,12 @@
 /* xdp_lb.h — what xdp_lb.bpf.c and ebpf/xdp_lb.py (through ebpf/abi.py) share:
  * sizes, modes, session states and the layout of every map's key and value.
+ * The load balancer's other parts: xdp_lb_maps.h (its maps), xdp_lb_flow.h
+ * (hashing and comparing flows), xdp_lb.bpf.c (sessions and the program).
  */
 #ifndef XDP_LB_H
 #define XDP_LB_H
+
+#include "verdict.h"
 
 #define LB_MAX_SERVICES 16
 #define LB_MAX_BACKENDS 256     /* index 0 is "no backend": a ring slot of 0 is empty */
@@ -16,7 +20,7 @@
 #endif
 #define LB_PORT_PROBES 8        /* LB ports tried for a new session before the SYN is dropped */
 
-#define LB_MODE_NAT 0           /* client -> LB -> backend, replies back through the LB (the seeds') */
+#define LB_MODE_NAT 0           /* client -> LB -> backend, replies back through the LB (the articles') */
 #define LB_MODE_DSR 1           /* only the destination MAC changes; the backend answers the client */
 
 /* session states (struct lb_session.state) */
@@ -101,34 +105,24 @@ struct lb_conf {
 	__u64 timeout_ns[LB_TIMEOUTS];
 };
 
+/* Per CPU, one entry. Every frame is counted in fp (verdict.h): seen; its
+ * verdict (tx, pass, drop); its reason: to_backend, to_client (rewritten and
+ * sent back out), not_ip, malformed, unmatched (the stack's: passed), or why it
+ * was dropped: fragment, ip_options, malformed, no_backend, no_port,
+ * no_session, no_neigh, stale. Beside them, what happened to sessions: */
 struct lb_stats {
-	__u64 seen;
-	__u64 pass_not_ip;
-	__u64 pass_not_service;
-	__u64 drop_fragment;
-	__u64 drop_ip_options;
-	__u64 drop_malformed;
-	__u64 drop_no_backend;
-	__u64 drop_no_port;
-	__u64 drop_no_session;
-	__u64 drop_no_neigh;
-	__u64 drop_stale;       /* a half-open session whose LB port another has since taken */
+	struct fp_counts fp;
 	__u64 new_sessions;
 	__u64 established;
 	__u64 closed_rst;
 	__u64 closed_fin;
 	__u64 expired;
-	__u64 to_backend;
-	__u64 to_client;
-	__u64 xdp_tx;
-	__u64 xdp_pass;
-	__u64 xdp_drop;
 	__u64 csum_partial;     /* sent on with a TCP/UDP checksum the sender's offload had left
 	                         * partial (rewrite_helpers.h): finished natively, kept partial
 	                         * in generic mode. Not a verdict: counted beside them */
 };
 
-/* per service and per backend */
+/* per backend */
 struct lb_traffic {
 	__u64 packets;
 	__u64 bytes;

@@ -22,6 +22,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from . import endpoints
 from .abi import defines
 from .errors import InputError
 from .maglev import maglev_table
@@ -36,14 +37,6 @@ MODES = {"nat": ABI["LB_MODE_NAT"], "dsr": ABI["LB_MODE_DSR"]}
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 STATES = {ABI["LB_ST_SYN"]: "syn", ABI["LB_ST_EST"]: "established", ABI["LB_ST_UDP"]: "udp"}
 TIMEOUTS = {"syn": 10.0, "established": 300.0, "fin": 10.0, "udp": 30.0}  # seconds, as conntrack's order
-_EP = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)"
-
-
-def _addr(text, what):
-    try:
-        return ipaddress.ip_address(text.strip("[]"))
-    except ValueError:
-        raise InputError(f"bad {what} {text!r}: not an IPv4 or IPv6 address") from None
 
 
 def _words(addr) -> list[int]:
@@ -63,6 +56,23 @@ def _sysctl(ns, path):
         return None
 
 
+def nat_ports(netns=None) -> tuple[int, int]:
+    """(port_min, port_count) of the LB ports NAT sessions take towards their
+    backends: the larger span of 1024..65535 that the host's own ephemeral
+    ports (net.ipv4.ip_local_port_range, for IPv6 too) leave free. The program
+    takes a backend's packet to an LB port for a reply to its session; a port
+    the host's kernel also gave one of its own connections to that backend (a
+    health check, any program on the LB host) would make two connections of
+    one, and the program would hand the host's packets to a client."""
+    lo, hi = (int(x) for x in (_sysctl(netns, "net/ipv4/ip_local_port_range") or "32768 60999").split())
+    below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)
+    port_min, count = max(below, above, key=lambda r: r[1])
+    if count < 1024:
+        raise InputError(f"the host's ephemeral ports ({lo}-{hi}) leave fewer than 1024 ports for the LB's NAT "
+                         f"sessions; fix: sysctl -w net.ipv4.ip_local_port_range='32768 60999'")
+    return port_min, count
+
+
 @dataclass(frozen=True)
 class Service:
     proto: str
@@ -74,20 +84,10 @@ class Service:
         """PROTO:VIP:PORT, IPv6 in brackets: tcp:198.18.5.100:80, udp:[2001:2::100]:53."""
         if isinstance(text, Service):
             return text
-        m = re.match(rf"^(tcp|udp):{_EP}$", text.strip())
-        if not m:
-            raise InputError(f"bad service {text!r}: want PROTO:VIP:PORT (tcp or udp; IPv6 in brackets)")
-        proto, vip, port = m.groups()
-        addr = _addr(vip, "service address")
-        if vip.startswith("[") != (addr.version == 6):
-            raise InputError(f"bad service {text!r}: IPv6 addresses go in brackets, IPv4 ones do not")
-        if not 1 <= int(port) <= 65535:
-            raise InputError(f"bad service {text!r}: port {port} is out of range (1-65535)")
-        return cls(proto, addr, int(port))
+        return cls(*endpoints.service(text, "service", "PROTO:VIP:PORT"))
 
     def __str__(self):
-        vip = f"[{self.vip}]" if self.vip.version == 6 else str(self.vip)
-        return f"{self.proto}:{vip}:{self.port}"
+        return f"{self.proto}:{endpoints.text(self.vip, self.port)}"
 
 
 @dataclass(frozen=True)
@@ -98,27 +98,27 @@ class Backend:
     @classmethod
     def parse(cls, text):
         """ADDR:PORT[@WEIGHT] -> (Backend, weight)."""
-        m = re.match(rf"^{_EP}(?:@(\d+))?$", text.strip())
+        m = re.fullmatch(rf"{endpoints.ENDPOINT}(?:@(\d+))?", text.strip())
         if not m:
             raise InputError(f"bad backend {text!r}: want ADDR:PORT[@WEIGHT] (IPv6 in brackets)")
-        a, port, weight = m.groups()
-        addr = _addr(a, "backend address")
-        if not 1 <= int(port) <= 65535:
-            raise InputError(f"bad backend {text!r}: port {port} is out of range (1-65535)")
-        return cls(addr, int(port)), int(weight) if weight is not None else 1
+        addr, port, weight = m.groups()
+        return cls(*endpoints.checked(addr, port, "backend", text)), int(weight) if weight is not None else 1
 
     def __str__(self):
-        a = f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)
-        return f"{a}:{self.port}"
+        return endpoints.text(self.addr, self.port)
 
 
 class XdpLoadBalancer(BpfProgram):
     SOURCE = "xdp_lb.bpf.c"
     FUNCTION = "xdp_lb"
     ROWS = "backend"
-    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "xdp_tx", "xdp_pass", "xdp_drop")
+    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "tx", "pass", "drop")
+    VERDICTS = ("tx", "pass", "drop")
+    REASONS = ("to_backend", "to_client", "not_ip", "malformed", "unmatched", "fragment", "ip_options", "no_backend",
+               "no_port", "no_session", "no_neigh", "stale")
+    DROPS = ("malformed", "fragment", "ip_options", "no_backend", "no_port", "no_session", "no_neigh", "stale")
 
-    def __init__(self, self4=None, self6=None, mode="nat", port_min=20000, port_count=40000, timeouts=None,
+    def __init__(self, self4=None, self6=None, mode="nat", port_min=None, port_count=None, timeouts=None,
                  netns=None, source=None, cflags=(), max_sessions=None, max_half_open=None):
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (nat or dsr)")
@@ -127,6 +127,8 @@ class XdpLoadBalancer(BpfProgram):
         if self.max_sessions < 1 or self.max_half_open < 1:
             raise InputError("session tables need at least one entry")
         cflags = [f"-DLB_MAX_SESSIONS={self.max_sessions}", f"-DLB_MAX_HALF_OPEN={self.max_half_open}", *cflags]
+        if port_min is None and port_count is None:
+            port_min, port_count = nat_ports(netns)
         if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
             raise InputError(f"LB ports {port_min}..{port_min + port_count - 1} are outside 1024..65535")
         super().__init__([f"-DLB_MODE={MODES[mode]}", *cflags], source)
@@ -268,9 +270,6 @@ class XdpLoadBalancer(BpfProgram):
     def counter_rows(self) -> dict:
         """Per backend: packets and bytes sent to each."""
         return self.backend_counters() or {"total": self.counters()}
-
-    def service_counters(self) -> dict:
-        return {str(s): self.percpu_totals("service_stats", i) for s, i in self._services.items()}
 
     def backend_counters(self) -> dict:
         return {str(b): self.percpu_totals("backend_stats", i) for b, i in self._backends.items()}

@@ -16,7 +16,7 @@
  * rewrite_helpers.h; a checksum the sender's offload left partial is kept
  * partial for an skb and finished for a frame that leaves on XDP's own path),
  * the action decides the way on:
- *   pass     XDP_PASS: the kernel routes the rewritten packet (the seed's design)
+ *   pass     XDP_PASS: the kernel routes the rewritten packet (the report's design)
  *   forward  bpf_fib_lookup() on the rewritten packet, new MACs, TTL/hop limit
  *            minus one, and XDP_REDIRECT out of the egress interface through the
  *            `egress` devmap: the stack never sees it. What the fast path cannot
@@ -25,8 +25,10 @@
  *            reason: the kernel then resolves the neighbour, sends the ICMP error
  *            or fragments, which a program should not redo.
  *
- * Frames it must not touch pass unchanged, counted by reason: not IP, no rule,
- * fragments, malformed. Every return goes through count_verdict().
+ * Frames it must not touch pass unchanged, counted by reason: not_ip,
+ * unmatched, fragment, malformed. It parses with the shared parse_l4(), and
+ * every return goes through xdp_exit() (verdict.h), which counts the verdict
+ * and the reason.
  */
 #include <uapi/linux/bpf.h>
 #include <linux/socket.h>
@@ -41,12 +43,6 @@
 
 REDIRECT_MAPS();
 
-#ifndef AF_INET
-#define AF_INET 2
-#endif
-#ifndef AF_INET6
-#define AF_INET6 10
-#endif
 
 /* ifindex -> ifindex of every interface `forward` may send out of; user space
  * fills it. A devmap indexed by ifindex (BCC knows no devmap_hash): an interface
@@ -59,21 +55,21 @@ BPF_DEVMAP(egress, REDIRECT_EGRESS_SLOTS);
 BPF_ARRAY(skb_mode, __u32, 1);
 BPF_PERCPU_ARRAY(csum_scratch, struct csum_block, 1); /* where a partial checksum is finished */
 
-/* The one exit (redirect_match.h): every verdict is counted. */
-#define count_verdict(st, action) count_verdict_as(st, action, XDP_PASS, XDP_REDIRECT, XDP_DROP)
-
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
 /* Send the rewritten packet out ourselves, or say why the kernel must. */
-static __always_inline int forward(struct xdp_md *ctx, struct redirect_stats *st, struct ethhdr *eth, int v4,
-				   struct iphdr *iph, struct ipv6hdr *ip6h, int l4, __be16 sport, __be16 dport)
+static __always_inline int forward(struct xdp_md *ctx, struct redirect_stats *st, struct l4_pkt *p)
 {
+	struct ethhdr *eth = p->eth;
+	struct iphdr *iph = p->iph;
+	struct ipv6hdr *ip6h = p->ip6h;
+	int v4 = p->v4;
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
 	fib.ifindex = ctx->ingress_ifindex;
-	fib.l4_protocol = l4;
-	fib.sport = sport;
-	fib.dport = dport;
+	fib.l4_protocol = p->l4;
+	fib.sport = *p->sport;
+	fib.dport = *p->dport;
 	if (v4) {
 		if (iph->ttl <= 1) {
 			st->slow_ttl++;
@@ -130,37 +126,34 @@ int xdp_redirect(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct redirect_pkt p = {};
+	struct l4_pkt p = {};
 	struct redirect_key key = {};
-	struct redirect_target *to = NULL;
-	struct rule_stats *rs = NULL;
+	struct redirect_target *to;
 	struct l4csum c = {};
-	__u32 zero = 0, *generic;
-	int match, udp, action;
+	__u32 zero = 0, rule, *generic;
+	int parsed, reason, udp, action;
 	struct redirect_stats *st = stats.lookup(&zero);
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return XDP_PASS;
-	st->seen++;
+	st->fp.seen++;
 
-	match = redirect_parse(data, data_end, &p, &key);
-	if (match == MATCH_PARSED) {
-		/* to a service? else, from a backend (a reply)? */
-		to = rules.lookup(&key);
-		match = MATCH_TO_BACKEND;
-		if (!to) {
-			reply_key(&p, &key);
-			to = replies.lookup(&key);
-			match = to ? MATCH_REPLY : MATCH_NO_RULE;
-		}
-		if (to) {
-			__u32 rule = to->rule;
-			rs = rule_stats.lookup(&rule);
-		}
+	parsed = parse_l4(data, data_end, &p, PARSE_L4);
+	if (parsed != PARSE_OK) /* untouched, counted by reason */
+		return xdp_exit(&st->fp, XDP_PASS, untouched_reason(parsed));
+	/* to a service? else, from a backend (a reply)? */
+	service_key(&p, &key);
+	to = rules.lookup(&key);
+	reason = R_TO_BACKEND;
+	if (!to) {
+		reply_key(&p, &key);
+		to = replies.lookup(&key);
+		reason = R_TO_CLIENT;
 	}
-	count_match(st, match, rs, data_end - data);
-	if (!to) /* untouched, counted by reason */
-		return count_verdict(st, XDP_PASS);
+	if (!to)
+		return xdp_exit(&st->fp, XDP_PASS, R_UNMATCHED);
+	rule = to->rule;
+	count_rule(rule_stats.lookup(&rule), reason == R_TO_CLIENT, data_end - data);
 
 	udp = p.l4 == IPPROTO_UDP;
 	if (p.v4)
@@ -170,7 +163,7 @@ int xdp_redirect(struct xdp_md *ctx)
 		l4csum_init(&c, p.l4hdr, p.l4csum, udp, p.l4len,
 			    ipv6_pseudo_sum((__be32 *)&p.ip6h->saddr, (__be32 *)&p.ip6h->daddr, p.l4, p.l4len));
 	st->csum_partial += c.partial;
-	if (match == MATCH_REPLY) {
+	if (reason == R_TO_CLIENT) {
 		if (p.v4)
 			rewrite_ipv4_addr(p.iph, &p.iph->saddr, to->addr[0], &c);
 		else
@@ -184,15 +177,13 @@ int xdp_redirect(struct xdp_md *ctx)
 		rewrite_port(p.dport, to->port, &c);
 	}
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
-	action = forward(ctx, st, p.eth, p.v4, p.iph, p.ip6h, p.l4, *p.sport, *p.dport);
+	action = forward(ctx, st, &p);
 #else
 	action = XDP_PASS;
 #endif
 	generic = skb_mode.lookup(&zero);
-	if (l4csum_exit(ctx, &c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0) {
+	if (l4csum_exit(ctx, &c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0)
 		/* the segment the IP header claims is not all in the frame */
-		st->malformed_csum++;
-		action = XDP_DROP;
-	}
-	return count_verdict(st, action);
+		return xdp_exit(&st->fp, XDP_DROP, R_MALFORMED);
+	return xdp_exit(&st->fp, action, reason);
 }

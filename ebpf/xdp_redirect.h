@@ -7,6 +7,8 @@
 #ifndef XDP_REDIRECT_H
 #define XDP_REDIRECT_H
 
+#include "verdict.h"
+
 #define REDIRECT_MAX_RULES 1024    /* rules (and so reply mappings) per program */
 #define REDIRECT_EGRESS_SLOTS 4096 /* interfaces `forward` can send out of: ifindex below this */
 
@@ -38,35 +40,22 @@ struct rule_stats {
 	__u64 reply_bytes;
 };
 
-/* Per CPU, one entry. Every frame is counted in `seen`, in exactly one verdict,
- * and, when left untouched, in exactly one reason:
- *   seen == xdp_pass + xdp_redirect + xdp_drop + xdp_aborted
- *   seen == to_backend + to_client + not_ip + no_rule + fragment + malformed */
+/* Per CPU, one entry. Every frame is counted in fp (verdict.h): seen; its
+ * verdict (pass, redirect, drop, aborted; the TC program's TC_ACT_OK,
+ * TC_ACT_REDIRECT and TC_ACT_SHOT under the same names); and its reason:
+ * to_backend, to_client (rewritten), or not_ip, unmatched, fragment,
+ * malformed (untouched, or dropped when the segment the IP header claims is
+ * not all in the frame). Beside them: */
 struct redirect_stats {
-	__u64 seen;
-	__u64 to_backend;    /* destination rewritten to a backend */
-	__u64 to_client;     /* a reply: source rewritten to the service */
-	__u64 not_ip;        /* not IPv4/IPv6 (ARP, ...): untouched */
-	__u64 no_rule;       /* IP, but no rule and no backend matches (other protocols too) */
-	__u64 fragment;      /* IP fragments carry no port to match on (all but the first
-	                      * have no L4 header at all): untouched, as in Katran */
-	__u64 malformed;     /* truncated or invalid headers: untouched */
-	/* forward: rewritten, but left to the kernel (XDP_PASS), by reason */
+	struct fp_counts fp;
+	/* forward: rewritten, but left to the kernel (verdict pass), by reason */
 	__u64 slow_no_neigh; /* the next hop's MAC is not known yet: the kernel resolves it */
 	__u64 slow_ttl;      /* TTL / hop limit <= 1: the kernel sends the ICMP error */
 	__u64 slow_too_big;  /* larger than the egress MTU: the kernel fragments or says so */
 	__u64 slow_no_route; /* no route, or one the fast path cannot take */
-	/* checksums: not verdicts or reasons, counted beside them */
-	__u64 csum_partial;   /* rewritten frames whose TCP/UDP checksum the sender's offload
-	                       * left partial (rewrite_helpers.h): kept so for an skb,
-	                       * finished by the program for XDP_TX / XDP_REDIRECT */
-	__u64 malformed_csum; /* partial, to be finished, but the segment the IP header
-	                       * claims is not all in the frame: dropped */
-	/* the verdicts */
-	__u64 xdp_pass;
-	__u64 xdp_redirect;
-	__u64 xdp_drop;
-	__u64 xdp_aborted;
+	__u64 csum_partial;  /* rewritten frames whose TCP/UDP checksum the sender's offload
+	                      * left partial (rewrite_helpers.h): kept so for an skb,
+	                      * finished by the program for XDP_TX / XDP_REDIRECT */
 };
 
 #endif /* XDP_REDIRECT_H */

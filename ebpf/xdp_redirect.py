@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from . import endpoints
 from .abi import defines
 from .errors import InputError
 from .program import BpfProgram
@@ -32,8 +33,6 @@ MAX_RULES = ABI["REDIRECT_MAX_RULES"]
 EGRESS_SLOTS = ABI["REDIRECT_EGRESS_SLOTS"]
 ACTIONS = {"pass": ABI["REDIRECT_ACTION_PASS"], "forward": ABI["REDIRECT_ACTION_FORWARD"]}
 PROTOS = {"udp": socket.IPPROTO_UDP, "tcp": socket.IPPROTO_TCP}
-_ENDPOINT = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)"
-_RULE = re.compile(rf"^(udp|tcp):{_ENDPOINT}=({_ENDPOINT})$")
 
 
 @dataclass(frozen=True)
@@ -45,9 +44,7 @@ class Rule:
     bport: int
 
     def __str__(self):
-        def ep(a, p):
-            return f"[{a}]:{p}" if a.version == 6 else f"{a}:{p}"
-        return f"{self.proto}:{ep(self.vip, self.vport)}={ep(self.backend, self.bport)}"
+        return f"{self.proto}:{endpoints.text(self.vip, self.vport)}={endpoints.text(self.backend, self.bport)}"
 
     @classmethod
     def parse(cls, text):
@@ -58,26 +55,17 @@ class Rule:
         """
         if isinstance(text, Rule):
             return text
-        m = _RULE.match(text.strip())
+        m = re.fullmatch(rf"{endpoints.SERVICE}={endpoints.ENDPOINT}", text.strip())
         if not m:
-            raise InputError(f"bad rule {text!r}: want PROTO:VIP:PORT=BACKEND:PORT, PROTO udp or tcp, "
-                             "IPv6 addresses in brackets (udp:[2001:2::17]:8080=[2001:2:0:1::2]:8083)")
-        proto, vip, vport, _, backend, bport = m.groups()
-        addrs = []
-        for a in (vip, backend):
-            try:
-                addrs.append(ipaddress.ip_address(a.strip("[]")))
-            except ValueError:
-                raise InputError(f"bad rule {text!r}: {a} is not an IPv4 or IPv6 address") from None
-            if a.startswith("[") != (addrs[-1].version == 6):
-                raise InputError(f"bad rule {text!r}: IPv6 addresses go in brackets, IPv4 ones do not")
-        for p in (vport, bport):
-            if not 1 <= int(p) <= 65535:
-                raise InputError(f"bad rule {text!r}: port {p} is out of range (1-65535)")
-        if addrs[0].version != addrs[1].version:
-            raise InputError(f"bad rule {text!r}: an IPv{addrs[0].version} service cannot have an "
-                             f"IPv{addrs[1].version} backend (the program rewrites addresses, not families)")
-        return cls(proto, addrs[0], int(vport), addrs[1], int(bport))
+            raise InputError(f"bad rule {text!r}: want PROTO:VIP:PORT=BACKEND:PORT, PROTO udp or tcp, IPv6 addresses "
+                             "in brackets (udp:[2001:2::17]:8080=[2001:2:0:1::2]:8083)")
+        proto, vip, vport, backend, bport = m.groups()
+        vip, vport = endpoints.checked(vip, vport, "rule", text)
+        addr, bport = endpoints.checked(backend, bport, "rule", text)
+        if vip.version != addr.version:
+            raise InputError(f"bad rule {text!r}: an IPv{vip.version} service cannot have an "
+                             f"IPv{addr.version} backend (the program rewrites addresses, not families)")
+        return cls(proto, vip, vport, addr, bport)
 
     @property
     def family(self):
@@ -106,7 +94,10 @@ class XdpRedirect(BpfProgram):
     SOURCE = "xdp_redirect.bpf.c"
     FUNCTION = "xdp_redirect"
     ROWS = "rule"
-    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "no_rule", "malformed")
+    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "unmatched", "malformed")
+    VERDICTS = ("pass", "redirect", "drop", "aborted")
+    REASONS = ("to_backend", "to_client", "not_ip", "unmatched", "fragment", "malformed")
+    DROPS = ("malformed",)  # the segment the IP header claims is not all in the frame
 
     def __init__(self, rules=(), action="pass", netns=None, source=None, cflags=()):
         if action not in ACTIONS:
@@ -117,7 +108,7 @@ class XdpRedirect(BpfProgram):
         super().__init__([f"-DREDIRECT_ACTION={ACTIONS[action]}", *cflags], source)
         self.action, self.netns = action, netns
         # rules whose replies this program leaves alone: another hook gives them
-        # the service's address (lab/redirect.py: after routing, at TC egress)
+        # the service's address (lab/fastpaths/redirect/command.py: after routing, at TC egress)
         self.replies_elsewhere = set()
         if netns:
             with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line

@@ -35,11 +35,6 @@ class XdpSink(BpfProgram):
     def attach(self, ifname, netns=None, mode="native"):
         return self.attach_xdp(self.FUNCTION, ifname, netns, mode)
 
-    def detach(self):
-        """Off every hook it is on; it stays loaded, to attach again."""
-        for a in self.xdp_attachments:
-            self.detach_xdp(a)
-
     def counters(self) -> dict:
         return self.percpu_totals("stats")
 

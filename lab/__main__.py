@@ -1,4 +1,5 @@
-"""python -m lab {demo,bench,redirect,lb,jupyter,mutants,cleanup}: the lab's command line.
+"""python -m lab: the lab's command line. Its commands: one per fast path (from
+the registry, lab.fastpath), and demo, bench, jupyter, mutants, cleanup.
 
     python -m lab demo
     python -m lab jupyter --port 8888
@@ -14,7 +15,7 @@ import signal
 import sys
 
 from ebpf.errors import BpfError
-from vtap.console import ArgumentParser
+from lab.console import ArgumentParser
 
 from .netns import LabError
 
@@ -46,6 +47,10 @@ def _benches_help(benches):
     return "benches (python -m lab bench NAME):\n" + "".join(f"  {m.NAME:<18}{m.SUMMARY}\n" for m in benches)
 
 
+def _fastpaths_help(fps):
+    return "fast paths (python -m lab NAME --help):\n" + "".join(f"  {fp.name:<18}{fp.title}\n" for fp in fps)
+
+
 def main(argv=None):
     """`python -m lab ...`; a reader that goes away (`| head`) ends it quietly."""
     try:
@@ -53,7 +58,7 @@ def main(argv=None):
         sys.stdout.flush()  # here, not in the interpreter's exit, where EPIPE is a traceback
         return status
     except BrokenPipeError:
-        from vtap.console import quiet_stdout
+        from lab.console import quiet_stdout
         quiet_stdout()
         return 0
     except KeyboardInterrupt:  # Ctrl-C: every `with` block has torn its part down on the way here
@@ -63,13 +68,19 @@ def main(argv=None):
 
 def _main(argv=None):
     from .bench import benches as find_benches
-    benches = find_benches()
+    from .fastpath import fastpaths
+    benches, fps = find_benches(), fastpaths()
     # error_name: argparse's errors (one line, exit 2) name each command as its other errors do
     p = ArgumentParser(prog="python -m lab", error_name="lab",
                        description="eBPF vTAP Lab: namespace testbeds and experiments",
-                       epilog=_benches_help(benches) + "\n" + EXAMPLES,
+                       epilog=_fastpaths_help(fps) + "\n" + _benches_help(benches) + "\n" + EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, title="commands")
+    commands, parsers = {}, {}  # parsers: each command's own, which names it in its errors
+    for fp in fps:  # a tool in the conventions of lab.console: its own checks, signals and exit statuses
+        commands[fp.name] = fp.command_module()
+        parsers[fp.name] = sub.add_parser(fp.name, help=fp.title, error_name=f"python -m lab {fp.name}")
+        commands[fp.name].add_arguments(parsers[fp.name])
     d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
                        error_name="lab")
     d.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
@@ -82,23 +93,22 @@ def _main(argv=None):
                        error_name="lab bench")
     bsub = b.add_subparsers(dest="bench", required=True, title="benches")
     for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
-        bench.add_arguments(bsub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench"))
-    from . import jupyter, lb, mutants, redirect
-    redirect.add_arguments(sub.add_parser("redirect", help="rewrite datagrams to a service so that they reach a "
-                                          "backend (XDP), and back"))
-    lb.add_arguments(sub.add_parser("lb", help="a layer-4 load balancer at the XDP hook (Maglev, conntrack, "
-                                    "NAT or DSR)"))
+        parsers["bench", bench.NAME] = bsub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench")
+        bench.add_arguments(parsers["bench", bench.NAME])
+    from . import jupyter, mutants
     jupyter.add_arguments(sub.add_parser("jupyter", help="JupyterLab with the notebooks and the project's kernel, "
                                          "on 127.0.0.1 only", error_name="lab jupyter"))
     mutants.add_arguments(sub.add_parser("mutants", help="one-line mutants of the programs: which test kills "
                                          "each (not part of make test)", error_name="lab mutants"))
-    c = sub.add_parser("cleanup", help="remove lab namespaces left by crashed runs", error_name="lab")
+    c = sub.add_parser("cleanup", help="remove what crashed runs left: lab namespaces, daemons' files, and each "
+                       "fast path's programs in this namespace", error_name="lab")
     c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
-    a = p.parse_args(argv)
-    if a.cmd == "redirect":  # a tool in the conventions of vtap: its own checks, signals and exit statuses
-        return redirect.main(a)
-    if a.cmd == "lb":
-        return lb.main(a)
+    a, extra = p.parse_known_args(argv)
+    if extra:  # said by the command they were given to, as its other errors are
+        parsers.get(a.cmd if a.cmd != "bench" else ("bench", a.bench), p).error(
+            f"unrecognized arguments: {' '.join(extra)}")
+    if a.cmd in commands:
+        return commands[a.cmd].main(a)
     if a.cmd == "jupyter":  # needs no root: the notebooks' code does, and says so
         return jupyter.main(a)
     if a.cmd == "mutants":
@@ -112,11 +122,14 @@ def _main(argv=None):
 
     if a.cmd == "cleanup":
         from .cleanup import cleanup, live_runs
-        removed = cleanup(all_runs=a.all)
+        spared = []
+        removed = cleanup(all_runs=a.all, spared=spared)
         for what in removed:
             print(f"lab: removed {what}")
         for rid in live_runs():
             print(f"lab: left run {rid} alone: its owner is still running (use --all to remove it)")
+        for what in spared:
+            print(f"lab: left {what} (use --all to remove it)")
         if not removed:
             print("lab: nothing to clean up")
         return 0
@@ -132,7 +145,7 @@ def _main(argv=None):
             print(f"lab bench: error: {e}", file=sys.stderr)
             return 1
     if a.cmd == "demo":
-        from .demo import run
+        from .fastpaths.vtap.demo import run
         if not 1 <= a.count <= 100_000:
             p.error("--count must be between 1 and 100000")
         return run(count=a.count, rate_pps=a.rate)

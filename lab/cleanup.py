@@ -1,17 +1,19 @@
 """Remove what crashed lab runs left behind: their namespaces (and with them every
-link, qdisc, program and process inside, OVS daemons and Suricata included),
-their run files, OVS and Suricata run directories, and Suricata's cgroups.
+link, qdisc, program and process inside, the daemons included), their run
+files, what their daemons left outside the namespace (lab.daemons.cleanup: run
+directories, Suricata's cgroups), and what each fast path's killed command left
+in this namespace (its own cleanup(), as its --cleanup: lab.fastpath).
 
 A run whose owning process is still alive is left alone unless all_runs=True, so
 `python -m lab cleanup` in one terminal cannot break a run in another.
 """
 
 import os
-import shutil
 
-from . import balancers, daemons, ids, netns, webservers  # noqa: F401 (their daemons register for cleanup)
+from . import daemons, netns
+from .fastpath import fastpaths
 from .leftovers import owner_alive
-from .topology import RUN_DIR, orphaned_run_dirs
+from .topology import RUN_DIR
 from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
 
@@ -19,8 +21,16 @@ def _owner_alive(run_id):
     return owner_alive(run_id)
 
 
-def cleanup(all_runs=False) -> list[str]:
+def cleanup(all_runs=False, spared=None) -> list[str]:
+    """What was removed, one line each; what a live run holds is left, and said
+    in `spared` (a list) when given."""
     removed = []
+    for fp in fastpaths():
+        fp.peer_classes()  # a peer's own daemons register for cleanup too (lab.daemons)
+        done, left = fp.command_module().cleanup(all_runs)
+        removed += [f"{fp.name}: {what}" for what in done]
+        if spared is not None:
+            spared += [f"{fp.name}: {what}" for what in left]
     runs = {}
     for name in netns.lab_namespaces():
         run_id = name[len(netns.PREFIX):].split("-", 1)[0]
@@ -33,17 +43,10 @@ def cleanup(all_runs=False) -> list[str]:
             removed.append(f"namespace {name}")
         (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
     if RUN_DIR.exists():
-        # OVS run directories (lab.mirrors.OvsMirror) of namespaces that are gone;
-        # their daemons ran inside the namespace and died with it.
-        for ovs_dir in orphaned_run_dirs(".ovs"):
-            shutil.rmtree(ovs_dir, ignore_errors=True)
-            removed.append(f"OVS run directory {ovs_dir}")
         for pidfile in RUN_DIR.glob("*.pid"):
             if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
                 pidfile.unlink(missing_ok=True)
-    # Suricata run directories and CPU-quota cgroups (lab.ids) of namespaces that are gone
-    removed += ids.cleanup()
-    removed += daemons.cleanup()  # nginx backends' and proxies' run directories (lab.daemons)
+    removed += daemons.cleanup()  # every daemon's files of namespaces that are gone
     # pass programs a killed `lab lb/redirect --prepare-peer` left on veth peers, in any namespace
     removed += _peer_programs()
     # files a killed file-transfer server was receiving into

@@ -135,7 +135,7 @@ def main(a) -> int:
 
 
 if __name__ == "__main__":
-    from vtap.console import ArgumentParser
+    from lab.console import ArgumentParser
     parser = ArgumentParser(prog="python -m lab jupyter")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

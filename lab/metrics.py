@@ -45,6 +45,7 @@ USER_HZ = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent
 IN_CHECKOUT = (REPO / "pyproject.toml").exists()  # False for an installed wheel (site-packages)
 RESULTS_DIR = REPO / "datasets" / "results"
+PAPER_DIR = REPO / "datasets" / "paper"  # the source documents' tables (datasets/paper/README.md)
 
 
 def results_dir() -> Path:
@@ -294,3 +295,85 @@ def read_results(path) -> tuple[pd.DataFrame, dict]:
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     return pd.read_csv(path), meta
+
+
+# --- where the receive work runs ------------------------------------------------------------
+
+def napi_threads(ifname=None):
+    """{pid: comm} of every threaded-NAPI kthread ("napi/<dev>-<id>"), or of one
+    interface's. (NAPI: the kernel's polled receive path of a device; threaded,
+    it runs in a kernel thread of its own instead of softirq, so its time can be
+    read and pinned.)"""
+    prefix = f"napi/{ifname}-" if ifname else "napi/"
+    found = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                comm = (p / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith(prefix):
+                found[int(p.name)] = comm
+    return found
+
+
+def threaded_napi(ns, ifname, cpu=None) -> list[int]:
+    """Switch the interface's NAPI to a kthread of its own and pin that to `cpu`
+    (if given), so that its receive work runs there and is counted there. The
+    interface must have NAPI (on veth: an XDP program, or GRO). Returns the
+    kthreads' pids."""
+    before = set(napi_threads())
+    netns.run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{ifname}/threaded"])
+    deadline = time.monotonic() + 5
+    pids = []
+    while not pids and time.monotonic() < deadline:
+        pids = sorted(set(napi_threads()) - before)
+        time.sleep(0.02)
+    if not pids:
+        raise netns.LabError(f"threaded NAPI on {ifname} in {ns}: no napi kthread appeared")
+    for pid in pids if cpu is not None else ():
+        os.sched_setaffinity(pid, {cpu})
+    return pids
+
+
+def steer_receive(ns, ifname, cpu):
+    """RPS: the receive work of every packet arriving on the interface (from the
+    backlog on: taps, tc, the stack) runs on `cpu`, whichever core the sender
+    used. On veth without NAPI, the sender's core would otherwise do it."""
+    mask = format(1 << cpu, "x")
+    netns.run(ns, ["sh", "-c", f"for q in /sys/class/net/{ifname}/queues/rx-*; do echo {mask} > $q/rps_cpus; done"])
+
+
+# --- what a process costs ------------------------------------------------------------------
+
+def on_cpu_ns(pids) -> int:
+    """Time on CPU of every thread of the processes, in ns (schedstat)."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total += int(task.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def pss_bytes(pids) -> int:
+    """Proportional set size of the processes: their memory, shared pages split
+    among those that share them."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def busy_ticks() -> tuple[int, int]:
+    """The machine's time doing anything (user, nice, system, irq, softirq) and
+    its time stolen by the hypervisor, in USER_HZ ticks, all CPUs."""
+    c = read_proc_stat()["all"]
+    return sum(c[k] for k in ("user", "nice", "system", "irq", "softirq")), c["steal"]

@@ -36,17 +36,19 @@ TIMEOUT = 1200  # seconds per test command: a mutant that hangs a test is killed
 
 # Which tests cover what: fast (golden fixtures through BPF_PROG_TEST_RUN, pure
 # Python) and functional (real traffic through namespaces). Each a pytest argument list.
-VTAP = (["tests/test_parsing.py"], ["tests/test_tc_mirror.py", "tests/test_copy_path.py", "tests/test_hooks_and_errors.py"])
-HEADERS = (["tests/test_kernel_headers.py", "tests/test_redirect_fixtures.py", "tests/test_partial_csum.py",
+VTAP = (["tests/test_parsing.py", "tests/test_one_exit.py"], ["tests/test_tc_mirror.py", "tests/test_copy_path.py", "tests/test_hooks_and_errors.py"])
+HEADERS = (["tests/test_kernel_headers.py", "tests/test_one_exit.py", "tests/test_redirect_fixtures.py", "tests/test_partial_csum.py",
             "tests/test_xdp_lb_fixtures.py", "tests/test_parsing.py"],
            ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
-REDIRECT = (["tests/test_redirect_fixtures.py", "tests/test_partial_csum.py"],
+REDIRECT = (["tests/test_redirect_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
             ["tests/test_redirect.py", "tests/test_user_topologies.py", "tests/test_redirects.py"])
 TC_REDIRECT = (["tests/test_tc_redirect.py"], ["tests/test_redirects.py"])
-LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py"],
+LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
       ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"])
 LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
 HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
+EXIT = (["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_redirect_fixtures.py"],
+        ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 
@@ -95,9 +97,9 @@ MUTANTS = [
       "struct watch_v6_key key = {.prefixlen = 64};", "an IPv6 address is looked up by its /64 only", VTAP),
     M("vtap-v4-dst-skipped", "ebpf/tc_mirror.bpf.c", "\tkey.addr = daddr;\n\tif (watch_v4.lookup(&key))",
       "\tkey.addr = saddr;\n\tif (watch_v4.lookup(&key))", "--match dst never matches IPv4", VTAP),
-    M("vtap-sampled-out-uncounted", "ebpf/tc_mirror.bpf.c", "st->sampled_out++;", ";",
-      "sampled-out frames are not counted", VTAP),
-    M("vtap-non-ip-as-malformed", "ebpf/tc_mirror.bpf.c", "st->non_ip++;", "st->malformed++;",
+    M("vtap-sampled-out-uncounted", "ebpf/tc_mirror.bpf.c", "V_PASS, R_SAMPLED_OUT, VERDICT_PASS", "V_PASS, R_UNMATCHED, VERDICT_PASS",
+      "sampled-out frames counted as unwatched", VTAP),
+    M("vtap-non-ip-as-malformed", "ebpf/tc_mirror.bpf.c", "\t\treturn R_NOT_IP;", "\t\treturn R_MALFORMED;",
       "ARP counted as malformed", VTAP),
     M("vtap-cloned-bytes-l2", "ebpf/tc_mirror.bpf.c", "st->cloned_bytes += skb->len;",
       "st->cloned_bytes += skb->len - ETH_HLEN;", "cloned bytes without the Ethernet header", VTAP, nth=1),
@@ -105,10 +107,10 @@ MUTANTS = [
       "st->cloned_segs += 1;", "a GSO copy counted as one segment", VTAP, nth=1),
     M("vtap-oversize-boundary", "ebpf/tc_mirror.bpf.c", "return skb->len - l2 > mtu;",
       "return skb->len - l2 >= mtu;", "a copy exactly at the monitor's MTU called oversize", VTAP),
-    M("vtap-mirror-all-read-once", "ebpf/tc_mirror.bpf.c", "if (verdict != MATCHED && !mirror_all(cfg)) {",
-      "if (verdict != MATCHED) {", "a frame missed while the watch-list changes to mirror-all", VTAP),
-    M("vtap-helper-failure-uncounted", "ebpf/tc_mirror.bpf.c", "\t\tst->failed++;\n\t\treturn VERDICT_PASS;",
-      "\t\treturn VERDICT_PASS;", "--clone helper: a refused copy is not counted as failed", VTAP),
+    M("vtap-mirror-all-read-once", "ebpf/tc_mirror.bpf.c", "if (why >= 0 && !mirror_all(cfg))",
+      "if (why >= 0)", "a frame missed while the watch-list changes to mirror-all", VTAP),
+    M("vtap-helper-failure-uncounted", "ebpf/tc_mirror.bpf.c", "V_PASS, R_CLONE_FAILED, VERDICT_PASS",
+      "V_PASS, R_SAMPLED_OUT, VERDICT_PASS", "--clone helper: a refused copy is not counted as failed", VTAP),
     # --- the shared parsing -----------------------------------------------------------------------
     M("parse-one-vlan", "ebpf/include/parsing_helpers.h", "for (int i = 0; i < VLAN_MAX_DEPTH; i++) {",
       "for (int i = 0; i < 1; i++) {", "QinQ frames not parsed past the outer tag", HEADERS),
@@ -168,7 +170,7 @@ MUTANTS = [
       "IPv6 packets 40 bytes over the egress MTU forwarded", REDIRECT),
     M("redirect-reply-key-port", "ebpf/redirect_match.h", "key->port = *p->sport;", "key->port = *p->dport;",
       "replies looked up by the wrong port", REDIRECT),
-    M("redirect-fragment-uncounted", "ebpf/redirect_match.h", "\t\tst->fragment++;", "\t\tst->malformed++;",
+    M("redirect-fragment-uncounted", "ebpf/redirect_match.h", "\t\treturn R_FRAGMENT;", "\t\treturn R_MALFORMED;",
       "fragments counted as malformed", REDIRECT),
     M("redirect-v6-rule-on-source", "ebpf/redirect_match.h",
       "__builtin_memcpy(key->addr, &p->ip6h->daddr, sizeof(key->addr));",
@@ -189,39 +191,53 @@ MUTANTS = [
       "(s->state & LB_FIN_CLIENT)) {", "a session ends after the client's FIN alone", LB),
     M("lb-timeout-doubled", "ebpf/xdp_lb.bpf.c", "now - s->last_seen > cf->timeout_ns[to & 3]",
       "now - s->last_seen > 2 * cf->timeout_ns[to & 3]", "sessions live twice their timeout", LB),
-    M("lb-options-ignored", "ebpf/xdp_lb.bpf.c", "else if (p->iph->ihl != 5)", "else if (p->iph->ihl > 6)",
-      "a service's packets with short IPv4 options forwarded", LB),
+    M("lb-options-ignored", "ebpf/include/parsing_helpers.h", "p->options = p->iph->ihl != 5;",
+      "p->options = p->iph->ihl > 6;", "a service's packets with short IPv4 options forwarded", LB),
     # (`<` made `<=` here, a reply to the port after the range looked up too, is equivalent: no session
     # can hold a port outside the range, so the lookup finds none and the frame passes as before)
     M("lb-port-range-last", "ebpf/xdp_lb.bpf.c", "port - cf->port_min < cf->port_count)",
       "port - cf->port_min < cf->port_count - 1)", "a reply to the range's last LB port not taken for one", LB),
     M("lb-port-range-first", "ebpf/xdp_lb.bpf.c", "port >= cf->port_min &&", "port > cf->port_min &&",
       "a reply to the range's first LB port not taken for one", LB),
-    M("lb-reply-mac", "ebpf/xdp_lb.bpf.c", "__builtin_memcpy(p->eth->h_dest, s->client_mac, ETH_ALEN);",
-      "__builtin_memcpy(p->eth->h_dest, s->backend_mac, ETH_ALEN);", "replies sent back to the backend's MAC", LB),
-    M("lb-frag-passes", "ebpf/xdp_lb.bpf.c", "\t\t\tst->drop_fragment++;\n\t\t\treturn -2;",
-      "\t\t\tst->drop_fragment++;\n\t\t\treturn -1;", "a fragment to a VIP passed to the stack", LB),
+    M("lb-reply-mac", "ebpf/xdp_lb.bpf.c", "__builtin_memcpy(p->h.eth->h_dest, s->client_mac, ETH_ALEN);",
+      "__builtin_memcpy(p->h.eth->h_dest, s->backend_mac, ETH_ALEN);", "replies sent back to the backend's MAC", LB),
+    M("lb-frag-passes", "ebpf/xdp_lb.bpf.c", "\t\t*verdict = XDP_DROP;", "\t\t*verdict = XDP_PASS;",
+      "a fragment (or a cut-short header) to a VIP passed to the stack", LB),
+    # --- the one exit and the one parse every program shares ----------------------------------------
+    M("exit-reason-uncounted", "ebpf/include/verdict.h", "\tfp->reason[r]++;", "\t;",
+      "frames counted in no reason", EXIT),
+    M("exit-dropped-uncounted", "ebpf/include/verdict.h", "\t\tfp->dropped[r]++;", "\t\t;",
+      "what is dropped not said by reason", EXIT),
+    M("exit-drop-as-pass", "ebpf/include/verdict.h", "action == XDP_DROP ? V_DROP", "action == XDP_DROP ? V_PASS",
+      "XDP drops counted as passed", EXIT),
+    M("parse-short-l4-as-other", "ebpf/include/parsing_helpers.h",
+      "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_SHORT_L4;",
+      "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_OTHER;",
+      "a TCP header cut short taken for another protocol", EXIT),
     # --- the Python the data plane depends on --------------------------------------------------------
     M("maglev-weights-ignored", "ebpf/maglev.py", "credit[i] += w", "credit[i] += 1",
       "backends' weights ignored", LB_PY),
     M("maglev-order-dependent", "ebpf/maglev.py", "live = sorted((n, w) for n, w in weights.items() if w > 0)",
       "live = [(n, w) for n, w in weights.items() if w > 0]", "the table depends on the backends' order", LB_PY),
+    M("lb-nat-ports-overlap", "ebpf/xdp_lb.py", "below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)",
+      "below, above = (1024, hi - 1024), (hi + 1, 65535 - hi)",
+      "NAT ports that overlap the host's own ephemeral ports", LB_PY),
     M("lb-sweep-keeps-idle", "ebpf/xdp_lb.py", "if now - v.last_seen / 1e9 <= self._timeout(v.state):",
       "if now - v.last_seen / 1e9 <= 2 * self._timeout(v.state):", "idle sessions swept at twice their timeout",
       LB_PY),
-    M("health-rise-ignored", "lab/lb.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
+    M("health-rise-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
       "if self._streak[b] >= (1 if ok else self.fall):", "a backend back after one good probe, not --rise",
       HEALTH),
-    M("health-fall-ignored", "lab/lb.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
+    M("health-fall-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
       "if self._streak[b] >= (self.rise if ok else 1):", "a backend out after one failed probe, not --fall", HEALTH),
-    M("health-timeout-passes", "lab/lb.py", "        except OSError:\n            return False",
+    M("health-timeout-passes", "lab/fastpaths/lb/health.py", "        except OSError:\n            return False",
       "        except socket.timeout:\n            return True\n        except OSError:\n            return False",
       "a backend that fails silently (probes time out) counted healthy", HEALTH),
-    M("health-not-applied", "lab/lb.py", "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
+    M("health-not-applied", "lab/fastpaths/lb/command.py", "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
       "the command line's health results never reach the LB's table", HEALTH),
-    M("lb-cli-timeouts-ignored", "lab/lb.py", "mode=a.mode, timeouts=read_timeouts(a))", "mode=a.mode, timeouts=None)",
+    M("lb-cli-timeouts-ignored", "lab/fastpaths/lb/command.py", "mode=a.mode, timeouts=read_timeouts(a))", "mode=a.mode, timeouts=None)",
       "--timeout accepted and ignored", (["tests/test_lb_health.py"], [])),
-    M("watch-host-bits", "ebpf/tc_mirror.py", "net = ipaddress.ip_network(text.strip(), strict=True)",
+    M("watch-host-bits", "ebpf/watchlist.py", "net = ipaddress.ip_network(text.strip(), strict=True)",
       "net = ipaddress.ip_network(text.strip(), strict=False)", "a CIDR with host bits set accepted silently",
       WATCH_PY),
     M("partial-fold", "lab/traffic/partial.py", "s = (s & 0xFFFF) + (s >> 16)", "s = s & 0xFFFF",
@@ -455,7 +471,7 @@ def main(a) -> int:
 
 
 if __name__ == "__main__":
-    from vtap.console import ArgumentParser
+    from lab.console import ArgumentParser
     parser = ArgumentParser(prog="python -m lab mutants", error_name="lab mutants")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -1,12 +1,19 @@
 """nftables inside a lab namespace, through libnftables' JSON API (Debian's
-python3-nftables): commands and answers as data, never text to parse.
+python3-nftables): commands and answers as data, never text to parse; and the
+namespace's connection tracking, which nftables' NAT rules use.
 
     >>> nft.run(ns, [{"add": {"table": {"family": "inet", "name": "vtl_x"}}}])   # doctest: +SKIP
     >>> nft.counters(ns, "inet", "vtl_x")      # [(packets, bytes)] of its rules' counters, in order
 """
 
+import socket
+
+from ebpf import netdev
+
 from . import netns
 from .netns import LabError
+
+NETLINK_NETFILTER = 12  # linux/netlink.h
 
 
 def run(ns, commands) -> dict:
@@ -44,3 +51,23 @@ def counters(ns, family, table) -> list[tuple[int, int]]:
             if "counter" in e:
                 found.append((e["counter"]["packets"], e["counter"]["bytes"]))
     return found
+
+
+def conntrack(ns):
+    """pyroute2's Conntrack on a netlink socket opened inside lab namespace `ns`.
+    Conntrack() itself opens its socket lazily, at its first call: made in an
+    entered namespace and used after leaving it, it flushed the root
+    namespace's table. Close it after use."""
+    from pyroute2 import Conntrack
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_NETFILTER)
+    return netdev.wrap_socket(sock, lambda fd: Conntrack(fileno=fd, nfgen_family=socket.AF_UNSPEC))  # both IP versions
+
+
+def flush_conntrack(ns):
+    """Forget every connection the router's conntrack holds."""
+    ct = conntrack(ns)
+    try:
+        ct.flush()
+    finally:
+        ct.close()

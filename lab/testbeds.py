@@ -18,7 +18,6 @@ watched and an unwatched source; the receiver holds .2/::2 and .3/::3 likewise.
 
 from dataclasses import dataclass
 
-from . import netns
 from .topology import Topology
 
 SENDER_V4 = ["198.18.1.1/24", "198.18.1.10/24", "198.18.1.20/24"]
@@ -85,7 +84,9 @@ def _is_address(text, ipaddress):
 
 class _Built(_Shown):
     """A testbed whose `topo` is built on entry (or build()) and torn down on
-    exit (or close(); at the latest when Python exits)."""
+    exit (or close(); at the latest when Python exits). A testbed that needs
+    more once built says so in prepare() and undoes it in release(); one with
+    tx_csum_offload=False turns TX checksum offload off on checksum_hosts()."""
 
     def ns(self, host):
         """The network namespace of `host` (vtl-<run id>-<host>)."""
@@ -94,11 +95,35 @@ class _Built(_Shown):
     def build(self):
         """Build the namespaces, links, addresses and routes; returns the testbed."""
         self.topo.build()
+        try:
+            # By default the hosts keep TX checksum offload on, as a veth comes:
+            # their TCP/UDP checksums reach the device under test partial, and
+            # the programs must keep or finish them (rewrite_helpers.h). Off,
+            # they send whole checksums.
+            if not getattr(self, "tx_csum_offload", True):
+                for host in self.checksum_hosts():
+                    self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
+            self.prepare()
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def checksum_hosts(self):
+        return []
+
+    def prepare(self):
+        """What the testbed needs once built (nothing, by default)."""
+
+    def release(self):
+        """Undo prepare()."""
 
     def close(self):
         """Tear everything down (idempotent)."""
-        self.topo.teardown()
+        try:
+            self.release()
+        finally:
+            self.topo.teardown()
 
     def __enter__(self):
         return self.build()
@@ -225,7 +250,7 @@ def pair(a="a", b="b", name="pair") -> Topology:
 
 
 @dataclass(repr=False)
-class RouterTestbed(_Shown):
+class RouterTestbed(_Built):
     """The set-up of the student report on netfilter vs XDP: a client, a router
     (the device under test) that the service address is routed to, and a server
     behind it in a namespace of its own.
@@ -235,7 +260,7 @@ class RouterTestbed(_Shown):
         service 198.18.0.17 / 2001:2::17: routed to the dut (or, with vip_on_router, its own)
 
     The client reaches the server through the router (a route each way). In the
-    seed, the service address (10.0.8.17) was the router's own; here the router
+    report, the service address (10.0.8.17) was the router's own; here the router
     is the way to it but does not hold it, as a load balancer's VIP: a reply
     rewritten to come *from* an address of the router's own would be dropped by
     the router's kernel as a martian source on its way to the client (with
@@ -271,32 +296,22 @@ class RouterTestbed(_Shown):
     def __post_init__(self):
         self.sinks = {}  # host -> its XDP pass sink (ebpf.XdpSink): also counts what arrives
 
-    def __enter__(self):
-        from ebpf.xdp_sink import XdpSink
-        self.topo.build()
-        try:
-            for host in (self.client, self.server):
-                if not self.tx_csum_offload:
-                    self.topo.run(host, ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
-                sink = XdpSink("pass")
-                self.sinks[host] = sink
-                sink.attach("eth0", netns=self.ns(host))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
+    def checksum_hosts(self):
+        return [self.client, self.server]
 
-    def __exit__(self, *exc):
+    def prepare(self):
+        from ebpf.xdp_sink import XdpSink
+        for host in (self.client, self.server):
+            sink = XdpSink("pass")
+            self.sinks[host] = sink
+            sink.attach("eth0", netns=self.ns(host))
+
+    def release(self):
         try:
             for sink in self.sinks.values():
                 sink.close()
         finally:
             self.sinks.clear()
-            self.topo.teardown()
-        return False
-
-    def ns(self, host):
-        return self.topo.ns(host)
 
     def rules(self, proto="udp", families=(4, 6)):
         """The service -> backend rules for this testbed, in the command line's form."""
@@ -332,7 +347,7 @@ def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
 
 
 @dataclass(repr=False)
-class LbTestbed(_Shown):
+class LbTestbed(_Built):
     """The set-up of the two load-balancer articles: clients, a load balancer and
     web servers on one layer-2 segment, a bridge in a "switch" namespace joining them.
 
@@ -364,32 +379,14 @@ class LbTestbed(_Shown):
     service_port: int = 80
     tx_csum_offload: bool = True  # as a veth comes; False: clients and backends send whole checksums
 
-    def ns(self, host):
-        return self.topo.ns(host)
-
     def backend4(self, i):
         return f"198.18.5.{11 + i}"
 
     def backend6(self, i):
         return f"2001:2:0:5::{11 + i:x}"
 
-    def __enter__(self):
-        self.topo.build()
-        try:
-            # By default the hosts keep TX checksum offload on, as a veth comes:
-            # their TCP/UDP checksums reach the LB partial, and the program must
-            # finish them (rewrite_helpers.h). Off, they send whole checksums.
-            if not self.tx_csum_offload:
-                for host in [self.client, *self.backends]:
-                    netns.run(self.ns(host), ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
-        except BaseException:
-            self.topo.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.topo.teardown()
-        return False
+    def checksum_hosts(self):
+        return [self.client, *self.backends]
 
 
 def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> LbTestbed:

@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import balancers, daemons, ids, netns  # noqa: E402,F401 (balancers: its daemons register their run directories)
+from lab import cgroups, daemons, netns  # noqa: E402
+from lab.fastpaths.lb import peers as balancers  # noqa: E402,F401 (its daemons register their run directories)
 from lab.leftovers import dead_runs  # noqa: E402
 from lab.topology import RUN_DIR  # noqa: E402
 from lab.testbeds import testbed1, testbed2  # noqa: E402
@@ -50,8 +51,8 @@ def pytest_sessionstart(session):
 def _daemon_leftovers():
     """Daemons' run directories and cgroups, but another live process's (named
     for a namespace of its runs): a second suite or a bench is no test's leftover."""
-    dirs = {d for suffix in [ids.SUFFIX, *daemons.SUFFIXES] for d in RUN_DIR.glob(f"*{suffix}")}
-    found = dirs | set(ids.lab_cgroups())
+    dirs = {d for suffix in daemons.kinds() for d in RUN_DIR.glob(f"*{suffix}")}
+    found = dirs | set(cgroups.lab_cgroups())
     return {d for d in found if not (d.name.startswith(netns.PREFIX) and _another_live_owner(d.name.split(".")[0]))}
 
 
@@ -87,7 +88,6 @@ def no_leftovers():
         netns.remove(name)
     assert not left, f"test left namespaces behind: {sorted(left)}"
     left = _daemon_leftovers() - daemon_files
-    ids.cleanup()
     daemons.cleanup()
     assert not left, f"test left daemon run directories or cgroups behind: {sorted(map(str, left))}"
 

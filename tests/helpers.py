@@ -58,10 +58,14 @@ def snmp(ns, proto, field):
 
 
 def invariant(c):
-    """The vTAP's own bookkeeping. It cannot fail on the action path (TcMirror
-    moves mirred's failures from cloned to failed), so a test that uses it also
-    checks cloned against what arrived at the monitor."""
-    return c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"]
+    """The vTAP's own tally, of counters read once traffic has stopped: the
+    program counts every frame in `seen` as it arrives, and at its one exit in
+    one verdict and in one reason (include/verdict.h), so both sums must come
+    to `seen` whatever path a frame took. (matched == cloned + sampled_out +
+    failed holds by construction: TcMirror derives matched from those.)"""
+    reasons = ("not_ip", "malformed", "unmatched", "sampled_out", "cloned", "failed")
+    return (c["seen"] == c["pass"] + c["mirror"] == sum(c[k] for k in reasons)
+            and c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"])
 
 
 def frames_in(ns, ifname):
@@ -125,13 +129,13 @@ def in_a_thread_without_net_admin(fn):
 
 def unchecked_copy(source, ctx_data, tmp_path):
     """A copy of a program's C file that reads a byte of the frame without proving
-    it is there (its `st->seen++;` becomes such a read): the verifier must refuse it."""
+    it is there (its `st->fp.seen++;` becomes such a read): the verifier must refuse it."""
     from pathlib import Path
     src = Path(source).read_text()
-    count = "\tst->seen++;\n"
-    assert count in src, f"{source} has no `st->seen++;` line to break"
+    count = "\tst->fp.seen++;\n"
+    assert count in src, f"{source} has no `st->fp.seen++;` line to break"
     broken = tmp_path / Path(source).name
-    broken.write_text(src.replace(count, f"\tst->seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
+    broken.write_text(src.replace(count, f"\tst->fp.seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
     return broken
 
 
@@ -173,7 +177,7 @@ def execute_notebook(path, env):
 
 def assert_every_figure_shown_once(nb, figures):
     """Each cell that saves a figure also shows it, once, as a PNG in the notebook
-    (when lab.plots forced matplotlib's Agg backend, the notebook showed none),
+    (when lab.fastpaths.vtap.plots forced matplotlib's Agg backend, the notebook showed none),
     and no cell raised."""
     shown = 0
     for c in nb.cells:
@@ -195,7 +199,7 @@ def lb_bed(backends=2, attacker=False, log=True):
     LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
     from ebpf.xdp_sink import XdpSink
     from lab.testbeds import lb_testbed
-    from lab.webservers import NginxServer
+    from lab.daemons.nginx import NginxServer
     tb = lb_testbed(backends=backends, attacker=attacker)
     with tb:
         webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
@@ -298,3 +302,25 @@ def stop_all(procs):
     for p in procs:
         p.kill()
         p.wait()
+
+
+def start_until(argv, ready, timeout=120, **kw):
+    """Start a command of the lab (in a process group of its own, so that a
+    test can signal all of it) and return it once `ready()` is true; killed,
+    with the group, if it exits first or the deadline passes."""
+    import os
+    import signal
+    import subprocess
+    import time
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kw)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc

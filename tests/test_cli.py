@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ebpf import tc
-from lab.demo import start_vtap, stop_vtap
+from lab.fastpaths.vtap.demo import start_vtap, stop_vtap
 from lab.traffic import Flow
 import time
 from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, Lines, invariant, run_flows, unchecked_copy
@@ -140,7 +140,7 @@ def test_output_closed_early_detaches_quietly(tb1):
 
 
 def test_table_shows_every_counter_per_interface_and_run_averages(tb2):
-    """Two tapped interfaces: a row each and an `all` row; sampled_out, non_ip and
+    """Two tapped interfaces: a row each and an `all` row; sampled_out, not_ip and
     malformed are shown; the final rows' rates are averages over the whole run,
     not the last interval's (which saw no traffic here): between none and the
     busiest interval's, and no more than the run's count over its ticks' intervals."""
@@ -165,7 +165,7 @@ def test_table_shows_every_counter_per_interface_and_run_averages(tb2):
     assert proc.wait(timeout=15) == 0, err
     proc.stdout.close()
     proc.stderr.close()
-    assert head[:2] == ["TIME", "IFACE"] and {"SAMPLED", "NON-IP", "MALFORMED", "OVERSIZE"} <= set(head)
+    assert head[:2] == ["TIME", "IFACE"] and {"SAMPLED", "NOT-IP", "MALFORMED", "OVERSIZE"} <= set(head)
     final_head = max(i for i, ln in enumerate(lines) if ln.startswith("SUMMARY"))
     rows = {ln.split()[1]: ln.split() for ln in lines[final_head + 1:]}
     assert set(rows) == {"eth0", "eth1", "all"} and all(r[0] == "total" for r in rows.values())
@@ -215,13 +215,13 @@ ROOT_ERROR = "vtap: error: must run as root (loading BPF programs and changing T
 def test_not_root_as_a_normal_user(tb1):
     """A normal user with a checkout of their own. uid 65534 cannot read this
     checkout if it lives under a private directory (a 0700 home, mktemp -d), so
-    it gets a world-readable copy of the two packages the check needs, and the
+    it gets a world-readable copy of the packages the check needs, and the
     system Python: the check runs before anything heavier is imported."""
     import shutil
     import tempfile
     with tempfile.TemporaryDirectory(prefix="vtl-nonroot-", dir="/tmp") as tmp:  # not $TMPDIR: maybe private
         os.chmod(tmp, 0o755)
-        for pkg in ("vtap", "ebpf"):
+        for pkg in ("vtap", "ebpf", "lab"):
             shutil.copytree(ROOT / pkg, Path(tmp) / pkg, ignore=shutil.ignore_patterns("__pycache__"))
         r = tb1.topo.run(tb1.tap_host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                         "/usr/bin/python3", "-m", "vtap", "--monitor", "mon0"],

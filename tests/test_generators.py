@@ -10,8 +10,8 @@ from lab.bench.common import udp_frames
 from lab import testbeds  # the module: pytest would collect test*-named functions
 from lab.traffic import GENERATORS, Capture, Marker, XdpGenerator, flow_frames, Flow
 from lab.traffic.report import MAX_LOAD_PACKETS
-from tests.conftest import require_tool
-from tests.helpers import wait_for
+from conftest import require_tool
+from helpers import wait_for
 
 
 @pytest.fixture

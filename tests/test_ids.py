@@ -1,5 +1,5 @@
 """The IDS experiment (issue 10): the attack generator and its truth, Suricata in
-a lab namespace (lab.ids), and `python -m lab bench ids` on Testbed 3."""
+a lab namespace (lab.daemons.suricata), and `python -m lab bench ids` on Testbed 3."""
 
 import hashlib
 import json
@@ -15,12 +15,13 @@ import nbformat
 import pandas as pd
 import pytest
 
-from helpers import assert_every_figure_shown_once, execute_notebook
-from lab import ids, netns
+from helpers import assert_every_figure_shown_once, execute_notebook, start_until
+from lab import cgroups, netns
+from lab.daemons import suricata as ids
 from lab.testbeds import pair
 from lab.topology import RUN_DIR
 from lab.traffic import attacks
-from tests.conftest import ROOT, require_tool
+from conftest import ROOT, require_tool
 
 PY = sys.executable
 
@@ -50,7 +51,7 @@ def suricata_leftovers():
                 continue
             if cmd and cmd[0].endswith(b"suricata") and any(str(RUN_DIR).encode() in c for c in cmd):
                 procs.append(int(p))
-    return dirs, ids.lab_cgroups(), procs
+    return dirs, cgroups.lab_cgroups(), procs
 
 
 # --- the generator and its truth -------------------------------------------------------
@@ -147,7 +148,7 @@ def test_suricata_bad_input_is_one_line(tmp_path):
             ids.Suricata(t.ns("b"), "eth0", tmp_path / "missing.rules")
         with pytest.raises(ValueError, match=r"outside 1\.\."):
             ids.Suricata(t.ns("b"), "eth0", attacks.RULES, quota_pct=1000)
-    assert not list(RUN_DIR.glob(f"*{ids.SUFFIX}")) and not ids.lab_cgroups()
+    assert not list(RUN_DIR.glob(f"*{ids.SUFFIX}")) and not cgroups.lab_cgroups()
 
 
 # --- the bench ----------------------------------------------------------------------------
@@ -277,19 +278,9 @@ def test_bench_shows_suricatas_own_error_for_a_rejected_ruleset(tmp_path):
 
 
 def _start_bench_and_wait_for_both_idses(tmp_path):
-    proc = subprocess.Popen([PY, "-m", "lab", "bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "30",
-                             "--loop", "40", "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while len(suricata_leftovers()[2]) < 2:  # both IDSes running: the replay is under way
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return proc
+    return start_until([PY, "-m", "lab", "bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "30",
+                        "--loop", "40", "--out", str(tmp_path)],
+                       lambda: len(suricata_leftovers()[2]) >= 2, cwd=ROOT)   # both IDSes running: the replay is on
 
 
 def test_interrupted_bench_removes_everything_itself(tmp_path):

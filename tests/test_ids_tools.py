@@ -4,7 +4,7 @@ with AF_PACKET capture, and tcpreplay."""
 import re
 import subprocess
 
-from tests.conftest import require_tool
+from conftest import require_tool
 
 
 def test_setup_installs_suricata_with_af_packet_and_tcpreplay():

@@ -9,7 +9,7 @@ import sys
 
 from ebpf import TcMirror
 from ebpf import netdev, tc
-from lab.demo import start_vtap
+from lab.fastpaths.vtap.demo import start_vtap
 from lab.traffic import Flow
 from helpers import RX4, WATCHED_SRC4, run_flows
 

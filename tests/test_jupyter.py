@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab import jupyter
-from tests.conftest import ROOT
+from conftest import ROOT
 
 PY = sys.executable
 URL_LINE = "lab jupyter: open this URL: "

@@ -1,5 +1,5 @@
 """What `python -m lab bench lb` stands on: the HTTP load generators (wrk and
-the lab's open-loop generator), the load balancers it compares (lab.balancers),
+the lab's open-loop generator), the load balancers it compares (lab.fastpaths.lb.peers),
 the bench's command line and notebook 04."""
 
 import math
@@ -16,11 +16,11 @@ import pytest
 
 from ebpf import xdp
 from lab import daemons, netns, nft
-from lab.balancers import BALANCERS
-from lab.bench import lb as bench
+from lab.fastpaths.lb.peers import BALANCERS
+from lab.fastpaths.lb import bench
 from lab.traffic.http import QUANTILES, Connections, HttpResult, closed_loop, merge, open_loop
-from tests.conftest import ROOT, require_tool
-from tests.helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, wait_for
+from conftest import ROOT, require_tool
+from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, start_until, wait_for
 
 
 def require_tools(*names):
@@ -148,7 +148,7 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
     clients = {c for w, n in zip(webs, seen) for c in w.clients()[n:]}
     assert clients == ({tb.client4} if name == "direct" else {tb.lb4})   # through the LB, from its address
     # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
-    assert not [d for s in daemons.SUFFIXES if s != ".nginx" for d in daemons.RUN_DIR.glob(f"*{s}")]
+    assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"*{s}")]
     assert peer.pids() == [] and xdp.attached(lbns) == [] and nft.tables(lbns, "ip") == []
     assert {k: netns.read_sysctl(lbns, k) for k in sysctls} == sysctls
 
@@ -206,7 +206,7 @@ def check_cpu_columns(df, used):
 def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     require_tools("nginx", "wrk", "cc")
     with Accounting() as used:
-        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--lbs", "direct,xdp,nginx-l4",
+        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--peers", "direct,xdp,nginx-l4",
                             "--connections", "20", "--loads", "10", "--trials", "1", "--duration", "1",
                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -237,7 +237,7 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
 def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):
     require_tools("nginx", "wrk")
     with Accounting() as used:
-        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--lbs", "xdp,nginx-l4", "--loops", "closed",
+        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--peers", "xdp,nginx-l4", "--loops", "closed",
                             "--napi", "threaded", "--connections", "20", "--trials", "1", "--duration", "1",
                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -251,12 +251,12 @@ def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):
 
 
 def bench_latency(csv):
-    from lab.lb_plots import latency_path
+    from lab.fastpaths.lb.plots import latency_path
     return latency_path(csv)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lbs", "direct,envoy"], "unknown balancer 'envoy'"),
+    (["--peers", "direct,envoy"], "unknown balancer 'envoy'"),
     (["--loops", "half"], "unknown loop 'half'"),
     (["--connections", "0"], "connections must be at least 1"),
     (["--loads", "0"], "loads are percent"),
@@ -312,21 +312,11 @@ def _start_bench_and_wait_for(lb, tmp_path):
     once the load is under way (wrk runs in the client's namespace: the LB is
     up, its XDP program attached)."""
     require_tools("haproxy" if lb.startswith("haproxy") else "nginx", "wrk")
-    proc = subprocess.Popen([sys.executable, "-m", "lab", "bench", "lb", "--lbs", lb, "--loops", "closed",
-                             "--connections", "20", "--trials", "1", "--duration", "60", "--out", str(tmp_path)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(_comm(p) == "wrk" for n in netns.lab_namespaces() if n.endswith("-client")
-                      for p in netns.pids(n)):   # (not the set-up's ethtool, run there first)
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return proc
+    return start_until([sys.executable, "-m", "lab", "bench", "lb", "--peers", lb, "--loops", "closed",
+                        "--connections", "20", "--trials", "1", "--duration", "60", "--out", str(tmp_path)],
+                       lambda: any(_comm(p) == "wrk" for n in netns.lab_namespaces() if n.endswith("-client")
+                                   for p in netns.pids(n)),   # (not the set-up's ethtool, run there first)
+                       cwd=ROOT)
 
 
 def test_interrupted_bench_removes_everything_itself(tmp_path):

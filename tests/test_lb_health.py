@@ -119,7 +119,7 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             assert exchange(t, "client", dst, PORT, 1, expect_none=True) == {"udp": 0, "tcp": 0, "n": 1}
             after = fresh(tool)
             assert after["to_backend"] == before["to_backend"]
-            assert after["drop_no_backend"] - before["drop_no_backend"] >= 2   # the datagram and the SYN(s)
+            assert after["dropped_no_backend"] - before["dropped_no_backend"] >= 2   # the datagram and the SYN(s)
 
             # recovery: each backend back only after RISE probes have passed there
             opens = [accepted(tmp_path, b) for b in tb.backends]

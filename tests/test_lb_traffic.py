@@ -15,11 +15,11 @@ import time
 import pytest
 
 from ebpf.xdp_lb import Backend, XdpLoadBalancer
-from lab.lb import HealthChecker
+from lab.fastpaths.lb.health import HealthChecker
 from lab.traffic.frames import send_frames, syn_flood
 from lab.traffic.http import Connections
-from tests.conftest import require_tool
-from tests.helpers import lb_bed
+from conftest import require_tool
+from helpers import lb_bed
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_ten_thousand_connections_through_a_drain_break_none(bed, lb):
     # higher: an LB port whose last connection to a backend is in TIME_WAIT there
     # gets the SYN an ACK, the client resets, and its retransmitted SYN starts over.)
     counters = lb.counters()
-    assert counters["established"] == n + 50 and counters["drop_no_port"] == 0, counters
+    assert counters["established"] == n + 50 and counters["dropped_no_port"] == 0, counters
     assert tables_empty(lb) == []
 
 
@@ -234,7 +234,7 @@ def test_syn_flood_from_another_namespace_breaks_no_established_connection(bed, 
 
 
 def test_backends_behind_a_router_and_a_second_instance_refused():
-    """Not the seeds' one segment: the backends sit behind a router, so the LB's
+    """Not the articles' one segment: the backends sit behind a router, so the LB's
     bpf_fib_lookup resolves the gateway's MAC for them (found using the tool on
     a topology of our own). A second `python -m lab lb` on the same interface
     is refused in one line and the first goes on serving."""
@@ -242,9 +242,9 @@ def test_backends_behind_a_router_and_a_second_instance_refused():
     import sys
     from lab import netns
     from lab.topology import Topology
-    from lab.webservers import NginxServer
+    from lab.daemons.nginx import NginxServer
     from ebpf.xdp_sink import XdpSink
-    from tests.conftest import ROOT
+    from conftest import ROOT
     require_tool("nginx")
     t = Topology("lbrt")
     for h in ("sw", "client", "be1", "be2"):

@@ -15,8 +15,8 @@ from lab.metrics import (CPU_COLUMNS, CpuSampler, IfaceCounters, cpu_percent, re
                          read_results, write_results)
 from lab import testbeds
 from lab.bench.common import udp_frames
-from lab.mirrors import NoMirror
-from lab.rig import ThroughputRig
+from lab.fastpaths.vtap.peers import NoMirror
+from lab.fastpaths.vtap.rig import ThroughputRig
 from lab.traffic import Flow, Marker, XdpGenerator, build, send_frames
 from helpers import snmp, wait_for
 

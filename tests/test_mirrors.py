@@ -8,12 +8,12 @@ import pytest
 
 from ebpf import tc
 from lab import netns
-from lab.mirrors import MIRRORS, NftDup, OvsMirror, TcMirred
+from lab.fastpaths.vtap.peers import MIRRORS, NftDup, OvsMirror, TcMirred
 from lab.netns import LabError
 from lab.topology import Topology
 from lab.traffic import Flow
-from tests.conftest import require, require_tool
-from tests.helpers import RATE, RX4, WATCHED_SRC4, in_a_thread_without_net_admin, run_flows
+from conftest import require, require_tool
+from helpers import RATE, RX4, WATCHED_SRC4, in_a_thread_without_net_admin, run_flows
 
 N = 2000
 
@@ -64,7 +64,7 @@ def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
         assert NftDup.TABLE not in peer.tables()
     if isinstance(peer, OvsMirror):
         assert ovs_pids and not any(os.path.exists(f"/proc/{p}") for p in ovs_pids)
-        assert not peer.dir.exists()
+        assert not peer.switch.dir.exists()
     # traffic flows as before, and nothing reaches the monitor any more
     _, rx, mon = run_flows(tb, [Flow("after", WATCHED_SRC4, RX4, count=200)])
     assert rx == {"after": 200} and mon == {}

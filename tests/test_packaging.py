@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ebpf", "vtap", "lab")
@@ -110,7 +110,7 @@ def test_installed_wheel_imports_and_compiles_from_outside_the_repo(installed):
     _, python, site, cwd = installed
     probe = """
 import json, sys
-import lab.bench.vtap_throughput, lab.traffic.filetransfer, ebpf, vtap
+import lab.fastpaths.vtap.bench, lab.traffic.filetransfer, ebpf, vtap
 from ebpf import TcMirror
 from ebpf.xdp_gen import XdpGen
 from ebpf.xdp_sink import XdpSink
@@ -119,7 +119,7 @@ for prog in (TcMirror("lo"), XdpSink(), XdpGen()):   # lo: a monitor every names
     prog.compile()                                    # clang finds the C and its headers, installed
     sources.append(str(prog.source_path))
     prog.close()
-mods = ("lab.bench.vtap_throughput", "lab.traffic.filetransfer", "ebpf", "vtap")
+mods = ("lab.fastpaths.vtap.bench", "lab.traffic.filetransfer", "ebpf", "vtap")
 print(json.dumps({"files": [sys.modules[m].__file__ for m in mods], "sources": sources}))
 """
     out = json.loads(_run([python, "-I", "-c", probe], cwd=cwd).stdout.strip().splitlines()[-1])
@@ -138,7 +138,7 @@ def test_vtap_console_script_runs(installed):
     import signal
     from lab.topology import Topology
     from lab.traffic import Flow, Marker, build, send_frames
-    from tests.helpers import Lines, frames_in, wait_for
+    from helpers import Lines, frames_in, wait_for
     _, python, _, cwd = installed
     vtap = str(python.parent / "vtap")
     assert _run([vtap, "--help"], cwd=cwd).stdout.startswith("usage: vtap")

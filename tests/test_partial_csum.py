@@ -123,7 +123,7 @@ def test_redirect_forward_finishes_a_partial_checksum(router, name):
     assert l3.dst in (rfx.BACKEND4, rfx.BACKEND6)
     assert l4_valid(out.data) and not is_partial(out.data)
     assert out.data == complete(out.data)
-    assert c["csum_partial"] == 1 and c["xdp_redirect"] == 1
+    assert c["csum_partial"] == 1 and c["redirect"] == 1
 
 
 def test_redirect_forward_in_generic_mode_keeps_it_partial(router):

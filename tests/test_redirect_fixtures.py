@@ -55,8 +55,8 @@ def test_counters_are_exact():
         c = prog.counters()
         per_rule = prog.rule_counters()
     want = Counter(f.counted for f in PASS)
-    assert c["seen"] == len(PASS) == c["xdp_pass"]
-    for name in ("to_backend", "to_client", "not_ip", "no_rule", "fragment", "malformed"):
+    assert c["seen"] == len(PASS) == c["pass"]
+    for name in ("to_backend", "to_client", "not_ip", "unmatched", "fragment", "malformed"):
         assert c[name] == want[name], name
     assert sum(v["packets"] for v in per_rule.values()) == want["to_backend"]
     assert sum(v["reply_packets"] for v in per_rule.values()) == want["to_client"]

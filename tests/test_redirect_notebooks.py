@@ -12,8 +12,8 @@ from matplotlib.colors import same_color
 from matplotlib.container import BarContainer
 
 from helpers import ROOT, assert_every_figure_shown_once, execute_notebook
-from lab import redirect_plots as rp
-from lab.redirects import METHODS
+from lab.fastpaths.redirect import plots as rp
+from lab.fastpaths.redirect.peers import METHODS
 
 NB02 = ROOT / "notebooks" / "02_xdp_redirect.ipynb"
 NB03 = ROOT / "notebooks" / "03_xdp_modes.ipynb"
@@ -95,12 +95,12 @@ def test_every_method_has_its_own_colour_and_bars_start_at_zero():
             plt.close(fig)
 
 
-def test_beside_seed_puts_the_seeds_averages_above_ours():
+def test_beside_report_puts_the_reports_averages_above_ours():
     cpu = pd.read_csv(ROOT / TRANSFER_CSV.replace("redirect_transfer-", "redirect_transfer_cpu-"))
-    t = rp.beside_seed(cpu, dut_core=1)
-    seed = t[t["source"] == "seed (all cores)"].set_index("method")
-    assert seed.loc["netfilter", "soft"] == 34.78 and seed.loc["xdp", "soft"] == 17.81
-    assert round(seed.loc["netfilter", "idle"], 2) == 37.78  # 100 minus the printed columns
+    t = rp.beside_report(cpu, dut_core=1)
+    report = t[t["source"] == "report (all cores)"].set_index("method")
+    assert report.loc["netfilter", "soft"] == 34.78 and report.loc["xdp", "soft"] == 17.81
+    assert round(report.loc["netfilter", "idle"], 2) == 37.78  # 100 minus the printed columns
     ours = t[t["source"] == "lab (router core 1)"]
     assert set(ours["method"]) == set(rp.with_labels(cpu)["label"])
     # Every second's columns sum to 100, so their means do too.

@@ -1,4 +1,4 @@
-"""Every redirect method (lab.redirects) behind the one peer interface: a file
+"""Every redirect method (lab.fastpaths.redirect.peers) behind the one peer interface: a file
 arrives whole through each, to a connected client (so replies came from the
 service's address), and detaching leaves the router as it was. And the bench
 that compares them, with tiny parameters."""
@@ -16,7 +16,8 @@ from ebpf import tc, xdp
 from lab import nft, testbeds
 from lab.bench.common import udp_frames
 from lab.metrics import iface_counters
-from lab.redirects import METHODS, conntrack, method
+from lab.fastpaths.redirect.peers import METHODS, method
+from lab.nft import conntrack
 from lab.traffic import GENERATORS, FileTransfer, FileTransferServer
 from helpers import wait_for
 
@@ -96,7 +97,7 @@ def test_methods_know_their_modes(rtb):
 
 def test_bench_transfer_and_rate_tiny(tmp_path):
     base = [sys.executable, "-m", "lab", "bench", "redirect", "--trials", "1", "--out", str(tmp_path),
-            "--methods", "route,xdp-forward", "--modes", "native"]
+            "--peers", "route,xdp-forward", "--xdp-modes", "native"]
     started = time.monotonic()
     r = subprocess.run(base + ["--transfer-size", "2M"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     took = time.monotonic() - started
@@ -136,7 +137,7 @@ def test_bench_rate_with_the_vip_on_the_router_and_partial_checksums(tmp_path):
     variant interleaved, each row says which, and the router translated what it
     forwarded, exactly."""
     r = subprocess.run([sys.executable, "-m", "lab", "bench", "redirect", "--trials", "1", "--out", str(tmp_path),
-                        "--methods", "xdp-pass,xdp-forward", "--modes", "native", "--workload", "rate", "--sizes",
+                        "--peers", "xdp-pass,xdp-forward", "--xdp-modes", "native", "--workload", "rate", "--sizes",
                         "64", "--flows", "1", "--rates", "20000", "--duration", "1", "--vip", "router",
                         "--sender-csum", "whole,partial"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -200,13 +201,13 @@ def test_generator_frames_leave_as_built_while_the_router_rewrites_them(rtb, flo
 
 
 def test_bench_offload_alone_and_a_reader_that_goes_away(rtb, tmp_path):
-    """`--modes offload` alone runs nothing and records the refusals (it raised
+    """`--xdp-modes offload` alone runs nothing and records the refusals (it raised
     ZeroDivisionError); a bench piped into a reader that leaves early ends
     quietly with 0 (it ended in a BrokenPipeError traceback, status 1); and a
     bench started while another lab run is live (here this module's testbed)
     warns that the two share the CPUs (two benches at once measured each
     other's load without a word)."""
-    cmd = (f"set -o pipefail; {sys.executable} -m lab bench xdp-modes --modes offload --programs drop,forward "
+    cmd = (f"set -o pipefail; {sys.executable} -m lab bench xdp-modes --xdp-modes offload --peers drop,forward "
            f"--out {tmp_path} | true")
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -136,7 +136,7 @@ def test_file_transfer_repairs_losses(tb1):
 
 
 def test_reply_from_the_wrong_source_fails_clearly(tb1):
-    """A port rewrite without its reverse (the seeds' redirect): the server's
+    """A port rewrite without its reverse (the report's redirect): the server's
     replies leave from :8083, the client sent to :8080, so its connected socket
     never sees them, and the transfer fails naming the cause."""
     rx_ns = tb1.ns("receiver")

@@ -91,7 +91,7 @@ def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
     assert c["matched"] == c["cloned"] == mon.counts["w"] and invariant(c)
 
 
-def test_arp_and_other_non_ip(tb1):
+def test_arp_and_other_frames_that_are_not_ip(tb1):
     from scapy.layers.l2 import ARP, Ether
     arp = [bytes(Ether(src=tb1.sender_mac, dst="ff:ff:ff:ff:ff:ff") /
                  ARP(psrc=WATCHED_SRC4, pdst=RX4, hwsrc=tb1.sender_mac)) + bytes([i % 256]) for i in range(50)]
@@ -101,7 +101,7 @@ def test_arp_and_other_non_ip(tb1):
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
             send_frames(tb1.ns("sender"), "eth0", arp)
         c = tap.counters()
-    assert mon.counts["arp"] == 0 and c["non_ip"] >= 50
+    assert mon.counts["arp"] == 0 and c["not_ip"] >= 50
     with tap_for(tb1, watch=None) as tap:  # no watch-list: everything, ARP included
         tap.attach(tb1.tap_iface, "ingress")
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:

@@ -5,7 +5,7 @@ BPF_PROG_TEST_RUN as a SCHED_CLS program: the same output bytes, and TC_ACT_OK
 where the XDP program says XDP_PASS; each run also as a CHECKSUM_COMPLETE skb,
 whose skb->csum the kernel checks against the output (the skb helpers must keep
 it in step). The same rows on real skbs, at a real hook. Then the real kernel
-in the seed's set-up (lab.testbeds.router_testbed): a file arrives whole in pass
+in the report's set-up (lab.testbeds.router_testbed): a file arrives whole in pass
 and forward, IPv4 and IPv6, at a connected client; the counters are exact; the
 forward fallbacks are counted, and an unknown neighbour is not one (the helper
 resolves it); nothing is left on the hooks after close."""
@@ -85,7 +85,7 @@ def test_forward_without_route(redirect_forward, f):
 
 def test_fixture_counters_are_exact():
     """Each fixture the kernel runs, once: every frame in `seen`, in TC_ACT_OK
-    (xdp_pass), and in the one counter its row names; per rule, packets and replies."""
+    (pass), and in the one counter its row names; per rule, packets and replies."""
     rows = [f for f in PASS if not short_l3(bytes(f.frame))]
     with TcRedirect(fx.RULES, action="pass") as prog:
         fd = prog.load_program().fd
@@ -94,9 +94,9 @@ def test_fixture_counters_are_exact():
         c = prog.counters()
         per_rule = prog.rule_counters()
     want = Counter(f.counted for f in rows)
-    assert c["seen"] == len(rows) == c["xdp_pass"]
-    assert c["xdp_redirect"] == c["xdp_drop"] == c["xdp_aborted"] == 0
-    for name in ("to_backend", "to_client", "not_ip", "no_rule", "fragment", "malformed"):
+    assert c["seen"] == len(rows) == c["pass"]
+    assert c["redirect"] == c["drop"] == c["aborted"] == 0
+    for name in ("to_backend", "to_client", "not_ip", "unmatched", "fragment", "malformed"):
         assert c[name] == want[name], name
     def udp4(f, counted):
         return f.counted == counted and UDP in f.frame and IP in f.frame
@@ -144,8 +144,8 @@ def test_every_fixture_on_real_skbs(rtb):
     for name in ("to_backend", "to_client", "fragment", "malformed"):
         assert c[name] == want[name], name
     # the client's own frames (IPv6 router solicitations, MLD) pass the hook too
-    assert c["no_rule"] >= want["no_rule"] and c["not_ip"] >= want["not_ip"]
-    assert c["xdp_pass"] == c["seen"]
+    assert c["unmatched"] >= want["unmatched"] and c["not_ip"] >= want["not_ip"]
+    assert c["pass"] == c["seen"]
 
 
 def router_frame(tb, proto, family, reply=False, ttl=64):
@@ -198,7 +198,7 @@ def test_forward_on_a_route_as_a_test_run(rtb, family):
                     got = run_complete(fd, bytes(frame), ifindex=ifindex)
                 assert got == (TC_ACT_REDIRECT, forwarded(rtb, frame, reply)), (proto, reply)
         c = prog.counters()
-    assert c["xdp_redirect"] == c["seen"] == 4 and c["to_backend"] == c["to_client"] == 2
+    assert c["redirect"] == c["seen"] == 4 and c["to_backend"] == c["to_client"] == 2
 
 
 def to_service(tb, n, ttl=64, size=200):
@@ -235,15 +235,15 @@ def test_a_file_arrives_whole_and_nothing_is_left_behind(rtb, action, family):
     rule = rules[rtb.rules("udp")[0 if family == 4 else 1]]
     assert rule["packets"] == c["to_backend"] == rep.extra["datagrams"]  # every datagram the client sent
     assert rule["reply_packets"] == c["to_client"] > 0
-    assert c["seen"] == c["xdp_pass"] + c["xdp_redirect"] + c["xdp_drop"] + c["xdp_aborted"]
-    assert c["seen"] == sum(c[k] for k in ("to_backend", "to_client", "not_ip", "no_rule", "fragment", "malformed"))
-    assert c["xdp_drop"] == c["xdp_aborted"] == c["fragment"] == c["malformed"] == 0
+    assert c["seen"] == c["pass"] + c["redirect"] + c["drop"] + c["aborted"]
+    assert c["seen"] == sum(c[k] for k in ("to_backend", "to_client", "not_ip", "unmatched", "fragment", "malformed"))
+    assert c["drop"] == c["aborted"] == c["fragment"] == c["malformed"] == 0
     assert sum(c[k] for k in ("slow_no_neigh", "slow_ttl", "slow_too_big", "slow_no_route")) == 0
     if action == "pass":
-        assert c["xdp_pass"] == c["seen"] and c["xdp_redirect"] == 0
+        assert c["pass"] == c["seen"] and c["redirect"] == 0
     else:  # every rewritten packet took the fast path; the rest went on to the stack
-        assert c["xdp_redirect"] == c["to_backend"] + c["to_client"]
-        assert c["xdp_pass"] == c["not_ip"] + c["no_rule"]
+        assert c["redirect"] == c["to_backend"] + c["to_client"]
+        assert c["pass"] == c["not_ip"] + c["unmatched"]
     # attached: a clsact qdisc and our filter on each side's ingress; closed: as before
     for ifname in (rtb.dut_in, rtb.dut_out):
         has, filters = attached[ifname]
@@ -300,14 +300,14 @@ def test_forward_fallbacks_are_counted_and_a_neighbour_is_resolved(rtb):
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, ttl=1), rate_pps=2000)
         wait_for(lambda: prog.counters()["slow_ttl"] >= 20, what="20 datagrams with TTL 1 at the router")
         c = prog.counters()
-        assert c["slow_ttl"] == 20 and c["to_backend"] == 20 and c["xdp_redirect"] == 0 and at_server() == 0
+        assert c["slow_ttl"] == 20 and c["to_backend"] == 20 and c["redirect"] == 0 and at_server() == 0
 
         prog.reset_counters()
         rtb.topo.run("dut", ["ip", "neigh", "del", rtb.server4, "dev", rtb.dut_out])
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, N), rate_pps=20000)
         wait_for(lambda: at_server() >= N, what=f"{N} datagrams at the server")
         c = prog.counters()
-        assert c["to_backend"] == c["xdp_redirect"] == N and c["slow_no_neigh"] == 0 and at_server() == N
+        assert c["to_backend"] == c["redirect"] == N and c["slow_no_neigh"] == 0 and at_server() == N
         assert c["not_ip"] >= 1  # the server's ARP reply, seen on its way in at eth1
 
         prog.reset_counters()
@@ -315,7 +315,7 @@ def test_forward_fallbacks_are_counted_and_a_neighbour_is_resolved(rtb):
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 20, size=1200), rate_pps=2000)
         wait_for(lambda: prog.counters()["slow_too_big"] >= 20, what="20 datagrams too big for eth1")
         c = prog.counters()
-        assert c["slow_too_big"] == 20 and c["to_backend"] == 20 and c["xdp_redirect"] == 0
+        assert c["slow_too_big"] == 20 and c["to_backend"] == 20 and c["redirect"] == 0
         wait_for(lambda: at_server() >= N + 20, what=f"{N + 20} datagrams at the server")
     assert at_server() == N + 20  # the kernel delivered the big ones too, in fragments
 

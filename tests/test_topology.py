@@ -164,7 +164,9 @@ def test_demo_runs_and_passes():
     assert "unwatched packets that reached the monitor: 0 (must be 0)" in r.stdout
     counters = dict(kv.rsplit(" ", 1) for kv in next(ln for ln in lines if ln.startswith("vTAP counters: "))
                     .removeprefix("vTAP counters: ").split(", "))
-    assert {k: int(v) for k, v in counters.items()} == {"seen": count * len(rows), "matched": mirrored,
+    seen = count * len(rows)  # every frame is IP: those not mirrored are unmatched, and passed
+    assert {k: int(v) for k, v in counters.items()} == {"seen": seen, "matched": mirrored,
                                                         "cloned": mirrored, "sampled_out": 0, "failed": 0,
-                                                        "non_ip": 0, "malformed": 0}
+                                                        "not_ip": 0, "malformed": 0, "unmatched": seen - mirrored,
+                                                        "pass": seen - mirrored, "mirror": mirrored}
     assert lines[-1].startswith("PASS: ") and "WRONG" not in r.stdout

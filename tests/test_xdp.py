@@ -12,9 +12,9 @@ from ebpf import AttachError, testrun, xdp
 from ebpf.xdp_sink import XdpSink
 from lab import netns, testbeds
 from lab.netns import LabError
-from lab.rig import ThroughputRig
-from tests.conftest import require
-from tests.helpers import in_a_thread_without_net_admin
+from lab.fastpaths.vtap.rig import ThroughputRig
+from conftest import require
+from helpers import in_a_thread_without_net_admin
 
 BPF_XDP = 37  # enum bpf_attach_type (uapi bpf.h)
 

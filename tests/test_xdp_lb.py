@@ -15,10 +15,10 @@ from ebpf.xdp_sink import XdpSink
 from lab import netns
 from lab.testbeds import lb_testbed
 from lab.topology import RUN_DIR
-from lab.webservers import SUFFIX, NginxServer
+from lab.daemons.nginx import SUFFIX, NginxServer
 from ebpf.abi import defines
 from helpers import Lines, wait_for
-from tests.conftest import ROOT, require_tool
+from conftest import ROOT, require_tool
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     # each connection one session, established, closed by FIN from both sides: the tables are empty
     c = lb.counters()
     assert c["new_sessions"] == c["established"] == c["closed_fin"] == 2 * n
-    assert c["drop_no_session"] == c["drop_no_port"] == c["drop_no_neigh"] == 0
+    assert c["dropped_no_session"] == c["dropped_no_port"] == c["dropped_no_neigh"] == 0
     assert lb.sessions() == []
     per_backend = lb.backend_counters()
     assert sum(v["new_sessions"] for v in per_backend.values()) == 2 * n

@@ -12,15 +12,13 @@ while it ran).
 """
 
 import argparse
-import json
 import sys
-import time
 
-from ebpf.abi import VTAP
+from ebpf.abi import defines
 from ebpf.errors import BpfError
 
-from .console import (SIGNALS, ArgumentParser, UsageError, add_run_options, check_run_options, run_command,
-                      run_until_stopped, say, show_program, warn)
+from lab.console import (SIGNALS, ArgumentParser, CounterTable, UsageError, add_run_options, check_run_options,
+                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
 EXAMPLES = """\
 examples:
@@ -42,17 +40,16 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 """
 
 RATES = ("seen", "matched", "cloned", "failed")
-TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "non_ip", "malformed", "oversize")
-HEADS = {"sampled_out": "SAMPLED", "non_ip": "NON-IP"}
-SAMPLE_MAX = VTAP["VTAP_SAMPLE_MAX"]
+TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "not_ip", "malformed", "oversize")
+HEADS = {"sampled_out": "SAMPLED", "not_ip": "NOT-IP"}
+SAMPLE_MAX = defines("vtap.h")["VTAP_SAMPLE_MAX"]
 WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
 
 
-def parse_args(argv):
-    p = ArgumentParser(
-        prog="vtap", description="Clone packets whose source or destination is on a watch-list "
-        "to a monitor interface (eBPF at the TC clsact hook).",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p):
+    p.description = ("Clone packets whose source or destination is on a watch-list to a monitor interface "
+                     "(eBPF at the TC clsact hook).")
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--monitor", metavar="MON", help="interface the copies leave through")
     p.add_argument("--iface", metavar="IF", action="append", default=[],
                    help="interface to tap (repeatable; default: every UP interface but lo and those that "
@@ -75,7 +72,6 @@ def parse_args(argv):
     add_run_options(p, "vtap filters (and the clsact qdiscs vtap created)")
     # For developers: load a modified copy of the C text.
     p.add_argument("--program", metavar="FILE", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
 
 
 def check_args(a):
@@ -90,97 +86,45 @@ def check_args(a):
         raise UsageError(f"--watch-max must be at least 1, not {a.watch_max}")
     if a.monitor in a.iface:
         raise UsageError(f"monitor {a.monitor} is also a tapped interface (its own clones would loop)")
-    if len(set(a.iface)) != len(a.iface):
-        raise UsageError("an interface is given twice with --iface")
+    require(a)  # an interface given twice
 
 
 def watch_list(a):
     """--watch and --watch-file together, or None (mirror everything)."""
     if not a.watch and not a.watch_file:
         return None
-    from ebpf.tc_mirror import parse_watch_list, read_watch_file
+    from ebpf.watchlist import parse_watch_list, read_watch_file
     nets = parse_watch_list(a.watch)
     for path in a.watch_file:
         nets += read_watch_file(path)
     return nets  # parsed: TcMirror takes them as they are
 
 
-class Printer:
-    """Live counters: rates over the last interval, and totals, per interface
-    (and for all of them when there are several). The final block shows rates
-    averaged over the whole run."""
+class Printer(CounterTable):
+    """Live counters per tapped interface (lab.console.CounterTable), and the
+    line that says what is tapped."""
 
     def __init__(self, as_json, out=sys.stdout):
-        self.json = as_json
-        self.out = out
-        self.start = self.last = None
-        self.samples = 0
-        self.width = 10
+        super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces", out=out)
 
     def header(self, tap, ifaces, direction):
         watch = ", ".join(tap.watch[:5]) + (f" and {len(tap.watch) - 5} more" if len(tap.watch) > 5 else "") \
             if tap.watch is not None else "everything"
-        self.width = max(10, *(len(n) for n in ifaces))  # interface names are up to 15 characters
-        msg = dict(event="attached", monitor=tap.monitor, ifaces=ifaces, direction=direction,
+        msg = dict(monitor=tap.monitor, ifaces=ifaces, direction=direction,
                    watch=None if tap.watch is None else tap.watch[:WATCH_SHOWN],
                    watch_count=None if tap.watch is None else len(tap.watch),
                    match=tap.match, sample=tap.sample, clone=tap.clone)
-        if self.json:
-            self._emit(msg)
-        else:
-            self._emit(f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
-                       f"watching {watch} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop")
-
-    def sample(self, totals, per_iface, final=False):
-        now = time.monotonic()
-        if self.start is None:
-            self.start = (now, totals, per_iface)
-        base_t, base, base_if = self.start if final else (self.last or self.start)
-        dt = now - base_t
-        self.last = (now, totals, per_iface)
-
-        def rates(c, b):
-            return {k: (c[k] - b.get(k, 0)) / dt if dt > 0 and b else 0.0 for k in RATES}
-
-        if self.json:
-            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **totals,
-                   **{f"{k}_pps": round(v, 1) for k, v in rates(totals, base).items()},
-                   "ifaces": per_iface}
-            if final:
-                out["seconds"] = round(dt, 3)
-            self._emit(out)
-            return
-        rows = list(per_iface.items())
-        if len(rows) != 1:
-            rows.append(("all", totals))
-        w = self.width
-        if self.samples % 20 == 0 or final:
-            # The final block's rates are averages over the whole run.
-            self._emit(f"{'SUMMARY' if final else 'TIME':8} {'IFACE':{w}} " +
-                       " ".join(f"{k.upper() + '/s':>10}" for k in RATES) + " | " +
-                       " ".join(f"{HEADS.get(k, k.upper()):>10}" for k in TOTALS))
-        self.samples += 1
-        label = "total" if final else time.strftime("%H:%M:%S")
-        for name, c in rows:
-            r = rates(c, base_if.get(name, {}) if name != "all" else base)
-            self._emit(f"{label:8} {name:{w}} " + " ".join(f"{r[k]:>10.0f}" for k in RATES) + " | " +
-                       " ".join(f"{c[k]:>10}" for k in TOTALS))
-
-    def _emit(self, obj):
-        say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
+        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
+                           f"watching {watch} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
+                      names=ifaces)  # interface names are up to 15 characters
 
 
-def cleanup(a):
+def cleanup(all_runs=False):
+    """What killed vtaps left in this namespace: (removed, spared), as lines."""
     from ebpf import tc
-    removed, spared = tc.cleanup("vtap", spare_live=not a.all)
-    for what in removed:
-        say(f"vtap: removed {what}")
-    for f in spared:
-        say(f"vtap: left filter {f.entry.name} on {f.where} alone: a running vtap holds it "
-            f"(pid {', '.join(map(str, f.pids))}); --cleanup --all removes it too")
-    if not removed and not spared:
-        say("vtap: nothing to clean up in this namespace")
-    return 0
+    removed, spared = tc.cleanup("vtap", spare_live=not all_runs)
+    return removed, [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
+                     f"(pid {', '.join(map(str, f.pids))})" for f in spared]
 
 
 def warn_at_start(tap):
@@ -238,7 +182,7 @@ def run(a):
     from ebpf import TcMirror
 
     if a.cleanup:
-        return cleanup(a)
+        return report_cleanup("vtap", *cleanup(a.all))
     tap = TcMirror(monitor=a.monitor, watch=watch_list(a), match=a.match, sample=a.sample, clone=a.clone,
                    watch_max=a.watch_max, source=a.program)
     tap.warn = warn  # its notes (another vTAP on a hook it taps) as this command's warnings
@@ -279,7 +223,15 @@ def run(a):
     return 0
 
 
-def main(argv=None):
+def main(a):
+    """The vTAP's command, its arguments parsed (by cli(), or by python -m lab vtap)."""
     SIGNALS.install()  # first, so that a signal during compile or attach detaches too
-    a = parse_args(sys.argv[1:] if argv is None else argv)
     return run_command("vtap", lambda: check_args(a), lambda: run(a))
+
+
+def cli(argv=None):
+    """`vtap` and `python -m vtap`."""
+    SIGNALS.install()  # before parsing: a signal at any moment is a clean stop
+    p = ArgumentParser(prog="vtap")
+    add_arguments(p)
+    return main(p.parse_args(sys.argv[1:] if argv is None else argv))

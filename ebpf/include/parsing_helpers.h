@@ -10,8 +10,10 @@
  *     if (proto == bpf_htons(ETH_P_IP))
  *             l4 = parse_iphdr(&nh, data_end, &iph);     // IPPROTO_*, or -1
  *
- * Used by tc_mirror.bpf.c (the vTAP's parser), xdp_redirect.bpf.c and the load
- * balancer. The layout follows xdp-tutorial's common/parsing_helpers.h.
+ * Every program parses a frame with parse_l4() at the end of this file, which
+ * walks these to the TCP/UDP ports (or, for the vTAP, to the IP addresses) and
+ * says in one return value how far it got. The layout follows xdp-tutorial's
+ * common/parsing_helpers.h.
  */
 #ifndef PARSING_HELPERS_H
 #define PARSING_HELPERS_H
@@ -23,6 +25,13 @@
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/tcp.h>
 #include <uapi/linux/udp.h>
+
+#ifndef AF_INET               /* address families, as bpf_fib_lookup() takes them (linux/socket.h) */
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
 
 #define VLAN_MAX_DEPTH 2      /* 802.1ad outer + 802.1Q inner (QinQ) */
 #define IPV6_EXT_MAX_DEPTH 3  /* extension headers walked before giving up */
@@ -171,6 +180,110 @@ static __always_inline int parse_tcphdr(struct hdr_cursor *nh, void *data_end, s
 	*tcphdr = h;
 	nh->pos += len;
 	return len;
+}
+
+/* --- the whole parse: parse_l4() ------------------------------------------ */
+
+/* What parse_l4() found, each pointer proven inside [data, data_end). */
+struct l4_pkt {
+	struct ethhdr *eth;
+	struct iphdr *iph;    /* when v4 */
+	struct ipv6hdr *ip6h; /* when not */
+	void *l4hdr;          /* the TCP or UDP header */
+	__be16 *sport;
+	__be16 *dport;
+	__sum16 *l4csum;      /* the TCP or UDP checksum */
+	__u8 *tcpflags;       /* TCP's flags byte; NULL for UDP */
+	__u32 l4len;          /* the segment's length, as the IP header says (checked where it is used) */
+	int l4;               /* IPPROTO_*: what the IP packet carries (a fragment: its first piece's, or -1) */
+	int v4;               /* branch on this, not on iph being NULL: the verifier does not take a
+	                       * packet pointer to be non-NULL */
+	int options;          /* IPv4 options, or IPv6 extension headers before the TCP/UDP header */
+};
+
+/* How far parse_l4() got: one return convention for every program. Past
+ * PARSE_MALFORMED the IP header is whole (its addresses can be read). */
+#define PARSE_OK 0        /* IP, and (with PARSE_L4) a whole TCP or UDP header */
+#define PARSE_NOT_IP 1    /* not IPv4 or IPv6 */
+#define PARSE_MALFORMED 2 /* the Ethernet or IP header, or IPv6's extension headers, cut short or invalid */
+#define PARSE_FRAGMENT 3  /* an IP fragment (l4: what its first piece carries, -1 when not known) */
+#define PARSE_OTHER 4     /* IP carrying neither TCP nor UDP (ICMP, ICMPv6, GRE, ...) */
+#define PARSE_SHORT_L4 5  /* a TCP or UDP header cut short or invalid */
+
+#define PARSE_L3 0 /* how deep: the IP header (the vTAP matches addresses only) */
+#define PARSE_L4 1 /* ... or on to the TCP/UDP ports */
+
+/* Ethernet, up to two VLAN tags, IPv4 with its options or IPv6 with its
+ * extension headers, then (depth PARSE_L4) TCP or UDP. `depth` is a constant
+ * at every call, so the compiler leaves out what a caller does not ask for. */
+static __always_inline int parse_l4(void *data, void *data_end, struct l4_pkt *p, int depth)
+{
+	struct hdr_cursor nh = {.pos = data};
+	struct udphdr *udph;
+	struct tcphdr *tcph;
+	int proto, l4;
+
+	p->options = 0;
+	proto = parse_ethhdr(&nh, data_end, &p->eth);
+	if (proto == bpf_htons(ETH_P_IP)) {
+		p->v4 = 1;
+		l4 = parse_iphdr(&nh, data_end, &p->iph);
+		if (l4 < 0)
+			return PARSE_MALFORMED;
+		if (depth == PARSE_L3)
+			return PARSE_OK;
+		p->l4 = l4;
+		if (ip_is_fragment(p->iph))
+			return PARSE_FRAGMENT;
+		p->options = p->iph->ihl != 5;
+		p->l4len = bpf_ntohs(p->iph->tot_len) - p->iph->ihl * 4;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		p->v4 = 0;
+		l4 = parse_ip6hdr(&nh, data_end, &p->ip6h);
+		if (l4 < 0)
+			return PARSE_MALFORMED;
+		if (depth == PARSE_L3)
+			return PARSE_OK;
+		if (l4 != IPPROTO_TCP && l4 != IPPROTO_UDP) {
+			/* extension headers, walked to what they carry (ICMPv6 is not one) */
+			int next = skip_ip6hdrext(&nh, data_end, l4);
+
+			if (next < 0)
+				return PARSE_MALFORMED;
+			if (next == IPPROTO_FRAGMENT) {
+				__u8 *carried = nh.pos; /* a fragment header's first byte */
+
+				p->l4 = (void *)(carried + 1) > data_end ? -1 : *carried;
+				return PARSE_FRAGMENT;
+			}
+			p->options = next != l4;
+			l4 = next;
+		}
+		p->l4 = l4;
+		/* the payload less the extension headers walked */
+		p->l4len = bpf_ntohs(p->ip6h->payload_len) - (int)(nh.pos - (void *)(p->ip6h + 1));
+	} else {
+		return proto < 0 ? PARSE_MALFORMED : PARSE_NOT_IP;
+	}
+	p->l4hdr = nh.pos;
+	if (l4 == IPPROTO_TCP) {
+		if (parse_tcphdr(&nh, data_end, &tcph) < 0)
+			return PARSE_SHORT_L4;
+		p->sport = &tcph->source;
+		p->dport = &tcph->dest;
+		p->l4csum = &tcph->check;
+		p->tcpflags = (__u8 *)tcph + 13; /* the byte of FIN, SYN, RST, PSH, ACK */
+	} else if (l4 == IPPROTO_UDP) {
+		if (parse_udphdr(&nh, data_end, &udph) < 0)
+			return PARSE_SHORT_L4;
+		p->sport = &udph->source;
+		p->dport = &udph->dest;
+		p->l4csum = &udph->check;
+		p->tcpflags = 0;
+	} else {
+		return PARSE_OTHER;
+	}
+	return PARSE_OK;
 }
 
 #endif /* PARSING_HELPERS_H */

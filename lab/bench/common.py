@@ -1,10 +1,13 @@
-"""Shared by the benchmarks: flow mixes, interleaved trial order, progress, summaries."""
+"""Shared by the benchmarks: their common options, flow mixes, interleaved trial
+order, progress, summaries."""
 
+import os
 import sys
 import time
 
 import pandas as pd
 
+from ..console import renamed
 from ..traffic import Flow, Marker, flow_frames
 
 SIZES = [64, 128, 256, 512, 1024, 1280, 1518]
@@ -20,6 +23,46 @@ def parse_list(text, conv=str, allowed=None, what="value"):
         if bad:
             raise ValueError(f"unknown {what} {bad[0]!r} (choose from {', '.join(map(str, allowed))})")
     return items
+
+
+def add_options(p, trials, duration=None, peers=None, old_peers=None, cpus=None):
+    """The options every bench spells the same, declared once, with the bench's
+    defaults:
+      --peers     which of `peers` (names, in order) to compare; all by default
+      --trials    how many times each setting runs, the runs interleaved (see interleaved())
+      --duration  seconds of load per run
+      --cpus      two CPUs, `cpus` saying what for ("generator,DUT")
+      --out       where the CSV and its sidecar go
+    `old_peers`: the bench's former spelling of --peers, taken for one release."""
+    if peers is not None:
+        p.add_argument("--peers", default=",".join(peers), metavar="NAME[,NAME...]",
+                       help=f"what to compare: any of {','.join(peers)} (default: all)")
+        if old_peers:
+            renamed(p, old_peers, "--peers")
+    p.add_argument("--trials", type=int, default=trials, help="trials per setting, interleaved (default %(default)s)")
+    if duration is not None:
+        p.add_argument("--duration", type=float, default=duration, help="seconds of load per run (default %(default)s)")
+    if cpus:
+        p.add_argument("--cpus", default="0,1", help=f"two CPUs: {cpus} (default %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="directory for the CSV and its sidecar (default datasets/results)")
+
+
+def checked_options(a, peers=None, what="peer", duration=(0.5, 60.0), cpus=None):
+    """add_options' values, checked (a ValueError says what is wrong, in one
+    line): the peers chosen (a list) and the two CPUs (a tuple)."""
+    if not 1 <= a.trials <= 100:
+        raise ValueError(f"--trials must be 1..100, not {a.trials}")
+    if getattr(a, "duration", None) is not None and not duration[0] <= a.duration <= duration[1]:
+        raise ValueError(f"--duration must be in {duration[0]:g}..{duration[1]:g} s, not {a.duration:g}")
+    chosen = parse_list(a.peers, str, peers, what) if peers is not None else None
+    pair = None
+    if cpus:
+        pair = tuple(parse_list(a.cpus, int, what="cpu"))
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise ValueError(f"--cpus takes two different CPUs: {cpus}")
+        if max(pair) >= (os.cpu_count() or 1) or min(pair) < 0:
+            raise ValueError(f"--cpus {a.cpus}: this machine has CPUs 0..{(os.cpu_count() or 1) - 1}")
+    return chosen, pair
 
 
 def udp_frames(src, dst, src_mac, dst_mac, size, flows=4, base_sport=40000, dport=5001):

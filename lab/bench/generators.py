@@ -12,7 +12,7 @@ from ..metrics import write_results
 from ..topology import Topology
 from ..traffic import GENERATORS
 from ebpf.xdp_sink import XdpSink
-from .common import FCS, Progress, interleaved, parse_list, summarize, udp_frames
+from .common import FCS, Progress, add_options, checked_options, interleaved, parse_list, summarize, udp_frames
 
 
 NAME = "generators"
@@ -27,7 +27,7 @@ examples:
   python -m lab bench generators            # both generators at 64, 512 and 1518 B: 18 runs of 3 s
   python -m lab bench generators --trials 3 --duration 2 --out datasets/reference
                                             # the README's reference run
-  python -m lab bench generators --generators xdp --sizes 64 --trials 1 --duration 1
+  python -m lab bench generators --peers xdp --sizes 64 --trials 1 --duration 1
                                             # a smoke test: 1 run of 1 s
 """
 
@@ -36,16 +36,12 @@ def add_arguments(p):
     # Defaults are shown with %(default)s, so the text cannot drift from the value.
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--sizes", default="64,512,1518", help="frame sizes in bytes with FCS (default %(default)s)")
-    p.add_argument("--generators", default="xdp,trafgen",
-                   help=f"packet sources, any of {','.join(sorted(GENERATORS))} (default %(default)s)")
-    p.add_argument("--trials", type=int, default=3, help="trials per generator and size (default %(default)s)")
-    p.add_argument("--duration", type=float, default=3.0, help="seconds of sending per run (default %(default)s)")
-    p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
+    add_options(p, trials=3, duration=3.0, peers=list(GENERATORS), old_peers="--generators")
 
 
 def main(a):
     sizes = parse_list(a.sizes, int, what="size")
-    gens = parse_list(a.generators, str, sorted(GENERATORS), "generator")
+    gens, _ = checked_options(a, list(GENERATORS), "generator")
     df, path = run(sizes, gens, a.trials, a.duration, a.out)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")

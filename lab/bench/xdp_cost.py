@@ -12,7 +12,8 @@ from ..metrics import write_results
 from ..testbeds import lb_testbed
 from ..traffic import GENERATORS
 from ..traffic.partial import partial
-from .common import FCS, Progress, close_all, columns_first, interleaved, parse_list, summarize, udp_frames
+from .common import (FCS, Progress, add_options, checked_options, close_all, columns_first, interleaved, parse_list,
+                     summarize, udp_frames)
 
 NAME = "xdp-cost"
 SUMMARY = "a program's own ns per packet (kernel BPF statistics), whole vs partial sender checksums"
@@ -26,7 +27,7 @@ program's run is counted: not the driver, not the stack. Runs interleave."""
 EXAMPLES = """\
 examples:
   python -m lab bench xdp-cost                  # lb-nat, lb-dsr, xdp-forward at 64 and 1518 B, 5 trials
-  python -m lab bench xdp-cost --programs lb-nat --sizes 64 --trials 1 --duration 1   # a smoke test
+  python -m lab bench xdp-cost --peers lb-nat --sizes 64 --trials 1 --duration 1   # a smoke test
 """
 PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward")
 CSUMS = ("whole", "partial")
@@ -37,21 +38,18 @@ BPF_STATS_RUN_TIME = 0
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--programs", default=",".join(PROGRAMS), help="any of %(default)s")
+    add_options(p, trials=5, duration=2.0, peers=PROGRAMS, old_peers="--programs")
     p.add_argument("--sizes", default="64,1518", help="frame sizes in bytes with FCS (default %(default)s)")
     p.add_argument("--sender-csum", default=",".join(CSUMS), help="whole and/or partial (default %(default)s)")
-    p.add_argument("--trials", type=int, default=5, help="trials per setting (default %(default)s)")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds of sending per run (default %(default)s)")
     p.add_argument("--rate", type=int, default=100000, help="frames per second (default %(default)s)")
-    p.add_argument("--out", metavar="DIR", help="directory for the CSV and sidecar (default datasets/results)")
 
 
 def main(a):
-    programs = parse_list(a.programs, str, PROGRAMS, "program")
+    programs, _ = checked_options(a, PROGRAMS, "program")
     sizes = parse_list(a.sizes, int, what="size")
     csums = parse_list(a.sender_csum, str, CSUMS, "sender checksum")
-    if not 1 <= a.trials <= 100 or not 0.5 <= a.duration <= 60 or not 1000 <= a.rate <= 1000000:
-        raise ValueError("--trials must be 1..100, --duration 0.5..60 s, --rate 1000..1000000")
+    if not 1000 <= a.rate <= 1000000:
+        raise ValueError(f"--rate must be 1000..1000000 frames/s, not {a.rate}")
     df, path = run(programs, sizes, csums, a.trials, a.duration, a.rate, a.out)
     s = summarize(df, ["program", "size", "sender_csum"], ["ns_per_run"])
     print("\nmedian [min..max] ns per run of the program")

@@ -1,6 +1,6 @@
 """A UDP file transfer: sequence numbers, repair rounds and a SHA-256 over the file.
 
-What the XDP redirect experiment sends (the seed's "512 MB file over UDP"), made
+What the XDP redirect experiment sends (the report's "512 MB file over UDP"), made
 so that a wrong rewrite cannot hide: every datagram carries its chunk number, the
 server writes chunks where they belong and checks the digest, and the client
 talks through a *connected* socket, so a reply that comes back from any address
@@ -12,7 +12,7 @@ never delivered and the transfer fails with a clear error.
     ...     r = ft.send(seconds=60)           # SendReport; r.extra: ok, sha256, rounds, ...
     ...     srv.wait_result(timeout=10)       # the server's own account of the same transfer
 
-Also a command line, one process per end, as in the seed:
+Also a command line, one process per end, as in the report:
     python -m lab.traffic.filetransfer serve --bind ADDR --port P [--out DIR] [--once]
     python -m lab.traffic.filetransfer send --to ADDR --port P (--size BYTES | --file F)
                                             [--chunk N] [--rate-pps N] [--seconds S] [--cpu N]
@@ -30,7 +30,7 @@ Chunks the server reports missing are sent again, round after round, until none
 are missing (or --rounds or --seconds run out). Every datagram, replies included,
 fits one frame: a fragmented reply would carry no UDP header in its later parts
 for a redirect's reverse translation to match.
-Datagrams are sized to fit one frame by default (no IP fragments, unlike the seed's
+Datagrams are sized to fit one frame by default (no IP fragments, unlike the report's
 30 KB datagrams, whose later fragments carry no UDP header for a redirect to match).
 """
 

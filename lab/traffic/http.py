@@ -1,7 +1,7 @@
 """HTTP load from a lab namespace, bounded in seconds, as the LB benchmark needs it.
 
     closed_loop(ns, addr, port, connections=100, seconds=10)      wrk: each connection sends its
-                                          next request when the last is answered (the seeds' method)
+                                          next request when the last is answered (the articles' method)
     open_loop(ns, addr, port, rate=20000, connections=100, seconds=10)
                                           openloop.c: requests due at fixed times whatever the
                                           server does, latency counted from the due time

@@ -1,0 +1,92 @@
+"""The fast paths of the lab, and the one registry everything else reads.
+
+A fast path is one bundle: a folder lab/fastpaths/<name>/ whose __init__.py
+declares it with FastPath(...): its kernel program (a class of `ebpf`), its
+command line (whose cleanup() removes what a killed run of it left), the peers
+it is measured against, its benches and its plots.
+`python -m lab` (its commands, `bench`, `cleanup`), the benches, the plots'
+palette and the README's table of tools all read this registry, so adding a
+fast path is adding a folder (docs/adding-a-fast-path.md walks through one).
+
+    >>> [fp.name for fp in fastpaths()]
+    ['vtap', 'redirect', 'lb']
+
+Declarations name modules as strings: reading the registry imports nothing
+heavier than the bundles' __init__.py files (no BCC, no pyroute2).
+
+The protocol of the modules a FastPath names:
+  command   add_arguments(parser); main(args) -> exit status (lab.console's
+            conventions); cleanup(all_runs) -> (removed, spared), the
+            leftovers of killed runs in this namespace, as lines
+  benches   NAME, SUMMARY, add_arguments(parser), main(args) -> exit status
+  peers     PEERS: {name: class}, each a lab.peer.Peer
+"""
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FastPath:
+    name: str                 # its command: python -m lab NAME
+    title: str                # what it does, in one line
+    hook: str                 # where in the kernel it runs
+    program: str              # "module:Class" of its kernel program
+    command: str              # module of its command line (see the protocol above)
+    example: str              # one command line a user types
+    compared_with: str        # the tools people would use instead, in words
+    peers: str = ""           # module with PEERS
+    benches: tuple = ()       # bench modules
+    plots: tuple = ()         # modules of the figures its notebooks draw from the benches' CSVs
+    doc: str = ""             # its manual, relative to the repository root
+    order: int = 100          # where it stands in lists (--help, the README)
+
+    def module(self, dotted):
+        return importlib.import_module(dotted)
+
+    def command_module(self):
+        return self.module(self.command)
+
+    def program_class(self):
+        mod, _, cls = self.program.partition(":")
+        return getattr(self.module(mod), cls)
+
+    def peer_classes(self) -> dict:
+        return dict(self.module(self.peers).PEERS) if self.peers else {}
+
+    def bench_modules(self) -> list:
+        return [self.module(b) for b in self.benches]
+
+
+def fastpaths() -> list[FastPath]:
+    """Every bundle of lab/fastpaths/, in their order."""
+    from . import fastpaths as package
+    found = []
+    for info in pkgutil.iter_modules(package.__path__):
+        mod = importlib.import_module(f"{package.__name__}.{info.name}")
+        fp = getattr(mod, "FASTPATH", None)
+        if isinstance(fp, FastPath):
+            found.append(fp)
+    return sorted(found, key=lambda fp: (fp.order, fp.name))
+
+
+def fastpath(name) -> FastPath:
+    for fp in fastpaths():
+        if fp.name == name:
+            return fp
+    raise KeyError(f"no fast path named {name!r} (known: {', '.join(fp.name for fp in fastpaths())})")
+
+
+def tool_table() -> str:
+    """The README's table of tools, in Markdown, from the registry."""
+    rows = ["| fast path | command | kernel hook | compared with | manual |", "|---|---|---|---|---|"]
+    for fp in fastpaths():
+        rows.append(f"| **{fp.name}**: {fp.title} | `{fp.example}` | {fp.hook} | {fp.compared_with} | "
+                    f"[{fp.doc}]({fp.doc}) |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m lab.fastpath: the README's table, to paste between its markers
+    from lab.fastpath import tool_table as table  # the module, not this __main__ copy of it: the bundles import that
+    print(table())

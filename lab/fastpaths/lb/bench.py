@@ -1,0 +1,309 @@
+"""python -m lab bench lb: after the two load-balancer articles, an XDP load
+balancer against nginx, HAProxy and nftables on the LB testbed
+(lab.testbeds.lb_testbed): a client, the LB and two nginx backends (one worker
+each, access log off) on a bridge.
+
+    client --- [br0] --- lb (the balancer under test, VIP 198.18.5.100:80)
+                    +--- be1, be2 (nginx :8080)
+
+Closed loop, the articles' method: wrk with C connections, each sending its next
+request when the last is answered, for --duration seconds. Open loop: the
+lab's generator (lab/traffic/openloop.c; Debian has no wrk2) sends requests
+at fixed times, at each --loads percent of `direct`'s capacity (its best
+closed-loop median here, or --capacity), and counts latency from each
+request's due time, so a stall is not hidden (coordinated omission).
+
+What the LB costs in CPU depends on where its work runs. Its processes'
+threads (a proxy's workers, the XDP LB's command line) are read from their
+schedstat. The kernel's receive work for it runs in softirq, which Linux
+charges to whatever task it interrupted, so by default (--napi softirq, how
+the kernel runs unless told otherwise) the LB's CPU is what it adds to the
+whole machine's (user, system, irq and softirq time, steal excluded) over
+`direct` at the same offered load: the open loop's rows, against the median of
+direct's at that load. With --napi threaded the LB interface's NAPI gets a
+kernel thread of its own (the articles' "time of its NAPI", read from the
+thread's schedstat), in every row; but a NAPI thread is scheduled like any
+task, so while it waits the 256-frame veth ring before it overflows, and under
+closed-loop load those drops cost retransmissions (P99 of hundreds of ms at
+1000 connections here, against 20 ms in softirq). Memory is the processes'
+PSS plus, for the XDP LB, the locked memory of its BPF maps. `direct` has no
+LB: its CPU and memory are empty. Every balancer starts fresh for each run,
+runs interleave within a trial, and the summary gives medians with min/max.
+Latency percentiles per run (every percent, then the tail) go to a second CSV,
+for CDFs.
+"""
+
+import argparse
+import math
+import sys
+import threading
+import time
+
+import pandas as pd
+
+from .peers import BALANCERS
+from lab import metrics, netns
+from lab.metrics import USER_HZ, busy_ticks, on_cpu_ns, pss_bytes, write_results
+from lab.netns import LabError
+from lab.rig import Rig
+from lab.testbeds import lb_testbed
+from lab.traffic.http import QUANTILES, closed_loop, open_loop, spread
+from lab.traffic.report import MAX_LOAD_SECONDS
+from lab.daemons.nginx import NginxServer
+from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+
+NAME = "lb"
+SUMMARY = "the load-balancer articles: the XDP LB against nginx, HAProxy, nftables (RPS, latency, CPU)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+EXAMPLES = """\
+examples:
+  python -m lab bench lb                        # every LB, closed loop at 100/500/1000 connections and
+                                                # open loop at 25/50/75 % of direct's capacity, 3 trials
+  python -m lab bench lb --peers direct,xdp,nginx-l4 --loops closed --connections 1000 --trials 5
+  python -m lab bench lb --loops open --capacity 60000 --loads 50
+  python -m lab bench lb --peers direct,xdp --connections 100 --loads 50 --trials 1 --duration 2
+                                                # a smoke test: 4 runs of 2 s
+"""
+COLUMNS = ["lb", "mode", "loop", "connections", "offered_rps", "trial", "duration_s", "requests", "errors", "rps",
+           "p50_ms", "p75_ms", "p90_ms", "p99_ms", "p999_ms", "lb_cpu_cores", "lb_mem_mb",
+           "lb_proc_cores", "lb_napi_cores", "machine_cores", "steal_cores", "lb_pss_mb", "lb_maps_mb", "load_pct", "napi",
+           "tool"]
+MODES = {"direct": "none", "xdp": "nat", "nginx-l4": "stream", "nginx-l7": "http", "haproxy-l4": "tcp",
+         "haproxy-l7": "http", "nft-lb": "dnat"}
+PERCENTILES = {"p50_ms": 50, "p75_ms": 75, "p90_ms": 90, "p99_ms": 99, "p999_ms": 99.9}
+
+
+def add_arguments(p):
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
+    add_options(p, trials=3, duration=10.0, peers=list(BALANCERS), old_peers="--lbs")
+    p.add_argument("--loops", default="closed,open", help="closed, open or both (default %(default)s)")
+    p.add_argument("--connections", default="100,500,1000", help="closed loop: wrk connections (default %(default)s)")
+    p.add_argument("--loads", default="25,50,75", help="open loop: percent of direct's capacity (default %(default)s)")
+    p.add_argument("--open-connections", type=int, default=100,
+                   help="open loop: keep-alive connections the schedule spreads over (default %(default)s)")
+    p.add_argument("--capacity", type=float, metavar="RPS",
+                   help="direct's capacity for the open loop's loads (default: measured, closed loop)")
+    p.add_argument("--napi", default="softirq", choices=("softirq", "threaded"),
+                   help="where the LB interface's receive work runs, and so how its CPU is read (default %(default)s)")
+    p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
+    p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
+
+
+def check(a):
+    lbs, _ = checked_options(a, list(BALANCERS), "balancer", duration=(0.1, MAX_LOAD_SECONDS))
+    loops = parse_list(a.loops, str, ["closed", "open"], "loop")
+    conns = parse_list(a.connections, int, what="connection count")
+    loads = parse_list(a.loads, float, what="load")
+    if any(c < 1 for c in conns) or a.open_connections < 1:
+        raise ValueError("connections must be at least 1")
+    if any(not 0 < x <= 200 for x in loads):
+        raise ValueError("loads are percent of direct's capacity, in (0, 200]")
+    if not 1 <= a.backends <= 8:
+        raise ValueError("--backends must be 1 to 8")
+    if a.capacity is not None and a.capacity <= 0:
+        raise ValueError("--capacity must be positive")
+    return lbs, loops, conns, loads
+
+
+def main(a):
+    lbs, loops, conns, loads = check(a)   # a ValueError: `lab bench: error: ...`, in one line
+    df, path = run(lbs, loops, conns, loads, a.trials, a.duration, a.capacity, a.open_connections, a.threads, a.out,
+                   backends=a.backends, napi=a.napi)
+    print_summary(df)
+    print(f"\nwrote {path}, {path.with_suffix('.json').name} and {path.name.replace('lb-', 'lb_latency-', 1)}")
+    return 0
+
+
+# -- what the LB costs ----------------------------------------------------------------------------
+
+class LbRig(Rig):
+    """The LB testbed made ready for the runs (a lab.rig.Rig): nginx backends
+    started, a pass program on the switch's port to the LB (veth drops XDP_TX
+    frames unless the peer runs XDP), and with --napi threaded the LB
+    interface's NAPI in a kernel thread of its own (`napi_tid`). The balancer
+    under test is started fresh for each run (measure()); nothing is pinned:
+    the LB's CPU is read from its processes and threads, or from the machine
+    against direct's (see the module's notes)."""
+
+    def __init__(self, backends=2, napi="softirq"):
+        super().__init__(lb_testbed(backends), gen_cpu=None, dut_cpu=None)
+        self.napi, self.napi_tid = napi, None
+        self.webs, self.sink = [], None
+
+    def set_up(self):
+        from ebpf.xdp_sink import XdpSink
+        tb = self.tb
+        self.webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)
+                     for i, be in enumerate(tb.backends)]
+        for w in self.webs:
+            w.start()
+        self.sink = XdpSink("pass")
+        self.sink.attach(tb.lb, netns=tb.ns(tb.switch))
+        if self.napi == "threaded":
+            self.napi_tid = threaded_napi(tb)
+
+    def tear_down(self):
+        failed = []
+        for thing in ([self.sink] if self.sink else []) + self.webs:
+            try:
+                thing.close()
+            except Exception as e:
+                failed.append(str(e))
+        return failed
+
+    def run(self, name, loop, connections, rate, duration, threads):
+        return measure(self.tb, self.napi_tid, name, loop, connections, rate, duration, threads)
+
+
+def threaded_napi(tb) -> int:
+    """Give the LB interface's NAPI its own kernel thread, so that the LB's
+    receive work (and the XDP program) is time of one thread we can read, and
+    return the thread's id. veth delivers through NAPI while the receiver runs
+    XDP; for the others it needs GRO on the receiver and no TSO on the sender
+    (the switch's port), else it hands packets to the sending CPU's backlog."""
+    netns.run(tb.ns(tb.switch), ["ethtool", "-K", tb.lb, "tso", "off"], capture_output=True)
+    netns.run(tb.ns(tb.lb), ["ethtool", "-K", "eth0", "gro", "on"], capture_output=True)
+    new = metrics.threaded_napi(tb.ns(tb.lb), "eth0")
+    if len(new) != 1:
+        raise LabError(f"threaded NAPI on eth0 in {tb.ns(tb.lb)}: expected one new kernel thread, found {len(new)}")
+    return new[0]
+
+
+class Usage:
+    """CPU of the LB's processes (and NAPI thread, when it has one) and of the
+    whole machine over a run; its memory sampled every half second, the peak kept."""
+
+    def __init__(self, peer, napi_tid=None):
+        self.peer, self.napi = peer, napi_tid
+        self.peak_pss = self.peak_maps = 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.pids = self.peer.pids()
+        self.t0 = time.monotonic_ns()
+        self.busy0 = busy_ticks()
+        self.proc0, self.napi0 = on_cpu_ns(self.pids), on_cpu_ns([self.napi] if self.napi else [])
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while True:
+            self.peak_pss = max(self.peak_pss, pss_bytes(self.pids))
+            self.peak_maps = max(self.peak_maps, self.peer.maps_bytes())
+            if self._stop.wait(0.5):
+                return
+
+    def __exit__(self, *exc):
+        el = time.monotonic_ns() - self.t0
+        self.proc = (on_cpu_ns(self.pids) - self.proc0) / el
+        self.napi_cores = (on_cpu_ns([self.napi]) - self.napi0) / el if self.napi else math.nan
+        busy, steal = busy_ticks()
+        self.machine = (busy - self.busy0[0]) * 1e9 / USER_HZ / el
+        # a run the hypervisor stole from shows it (this VM's steal swings by tens of percent)
+        self.steal = (steal - self.busy0[1]) * 1e9 / USER_HZ / el
+        self._stop.set()
+        self.thread.join()
+        return False
+
+
+# -- the runs -------------------------------------------------------------------------------------
+
+def measure(tb, napi, name, loop, connections, rate, duration, threads):
+    """One run; napi: the NAPI thread's id (--napi threaded) or None."""
+    peer = BALANCERS[name](tb)
+    with peer:
+        with Usage(peer, napi) as use:
+            if loop == "closed":
+                r = spread(closed_loop, tb.ns(tb.client), peer.targets(), connections, seconds=duration,
+                           threads=threads)
+            else:
+                r = spread(open_loop, tb.ns(tb.client), peer.targets(), connections, rate, seconds=duration)
+    has_lb = name != "direct"
+    row = {"lb": name, "mode": MODES[name], "loop": loop, "connections": connections, "offered_rps": rate,
+           "duration_s": r.seconds, "requests": r.requests, "errors": r.errors, "rps": r.rps,
+           **{k: r.percentile(q) for k, q in PERCENTILES.items()}, "tool": r.tool,
+           "lb_proc_cores": use.proc if has_lb else math.nan,
+           "lb_napi_cores": use.napi_cores if has_lb else math.nan, "machine_cores": use.machine,
+           "steal_cores": use.steal,
+           "napi": "threaded" if napi else "softirq",
+           "lb_pss_mb": use.peak_pss / 2**20 if has_lb and use.pids else math.nan,
+           "lb_maps_mb": use.peak_maps / 2**20 if has_lb and use.peak_maps else math.nan}
+    # threaded: the processes and the NAPI thread; softirq: filled in by lb_cpu() once direct has run
+    row["lb_cpu_cores"] = row["lb_proc_cores"] + row["lb_napi_cores"] if napi else math.nan
+    # nft-lb has neither process nor maps we can read: its memory (conntrack entries) stays empty
+    row["lb_mem_mb"] = (math.nan if math.isnan(row["lb_pss_mb"]) and math.isnan(row["lb_maps_mb"])
+                        else sum(v for v in (row["lb_pss_mb"], row["lb_maps_mb"]) if not math.isnan(v)))
+    return row, r.quantiles_ms
+
+
+def lb_cpu(df):
+    """--napi softirq: each LB's CPU in the open loop is the machine's busy
+    cores over direct's at the same offered load (the median of direct's runs
+    at that load): what the LB adds, wherever the kernel ran it."""
+    soft = (df["napi"] == "softirq") & (df["loop"] == "open") & (df["lb"] != "direct")
+    base = df[(df["lb"] == "direct") & (df["loop"] == "open")].groupby("load_pct")["machine_cores"].median()
+    df.loc[soft, "lb_cpu_cores"] = df.loc[soft, "machine_cores"] - df.loc[soft, "load_pct"].map(base)
+    return df
+
+
+def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=100, threads=2, out=None,
+        progress=True, backends=2, napi="softirq"):
+    rows, lat = [], []
+    need_capacity = "open" in loops and capacity is None
+    calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
+    total = trials * (len(conns) * len(lbs) * ("closed" in loops) + len(loads) * len(lbs) * ("open" in loops))
+    bar = Progress(total + calibrate) if progress else None
+    rig = LbRig(backends, napi)
+
+    def one(name, loop, c, rate, trial, load=None):
+        row, qs = rig.run(name, loop, c, rate, duration, threads)
+        row.update(trial=trial, load_pct=load)
+        rows.append(row)
+        lat.extend({"lb": name, "loop": loop, "connections": c, "offered_rps": rate, "load_pct": load,
+                    "trial": trial, "percentile": q, "latency_ms": v} for q, v in zip(QUANTILES, qs))
+        if bar:
+            what = f"{c} conns" if loop == "closed" else f"{load:g} %"
+            bar.step(f"{name} {loop} {what} trial {trial}")
+
+    with rig:
+        if "closed" in loops:
+            for trial, c, name in interleaved(trials, conns, lbs):
+                one(name, "closed", c, math.nan, trial)
+        if need_capacity:
+            if calibrate:
+                row, _ = rig.run("direct", "closed", max(conns), math.nan, duration, threads)
+                capacity = row["rps"]
+                if bar:
+                    bar.step("direct: capacity")
+            else:
+                d = pd.DataFrame(rows)
+                capacity = d[d["lb"] == "direct"].groupby("connections")["rps"].median().max()
+        if "open" in loops:
+            for trial, load, name in interleaved(trials, loads, lbs):
+                one(name, "open", open_conns, capacity * load / 100, trial, load)
+    df = lb_cpu(columns_first(rows, COLUMNS))
+    params = {"lbs": lbs, "loops": loops, "connections": conns, "loads_pct": loads, "open_connections": open_conns,
+              "capacity_rps": capacity, "capacity_measured": need_capacity, "trials": trials,
+              "duration_s": duration, "wrk_threads": threads, "backends": len(rig.tb.backends),
+              "closed_loop_tool": "wrk", "open_loop_tool": "lab/traffic/openloop.c",
+              "napi": napi,
+              "cpu": ("processes' threads + the LB interface's threaded NAPI kthread, schedstat" if napi == "threaded"
+                      else "open loop: machine busy cores (/proc/stat, steal excluded) minus direct's at that load"),
+              "memory": "peak PSS of the processes (0.5 s samples) + BPF maps' memlock"}
+    path = write_results(df, "lb", params, out)
+    write_results(pd.DataFrame(lat), "lb_latency", params, out, companion_of=path)
+    return df, path
+
+
+def print_summary(df, stream=sys.stdout):
+    stream.write("\nmedian over trials [min..max]; CPU in cores, memory in MB\n")
+    for loop, g in df.groupby("loop", sort=False):
+        key = "connections" if loop == "closed" else "load_pct"
+        stream.write(f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
+                     f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'MB':>6}\n")
+        for (k, lb), h in g.groupby([key, "lb"], sort=True):
+            rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
+            stream.write(f"  {lb:<11} {k:>5g} {rps:>22} {h['p50_ms'].median():7.2f} {h['p99_ms'].median():8.2f} "
+                         f"{h['p999_ms'].median():8.2f} {int(h['errors'].sum()):>6} "
+                         f"{h['lb_cpu_cores'].median():6.3f} {h['lb_mem_mb'].median():6.1f}\n")

@@ -1,0 +1,347 @@
+"""python -m lab lb: a layer-4 load balancer at the XDP hook (ebpf.XdpLoadBalancer),
+with health checks and a live table per backend. In the conventions of `python
+-m vtap`: it works in the namespace it starts in, every exit detaches what it
+attached, and the same exit statuses (lab/console.py).
+
+Backends serve every service of their address family. Their weights can change
+while it runs: with --backends-file, the file (one ADDR:PORT[@WEIGHT] per line)
+is read again whenever it changes; a weight of 0 drains a backend (no new
+sessions, its sessions go on). A backend that fails its health check (a TCP
+connect, --fall times in a row) leaves the Maglev table until it passes --rise
+times; only its own sessions are affected.
+"""
+
+import argparse
+import contextlib
+import json
+import socket
+import time
+from pathlib import Path
+
+from lab import hostcheck
+from lab.hostcheck import PreparedPeers
+
+from .health import HealthChecker
+from lab.console import (SIGNALS, UsageError, add_run_options, add_xdp_mode, check_run_options, report_cleanup,
+                         require, run_command, run_until_stopped, say, show_program, warn)
+
+EXAMPLES = """\
+examples:
+  python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 \\
+                   --backend 198.18.5.11:8080 --backend 198.18.5.12:8080@2
+                        # NAT: backends see this host's address; replies come back through it
+  python -m lab lb --iface eth0 --service 'tcp:[2001:2:0:5::100]:80' --backend '[2001:2:0:5::11]:8080'
+  python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backends-file backends.txt
+                        # edit the file while it runs: weights change, 0 drains
+  python -m lab lb ... --mode dsr       # backends hold the VIP and answer clients directly
+  python -m lab lb ... --timeout udp=5  # idle UDP flows leave the table after 5 s
+  ip netns exec lb python -m lab lb ...     # inside a network namespace
+  python -m lab lb --cleanup            # remove what a killed run left attached
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, program removed while running);
+  2 cannot run as given (bad option, service or backend, unknown interface, not root)
+"""
+
+
+NEEDS = """\
+what the hosts around it need (checked at start; each missing piece is one line with its fix):
+  - forwarding on --iface (bpf_fib_lookup() finds the backends' MACs only there):
+      sysctl -w net.ipv4.conf.IF.forwarding=1 net.ipv6.conf.IF.forwarding=1
+  - if --iface is a veth: a native XDP program on its peer, or the frames the LB
+    sends back out (XDP_TX) are lost; --prepare-peer attaches one while it runs
+  - NAT: clients reach the VIP through this host (the VIP an address of --iface,
+    or routed to it); backends answer to this host's own address (--self)
+  - DSR: each backend holds the VIP on its loopback and does not answer ARP/ND for it
+    (sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2)
+TX checksum offload may stay on everywhere: the program finishes checksums the
+senders left partial.
+"""
+
+
+def add_arguments(p):
+    p.description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
+                     "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS)
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
+    p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
+                   help="tcp or udp; IPv6 in brackets (repeatable)")
+    p.add_argument("--backend", metavar="ADDR:PORT[@WEIGHT]", action="append", default=[],
+                   help="a backend of every service of its family, weight 1 unless given (repeatable)")
+    p.add_argument("--backends-file", metavar="FILE", help="backends, one ADDR:PORT[@WEIGHT] per line, read "
+                   "again whenever the file changes")
+    p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
+    p.add_argument("--self", dest="self_addrs", metavar="ADDR", action="append", default=[],
+                   help="the LB's own address the backends see in NAT mode (default: the interface's first "
+                        "address of each family)")
+    add_xdp_mode(p)
+    p.add_argument("--prepare-peer", action="store_true",
+                   help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
+                        "there while this runs (so the frames it sends back out arrive)")
+    p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
+                   help="tcp: connect to each backend every --check-interval (default %(default)s)")
+    p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
+    p.add_argument("--timeout", metavar="STATE=S", action="append", default=[],
+                   help="how long an idle session of a state lives: syn, established, fin, udp (default "
+                        "syn=10 established=300 fin=10 udp=30; repeatable)")
+    p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
+    p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
+    add_run_options(p, "load balancer programs")
+
+
+def read_backends(a):
+    """{Backend: weight} from --backend and --backends-file (UsageError on bad lines)."""
+    from ebpf.xdp_lb import Backend
+    entries = [(b, "--backend") for b in a.backend]
+    if a.backends_file:
+        try:
+            lines = Path(a.backends_file).read_text().splitlines()
+        except OSError as e:
+            raise UsageError(f"cannot read --backends-file {a.backends_file}: {e.strerror}") from None
+        entries += [(ln.split("#", 1)[0].strip(), f"{a.backends_file} line {i}") for i, ln in enumerate(lines, 1)
+                    if ln.split("#", 1)[0].strip()]
+    out = {}
+    for text, where in entries:
+        try:
+            be, w = Backend.parse(text)
+        except Exception as e:
+            raise UsageError(f"{where}: {e}") from None
+        out[be] = w
+    return out
+
+
+def read_timeouts(a):
+    """{state: seconds} from --timeout STATE=S (UsageError on a bad one)."""
+    from ebpf.xdp_lb import TIMEOUTS
+    out = {}
+    for text in a.timeout:
+        state, _, value = text.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1
+        if state not in TIMEOUTS or not 0 < seconds <= 86400:
+            raise UsageError(f"bad --timeout {text!r}: want STATE=SECONDS, STATE one of {', '.join(TIMEOUTS)}, "
+                             "0 < SECONDS <= 86400")
+        out[state] = seconds
+    return out
+
+
+def check_args(a):
+    check_run_options(a)
+    if a.cleanup:
+        return
+    read_timeouts(a)
+    require(a, iface="--iface is required (where clients and backends are reached)",
+            service="--service is required (PROTO:VIP:PORT)")
+    from ebpf.xdp_lb import Service
+    try:
+        services = [Service.parse(s) for s in a.service]
+    except Exception as e:
+        raise UsageError(str(e)) from None
+    backends = read_backends(a)
+    if not backends:
+        raise UsageError("no backends: give --backend or --backends-file")
+    for svc in services:
+        if not any(b.addr.version == svc.vip.version for b in backends):
+            raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+    if a.check_interval <= 0 or a.rise < 1 or a.fall < 1:
+        raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
+
+
+class Printer:
+    def __init__(self, as_json, mode="nat"):
+        self.json = as_json
+        self.lines = 0
+        self.last = None
+        # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
+        self.replies = hostcheck.ReplyWatch() if mode == "nat" else None
+        self.silent = set()
+
+    def header(self, lb, iface, a):
+        ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
+        msg = dict(event="attached", iface=iface, mode=a.mode, xdp_mode=a.xdp_mode,
+                   services=[str(s) for s in lb._services], backends=[str(b) for b in lb._backends],
+                   lb_ports=ports if a.mode == "nat" else None)
+        if self.json:
+            say(json.dumps(msg))
+        else:
+            say(f"lb: {a.mode} on {iface} ({a.xdp_mode}); {len(lb._services)} service(s), "
+                f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if a.mode == "nat" else "") +
+                "; Ctrl-C to stop")
+
+    def sample(self, lb, weights, health, final=False):
+        weights = {str(b): w for b, w in weights.items()}
+        health = {str(b): ok for b, ok in health.items()}
+        now = time.monotonic()
+        per = lb.backend_counters()
+        sessions = lb.sessions()
+        active = {}
+        for s in sessions:
+            active[s["backend"]] = active.get(s["backend"], 0) + 1
+        dt = now - self.last[0] if self.last else 0
+        before = self.last[1] if self.last else {}
+        self.last = (now, per)
+        stats = lb.counters()
+        rows = {}
+        for b, c in per.items():
+            pps = (c["packets"] - before.get(b, {}).get("packets", 0)) / dt if dt > 0 else 0.0
+            rows[b] = {**c, "active_sessions": active.get(b, 0), "packets_pps": round(pps, 1),
+                       "weight": weights.get(b, 0), "healthy": health.get(b, True)}
+            if self.replies:
+                unanswered, silent = self.replies.update(b, c["packets"], c["reply_packets"], now)
+                rows[b]["unanswered"] = unanswered
+                if silent:
+                    rows[b]["hint"] = hostcheck.ReplyWatch.HINT
+                    if b not in self.silent:
+                        self.silent.add(b)
+                        warn(f"{b}: {unanswered} packets sent, {hostcheck.ReplyWatch.HINT}")
+                elif b in self.silent and not unanswered:
+                    self.silent.discard(b)
+                    warn(f"{b}: replies again")
+        if self.json:
+            say(json.dumps({"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
+                            "backends": rows}))
+            return
+        if self.lines % 20 == 0 or final:
+            say(f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
+                f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}")
+        self.lines += 1
+        label = "total" if final else time.strftime("%H:%M:%S")
+        for b, r in rows.items():
+            say(f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} {r['active_sessions']:>7} "
+                f"{r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} {r['reply_packets']:>10}")
+        drops = {k: v for k, v in stats.items() if k.startswith("dropped_") and v}
+        if drops:
+            say(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
+
+
+def cleanup(all_runs=False):
+    """What killed load balancers left in this namespace: (removed, spared), as lines."""
+    from ebpf import xdp
+    removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
+    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
+    return removed, spared
+
+
+def own_addresses(iface, vips=()):
+    """The interface's first global address of each family that is not a VIP:
+    the NAT source, and where health checks come from. (The kernel lists a
+    family's addresses newest first: the VIP is often first.)"""
+    import ipaddress
+    from ebpf import netdev
+    found = {}
+    skip = {ipaddress.ip_address(v) for v in vips}
+    with netdev.ipr(None) as ip:
+        index = netdev.ifindex_of(ip, iface)
+        for m in ip.get_addr(index=index):
+            addr = m.get_attr("IFA_ADDRESS")
+            if m.get("scope", 0) == 0 and ipaddress.ip_address(addr) not in skip:
+                found.setdefault(m["family"], addr)
+    return found.get(socket.AF_INET), found.get(socket.AF_INET6)
+
+
+def host_findings(a):
+    """What the hosts around the LB lack, as far as this namespace can see."""
+    # generic mode sends XDP_TX frames as skbs, through the veth's own xmit: no NAPI needed
+    found = hostcheck.check_veth_peer(a.iface, sends="XDP_TX") if a.xdp_mode == "native" and not a.prepare_peer \
+        else []
+    found += hostcheck.check_gro(a.iface, a.xdp_mode)
+    return found
+
+
+def run(a):
+    from ebpf import BpfError, xdp
+    from ebpf.xdp_lb import XdpLoadBalancer
+
+    if a.cleanup:
+        return report_cleanup("lb", *cleanup(a.all))
+    from ebpf.xdp_lb import Service
+    self4, self6 = own_addresses(a.iface, [Service.parse(s).vip for s in a.service])
+    for addr in a.self_addrs:
+        if ":" in addr:
+            self6 = addr
+        else:
+            self4 = addr
+    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode, timeouts=read_timeouts(a))
+    services = [lb.add_service(s) for s in a.service]
+    weights = read_backends(a)
+    health = HealthChecker(weights, a.check_interval, a.rise, a.fall,
+                           sources={4: self4, 6: self6}) if a.health_check == "tcp" else None
+
+    def apply(weights):
+        up = health.healthy if health else {}
+        for svc in services:
+            lb.set_backends(svc, {b: (w if up.get(b, True) else 0) for b, w in weights.items()
+                                  if b.addr.version == svc.vip.version})
+
+    apply(weights)
+    if a.ebpf:
+        return show_program(lb)
+    printer = Printer(a.json, a.mode)
+    mtime = Path(a.backends_file).stat().st_mtime_ns if a.backends_file else None
+    SIGNALS.check()
+    peers = PreparedPeers()
+    with lb, contextlib.closing(peers):
+        lb.load_program()
+        SIGNALS.check()
+        lb.attach(a.iface, a.xdp_mode)
+        if a.prepare_peer and a.xdp_mode == "native" and (peer := peers.prepare(a.iface)):
+            warn(f"attached a pass program to {a.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        for finding in host_findings(a):
+            warn(str(finding))
+        # the program drops a new session's packet while its backend's MAC is
+        # unknown (no-neigh): ask the kernel to resolve them all now
+        sources = {4: self4, 6: self6}
+        for addr in hostcheck.resolve_neighbours([b.addr for b in weights], sources):
+            warn(f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
+                 "until the kernel resolves it")
+        no_neigh = 0
+        if health:
+            health.start()
+        try:
+            printer.header(lb, a.iface, a)
+            printer.sample(lb, weights, health.healthy if health else {})
+
+            def tick():
+                nonlocal weights, mtime, no_neigh
+                if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
+                    raise BpfError(f"stopped: the program was removed from {a.iface} from outside "
+                                   "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
+                if a.backends_file:
+                    m = Path(a.backends_file).stat().st_mtime_ns
+                    if m != mtime:
+                        mtime = m
+                        try:
+                            new = read_backends(a)
+                        except UsageError as e:
+                            warn(f"kept the backends as they were: {e}")
+                        else:
+                            weights = new
+                            if health:
+                                health.set_backends(weights)
+                            apply(weights)
+                            warn(f"backends now: {', '.join(f'{b}@{w}' for b, w in weights.items())}")
+                if health and health.changed.is_set():
+                    health.changed.clear()
+                    apply(weights)
+                    down = [str(b) for b, ok in health.healthy.items() if not ok]
+                    warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
+                lb.sweep()
+                dropped = lb.counters()["dropped_no_neigh"]
+                if dropped > no_neigh:  # an entry expired or was flushed: ask again, without waiting
+                    no_neigh = dropped
+                    hostcheck.resolve_neighbours([b.addr for b in weights], sources, seconds=0)
+                printer.sample(lb, weights, health.healthy if health else {})
+            run_until_stopped(a.interval, a.duration, tick,
+                              lambda: printer.sample(lb, weights, health.healthy if health else {}, final=True))
+        finally:
+            if health:
+                health.stop()
+    return 0
+
+
+def main(a):
+    """python -m lab lb (lab/__main__.py parses the arguments)."""
+    SIGNALS.install()
+    return run_command("python -m lab lb", lambda: check_args(a), lambda: run(a))

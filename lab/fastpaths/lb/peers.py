@@ -1,0 +1,230 @@
+"""Load balancers on the LB testbed (lab.testbeds.lb_testbed), all driven the
+same way (lab.peer.Peer), so that `python -m lab bench lb` swaps them by name:
+
+    >>> with BALANCERS["nginx-l4"](tb) as lb:          # doctest: +SKIP
+    ...     addr, port = lb.target()                  # where clients connect
+    ...     lb.pids(), lb.maps_bytes()                # what its CPU and memory are read from
+
+    direct      no balancer: the clients talk to the backends themselves, the load split
+                evenly between them (the ceiling: the same backends with no LB)
+    xdp         ebpf.XdpLoadBalancer through its command line (python -m lab lb), NAT mode
+    nginx-l4    nginx stream proxy (one worker), as in the articles
+    nginx-l7    nginx http proxy (one worker) with upstream keepalive, as in the articles
+    haproxy-l4  HAProxy mode tcp (one thread)
+    haproxy-l7  HAProxy mode http (one thread), connections to backends reused
+    nft-lb      nftables DNAT to a backend picked by `numgen random`, the shape of
+                kube-proxy's nftables mode, with masquerade so replies come back
+
+Every one of them runs in the LB's namespace, listens on (or intercepts) the
+VIP and port, and spreads connections over the same backends with equal
+weights. One worker or thread each: the XDP program runs on one receive queue
+(one NAPI thread), and the articles' nginx is measured the same way.
+"""
+
+import sys
+
+from ebpf import endpoints
+
+from lab import netns, nft
+from lab.daemons import Daemon
+from lab.daemons.haproxy import HaproxyProxy
+from lab.daemons.nginx import NginxProxy
+from lab.peer import Peer
+
+
+class Balancer(Peer):
+    name = "direct"
+    kind = "lb"
+
+    def __init__(self, tb, backends=None):
+        super().__init__(None)
+        self.tb = tb
+        self.ns = tb.ns(tb.lb)
+        self.backends = backends or [(tb.backend4(i), tb.backend_port) for i in range(len(tb.backends))]
+
+    def target(self):
+        """(address, port) the clients connect to."""
+        return self.tb.vip4, self.tb.service_port
+
+    def targets(self) -> list:
+        """Every (address, port) the load goes to at once: the VIP, or for
+        `direct` each backend (the ceiling is every backend without an LB)."""
+        return [self.target()]
+
+
+class Direct(Balancer):
+    """No balancer: the clients address the backends themselves."""
+    name = "direct"
+    colour = "#555555"
+
+    def target(self):
+        return self.backends[0]
+
+    def targets(self):
+        return list(self.backends)
+
+
+class ProxyBalancer(Balancer):
+    """A proxy daemon on the VIP: started by attach(), stopped by detach()."""
+    proxy, layer = NginxProxy, 4
+
+    def attach(self):
+        vip, port = self.target()
+        self.daemon = self.proxy(self.ns, self.name, vip, port, self.backends, self.layer).start()
+        self.attached = True
+
+    def pids(self):
+        return self.daemon.pids() if self.attached else []
+
+    def detach(self):
+        self.daemon.close()
+        self.attached = False
+
+
+class NginxL4(ProxyBalancer):
+    name, proxy, layer = "nginx-l4", NginxProxy, 4
+    colour = "#009E73"
+
+
+class NginxL7(ProxyBalancer):
+    name, proxy, layer = "nginx-l7", NginxProxy, 7
+    colour = "#D55E00"
+
+
+class HaproxyL4(ProxyBalancer):
+    name, proxy, layer = "haproxy-l4", HaproxyProxy, 4
+    colour = "#E69F00"
+
+
+class HaproxyL7(ProxyBalancer):
+    name, proxy, layer = "haproxy-l7", HaproxyProxy, 7
+    colour = "#CC79A7"
+
+
+class NftLb(Balancer):
+    """table ip vtl_lb {
+        chain pre  { type nat hook prerouting priority dstnat;
+                     ip daddr VIP tcp dport 80 counter numgen random mod N vmap { 0 : goto be0, ... } }
+        chain be0  { meta l4proto tcp counter dnat to BACKEND0:8080 } ...
+        chain post { type nat hook postrouting priority srcnat; ct status dnat counter masquerade } }
+    conntrack keeps each connection on its backend and translates the replies.
+    The LB forwards out of the interface the packet came in on, so it would
+    send the clients ICMP redirects: they are turned off while it runs."""
+    name = "nft-lb"
+    colour = "#56B4E9"
+    TABLE = "vtl_lb"
+    SYSCTLS = ("net.ipv4.conf.all.send_redirects", "net.ipv4.conf.eth0.send_redirects")
+
+    def attach(self):
+        vip, port = self.target()
+        t = {"family": "ip", "table": self.TABLE}
+        n = len(self.backends)
+        cmds = [{"add": {"table": {"family": "ip", "name": self.TABLE}}}]
+        for i, (addr, bport) in enumerate(self.backends):
+            cmds += [{"add": {"chain": {**t, "name": f"be{i}"}}},
+                     {"add": {"rule": {**t, "chain": f"be{i}", "expr": [
+                         # (a port mapping needs a transport-protocol match in its own chain)
+                         {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+                         {"counter": None}, {"dnat": {"family": "ip", "addr": addr, "port": bport}}]}}}]
+        pick = {"vmap": {"key": {"numgen": {"mode": "random", "mod": n}},
+                         "data": {"set": [[i, {"goto": {"target": f"be{i}"}}] for i in range(n)]}}}
+        cmds += [{"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100,
+                                    "policy": "accept"}}},
+                 {"add": {"rule": {**t, "chain": "pre", "expr": [
+                     {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": vip}},
+                     {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": port}},
+                     pick]}}},
+                 {"add": {"chain": {**t, "name": "post", "type": "nat", "hook": "postrouting", "prio": 100,
+                                    "policy": "accept"}}},
+                 {"add": {"rule": {**t, "chain": "post", "expr": [
+                     {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}},
+                     {"counter": None}, {"masquerade": None}]}}}]
+        self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
+        try:
+            for k in self.SYSCTLS:
+                netns.sysctl(self.ns, k, 0)
+            nft.flush_conntrack(self.ns)
+            nft.run(self.ns, cmds)
+        except BaseException:
+            self.detach()   # restores the sysctls read above
+            raise
+        self.attached = True
+
+    def counters(self):
+        """new connections sent to each backend (the DNAT chains' counters)."""
+        counts = nft.counters(self.ns, "ip", self.TABLE)
+        return {f"be{i}": counts[i][0] for i in range(len(self.backends))}
+
+    def detach(self):
+        nft.delete_table(self.ns, "ip", self.TABLE)
+        if netns.exists(self.ns):
+            nft.flush_conntrack(self.ns)
+            for k, v in getattr(self, "saved", {}).items():
+                netns.sysctl(self.ns, k, v)
+        self.attached = False
+
+
+class LbCommand(Daemon):
+    """`python -m lab lb` in the LB namespace, its --json lines in the run
+    directory; ready once it says it attached."""
+    suffix = ".xdp-lb"
+    what = "python -m lab lb"
+
+    def __init__(self, ns, iface, service, backends, extra=()):
+        super().__init__(ns, iface, 0)
+        self.output = "events.jsonl"
+        self.args = ["--iface", iface, "--service", service, "--json", "--interval", "1", *extra]
+        for a, p in backends:
+            self.args += ["--backend", endpoints.text(a, p)]
+
+    def argv(self):
+        return [sys.executable, "-m", "lab", "lb", *self.args]
+
+    def where(self):
+        return f"in {self.ns}"
+
+    def ready(self):
+        try:
+            return '"event": "attached"' in (self.dir / self.output).read_text()
+        except FileNotFoundError:
+            return False
+
+    def events(self) -> list[str]:
+        try:
+            return (self.dir / self.output).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+
+class XdpBalancer(Balancer):
+    """The XDP load balancer as its users run it: its command line, NAT mode,
+    native XDP on the LB's interface, TCP health checks every second."""
+    name = "xdp"
+    colour = "#0072B2"
+
+    def attach(self):
+        vip, port = self.target()
+        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends).start(timeout=60)
+        self.attached = True
+
+    def pids(self):
+        return self.cli.pids() if self.attached else []
+
+    def maps_bytes(self):
+        """The locked memory of the BPF maps its process holds."""
+        from ebpf.holders import maps_memlock
+        return maps_memlock(self.pids())
+
+    def counters(self):
+        import json
+        lines = [ln for ln in self.cli.events() if ln.startswith("{")] if self.attached else []
+        last = json.loads(lines[-1]) if lines else {}
+        return {k: v for k, v in last.items() if isinstance(v, int)}
+
+    def detach(self):
+        self.cli.close()
+        self.attached = False
+
+
+PEERS = {cls.name: cls for cls in (Direct, XdpBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)}  # in the order figures show them
+BALANCERS = PEERS

@@ -1,0 +1,273 @@
+"""python -m lab redirect: rewrite datagrams to a service so that they reach a
+backend, with ebpf.XdpRedirect at the XDP hook, and give the replies the
+service's address back. In the conventions of `python -m vtap`: it works in the
+namespace it starts in, every exit detaches what it attached, and the same exit
+statuses (lab/console.py).
+"""
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import time
+
+from lab import hostcheck
+from lab.hostcheck import PreparedPeers
+from lab.console import (SIGNALS, add_run_options, add_xdp_mode, check_run_options, renamed,
+                         report_cleanup, require, run_command, run_until_stopped, say, show_program, warn)
+
+EXAMPLES = """\
+examples:
+  python -m lab redirect --iface eth0 --rule udp:198.18.0.17:8080=198.18.2.2:8083
+                        # the report's rewrite; replies are given the service's address back
+                        # on the interface the backend is reached through (a route lookup)
+  python -m lab redirect --iface eth0 --rule 'udp:[2001:2::17]:8080=[2001:2:0:2::2]:8083' \\
+                         --rule tcp:198.18.0.17:80=198.18.2.2:8080 --action forward
+                        # IPv6 in brackets; forward: the program routes, the stack never sees them
+  python -m lab redirect --iface eth0 --rule ... --xdp-mode generic --duration 10 --json
+  ip netns exec dut python -m lab redirect ...   # inside a network namespace
+  python -m lab redirect --cleanup       # remove what a killed run left attached
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, program removed while running);
+  2 cannot run as given (bad option or rule, unknown interface, not root)
+"""
+
+REASONS = ("not_ip", "unmatched", "fragment", "malformed")
+SLOW = ("slow_no_neigh", "slow_ttl", "slow_too_big", "slow_no_route")
+
+
+NEEDS = """\
+what the hosts around it need (checked at start; each missing piece is one line with its fix):
+  - forwarding on, where clients' datagrams and backends' replies arrive (the
+    kernel routes what `pass` rewrites; `forward`'s route lookup answers only there):
+      sysctl -w net.ipv4.conf.IF.forwarding=1 net.ipv6.conf.IF.forwarding=1
+  - clients reach the service address through this host: routed to it, or an
+    address of its own (then, with pass, replies are translated after routing,
+    at TC egress towards the clients: see below)
+  - forward: a native XDP program on the veth peer of each interface it sends
+    out of, or the frames it redirects there are lost; --prepare-peer attaches one
+TX checksum offload may stay on everywhere: the program finishes or keeps the
+checksums the senders left partial.
+
+where each direction is translated:
+  to the backend     at XDP, where the client's datagram arrives
+  back to the client at XDP, where the backend's reply arrives; except, with pass,
+                     for a service address this host holds: the kernel would drop
+                     a reply arriving with a source of its own (a martian), so it
+                     is translated after routing, at TC egress towards the clients
+"""
+
+
+def add_arguments(p):
+    p.description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
+                     "backend at the XDP hook, and the source of the backend's replies back to the service."
+                     "\n\n" + NEEDS)
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--iface", metavar="IF", action="append", default=[],
+                   help="where the clients' datagrams arrive (repeatable); the program is also attached where "
+                        "each backend is reached, for its replies")
+    p.add_argument("--rule", metavar="PROTO:VIP:PORT=BACKEND:PORT", action="append", default=[],
+                   help="udp or tcp; IPv6 addresses in brackets (repeatable)")
+    p.add_argument("--action", default="pass", choices=("pass", "forward"),
+                   help="pass: the kernel routes the rewritten packet (the report's design); forward: the program "
+                        "looks the route up and sends it out itself (default %(default)s)")
+    add_xdp_mode(p)
+    renamed(p, "--mode", "--xdp-mode")
+    p.add_argument("--prepare-peer", action="store_true",
+                   help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
+                        "program, attach a pass program there while this runs")
+    add_run_options(p, "the redirect programs")
+
+
+def check_args(a):
+    check_run_options(a)
+    if a.cleanup:
+        return
+    require(a, iface="--iface is required (where the clients' datagrams arrive)",
+            rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
+
+
+def counters(prog, egress=None):
+    """The XDP program's counters and rule counters, with the replies that the
+    TC egress program translated (for a service address this host holds) added
+    where they belong: one view of each rule, both ways."""
+    stats, rules = prog.counters(), prog.rule_counters()
+    if egress is not None:
+        for r, c in egress.rule_counters().items():
+            rules[r]["reply_packets"] += c["reply_packets"]
+            rules[r]["reply_bytes"] += c["reply_bytes"]
+        stats["to_client"] += egress.counters()["to_client"]
+    return stats, rules
+
+
+def local_services(prog):
+    """Rules whose service address is an address of this namespace (the
+    netfilter-vs-XDP report's design): given that source at XDP ingress, a
+    reply reaches the kernel as a martian (IPv4 drops it), so with `pass` these
+    rules' replies are translated after routing instead."""
+    from ebpf import netdev
+    with netdev.ipr(prog.netns) as ip:
+        mine = {str(ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))) for a in ip.get_addr()}
+    return [r for r in prog.rules if str(r.vip) in mine]
+
+
+def host_findings(a, prog, ifaces):
+    """What the hosts around the redirect lack, as far as this namespace sees."""
+    found = []
+    families = {r.family for r in prog.rules}
+    for name in ifaces:
+        found += hostcheck.check_forwarding(name, families, why=": the kernel does not route what arrives there")
+        if a.action == "forward" and a.xdp_mode == "native" and not a.prepare_peer:  # generic: skbs, no NAPI needed
+            found += hostcheck.check_veth_peer(name, sends="XDP_REDIRECT")
+        found += hostcheck.check_gro(name, a.xdp_mode)
+    return found
+
+
+class Printer:
+    def __init__(self, as_json):
+        self.json = as_json
+        self.start = self.last = None
+        self.lines = 0
+        self.replies = hostcheck.ReplyWatch()  # rewrites that go out and hear nothing back
+        self.silent = set()
+        self.egress = None  # the TC egress program that translates some rules' replies, if any
+
+    def watch_replies(self, rules, now):
+        """{rule: (unanswered, silent)}; says so once when a rule turns silent."""
+        out = {}
+        for r, c in rules.items():
+            unanswered, silent = self.replies.update(r, c["packets"], c["reply_packets"], now)
+            out[r] = (unanswered, silent)
+            if silent and r not in self.silent:
+                self.silent.add(r)
+                warn(f"{r}: {unanswered} packets rewritten towards the backend, {hostcheck.ReplyWatch.HINT}")
+            elif not unanswered and r in self.silent:
+                self.silent.discard(r)
+                warn(f"{r}: replies again")
+        return out
+
+    def header(self, prog, ifaces, mode, egress=((), ())):
+        """Where each direction is translated, and why there."""
+        at, local = egress
+        msg = dict(event="attached", ifaces=ifaces, rules=[str(r) for r in prog.rules], action=prog.action,
+                   xdp_mode=mode, replies_at_tc_egress={"ifaces": list(at), "rules": [str(r) for r in local]})
+        if self.json:
+            say(json.dumps(msg))
+            return
+        say(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
+        if local:
+            vips = ", ".join(sorted({str(r.vip) for r in local}))
+            say(f"redirect: replies from the backends of {vips} are given the service's address at TC egress of "
+                f"{', '.join(at)}, after routing: {vips} is this host's own address, and the kernel drops a reply "
+                "arriving with a source of its own (a martian); every other translation is at XDP")
+
+    def sample(self, prog, final=False):
+        now = time.monotonic()
+        stats, rules = counters(prog, self.egress)
+        if self.start is None:
+            self.start = (now, rules)
+        t0, before = self.start if final else (self.last or self.start)
+        self.last = (now, rules)
+        dt = now - t0
+
+        def rate(rule, key):
+            return (rules[rule][key] - before.get(rule, {}).get(key, 0)) / dt if dt > 0 else 0.0
+
+        watched = self.watch_replies(rules, now)
+        if self.json:
+            def row(r, c):
+                unanswered, silent = watched[r]
+                extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
+                return {**c, "packets_pps": round(rate(r, "packets"), 1),
+                        "reply_packets_pps": round(rate(r, "reply_packets"), 1), "unanswered": unanswered, **extra}
+            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
+                   "rules": {r: row(r, c) for r, c in rules.items()}}
+            say(json.dumps(out))
+            return
+        width = max(10, *(len(r) for r in rules))
+        if self.lines % 20 == 0 or final:
+            say(f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
+                f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}")
+        self.lines += 1
+        label = "total" if final else time.strftime("%H:%M:%S")
+        for r, c in rules.items():
+            say(f"{label:8} {r:{width}} {rate(r, 'packets'):>12.0f} {rate(r, 'reply_packets'):>10.0f} | "
+                f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}")
+        untouched = ", ".join(f"{k.replace('_', '-')} {stats[k]}" for k in REASONS)
+        slow = ", ".join(f"{k[5:].replace('_', '-')} {stats[k]}" for k in SLOW)
+        say(f"{'':8} untouched: {untouched}" + (f"; to the kernel (forward): {slow}" if prog.action == "forward"
+                                               else ""))
+
+
+def cleanup(all_runs=False):
+    """What killed redirects left in this namespace: (removed, spared), as lines."""
+    from ebpf import tc, xdp
+    from ebpf.tc_redirect import TcRedirect
+    removed, spared = xdp.cleanup("xdp_redirect", spare_live=not all_runs)
+    # the TC egress filters that translate replies for a service address this host holds
+    tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not all_runs)
+    removed += tc_removed
+    spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it" for f in tc_spared]
+    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
+    return removed, spared
+
+
+def run(a):
+    from ebpf import BpfError, TcRedirect, XdpRedirect, netdev, xdp
+
+    if a.cleanup:
+        return report_cleanup("redirect", *cleanup(a.all))
+    prog = XdpRedirect(a.rule, action=a.action)
+    with netdev.ipr(None) as ip:
+        for name in a.iface:
+            netdev.ifindex_of(ip, name)
+    ifaces = list(a.iface)
+    for name, backends in prog.reply_interfaces().items():
+        if name not in ifaces:
+            ifaces.append(name)
+            warn(f"also attaching to {name}: replies from {', '.join(dict.fromkeys(backends))} arrive there")
+    local = local_services(prog) if a.action == "pass" else []
+    egress = TcRedirect([str(r) for r in local], action="pass") if local else None
+    for r in local:
+        prog.leave_replies(r)
+    if a.ebpf:
+        return show_program(prog)
+    printer = Printer(a.json)
+    printer.egress = egress
+    SIGNALS.check()
+    peers = PreparedPeers()
+    with prog, contextlib.closing(peers), egress or contextlib.nullcontext():
+        prog.load_program()
+        if egress:
+            egress.load_program()
+        SIGNALS.check()
+        for name in ifaces:  # all or nothing: `with prog` detaches what was attached
+            prog.attach(name, a.xdp_mode)
+        for name in a.iface if egress else ():
+            egress.attach(name, "egress")
+        if a.action == "forward" and a.xdp_mode == "native" and a.prepare_peer:
+            for name in ifaces:
+                if peer := peers.prepare(name):
+                    warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        for finding in host_findings(a, prog, ifaces):
+            warn(str(finding))
+        SIGNALS.check()
+        printer.header(prog, ifaces, a.xdp_mode, egress=[a.iface, local])
+        printer.sample(prog)
+
+        def tick():
+            gone = xdp.removed_from_outside(prog.xdp_attachments)
+            if gone:
+                raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
+                               "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
+            printer.sample(prog)
+        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(prog, final=True))
+    return 0
+
+
+def main(a):
+    """python -m lab redirect (lab/__main__.py parses the arguments)."""
+    SIGNALS.install()
+    return run_command("python -m lab redirect", lambda: check_args(a), lambda: run(a))
+

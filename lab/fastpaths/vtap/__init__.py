@@ -1,0 +1,18 @@
+"""The vTAP: a TC clsact program clones packets whose source or destination is
+on a watch-list to a monitor interface (ebpf.TcMirror), after the vTAP paper."""
+from lab.fastpath import FastPath
+
+FASTPATH = FastPath(
+    name="vtap",
+    title="clone watched traffic to a monitor",
+    hook="TC clsact",
+    program="ebpf.tc_mirror:TcMirror",
+    command="vtap.cli",
+    example="python -m vtap --monitor mon0 --watch 198.18.1.10/32",
+    compared_with="OVS port mirroring, `tc mirred`, nftables `dup`",
+    peers="lab.fastpaths.vtap.peers",
+    benches=("lab.fastpaths.vtap.bench", "lab.fastpaths.vtap.ids_bench"),
+    plots=("lab.fastpaths.vtap.plots", "lab.fastpaths.vtap.ids_plots"),
+    doc="docs/vtap.md",
+    order=1,
+)

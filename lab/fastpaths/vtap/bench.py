@@ -1,0 +1,162 @@
+"""python -m lab bench vtap-throughput: the vTAP paper's experiment (its
+Tables 1-2, Figures 5-6) against every mirror we have.
+
+For each testbed x mirror x frame size x trial: the generator offers its ceiling
+for `duration` seconds from the sender; the rig counts what arrived at the
+receiver and at the monitor, and samples the CPUs. Runs of different mirrors
+interleave (see common.interleaved). One CSV row per run.
+"""
+
+import argparse
+import sys
+
+import pandas as pd
+
+from lab import testbeds
+from lab.metrics import CPU_COLUMNS, write_results
+from .peers import MIRRORS
+from .rig import ThroughputRig
+from lab.traffic import GENERATORS
+from lab.bench.common import (FCS, SIZES, Progress, add_options, checked_options, close_all, columns_first, interleaved,
+                              parse_list, summarize, udp_frames)
+
+NAME = "vtap-throughput"
+MIRROR_ORDER = list(MIRRORS)
+COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "receiver_pps", "monitor_pps",
+           "receiver_mbps", "monitor_mbps", "receiver_loss", "monitor_loss", "cpu_usr", "cpu_sys", "cpu_soft",
+           "cpu_steal", "cpu_idle", "dut_ns_per_pkt"]
+
+
+SUMMARY = "vTAP paper Tables 1-2: PPS, Mbps and CPU per mirror"
+DESCRIPTION = """\
+The vTAP paper's experiment (Tables 1-2, Figures 5-6) against every mirror we
+have. For each testbed, mirror, frame size and trial, the generator sends from
+the sender for --duration seconds; the rig counts what reaches the receiver and
+the monitor, and samples the CPUs. Runs of different mirrors interleave. Writes
+one CSV row per run and a JSON sidecar, and prints a table of medians."""
+EXAMPLES = """\
+examples:
+  python -m lab bench vtap-throughput       # testbed 1: every size and mirror, 210 runs of 5 s
+  python -m lab bench vtap-throughput --testbed 1,2 --out datasets/reference
+                                            # the README's reference sweep: 420 runs of 5 s
+  python -m lab bench vtap-throughput --testbed 2 --sizes 64 --peers ebpf,tc-mirred --trials 20
+                                            # two mirrors at one size, closely
+  python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf,tc-mirred --rate 250000
+                                            # an equal offered load, below every mirror's ceiling
+  python -m lab bench vtap-throughput --generator trafgen --sizes 64,1518
+                                            # netsniff-ng's trafgen as the packet source
+  python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf --trials 1 --duration 1
+                                            # a smoke test: 2 runs of 1 s
+"""
+
+
+def add_arguments(p):
+    # Defaults are shown with %(default)s, so the text cannot drift from the value.
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("--testbed", default="1", help="1, 2 or 1,2 (default %(default)s)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                   help="frame sizes in bytes with FCS (default: the paper's, %(default)s)")
+    add_options(p, trials=5, duration=5.0, peers=MIRROR_ORDER, old_peers="--mirrors", cpus="generator,DUT")
+    p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS),
+                   help="packet source: our XDP generator or netsniff-ng's trafgen (default %(default)s)")
+    p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default %(default)s)")
+    p.add_argument("--rate", type=int, metavar="PPS",
+                   help="offered load in packets/s (default: the generator's ceiling)")
+
+
+def main(a):
+    tbs = parse_list(a.testbed, int, [1, 2], "testbed")
+    sizes = parse_list(a.sizes, int, what="size")
+    mirrors, cpus = checked_options(a, MIRROR_ORDER, "mirror", cpus="generator,DUT")
+    if a.rate is not None and a.rate <= 0:
+        raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
+    df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate)
+    print_summary(df)
+    print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+    return 0
+
+
+def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
+    rep, counts, cpu = m["report"], m["counts"], m["cpu"]
+    secs = rep.seconds
+    rx = counts["receiver"] if "receiver" in counts else counts["dut"]
+    mon = counts["monitor"]
+    core = cpu.summary().loc[dut_cpu]
+    busy = float(core["busy_ns"])
+    r = {
+        "testbed": tb_no, "mirror": mirror.name, "size": size, "trial": trial, "duration_s": round(secs, 3),
+        "sender_pps": rep.pps, "receiver_pps": rx["packets"] / secs, "monitor_pps": mon["packets"] / secs,
+        # Mbps of frames with FCS, as the sizes are given
+        "receiver_mbps": (rx["bytes"] + FCS * rx["packets"]) * 8 / secs / 1e6,
+        "monitor_mbps": (mon["bytes"] + FCS * mon["packets"]) * 8 / secs / 1e6,
+        "receiver_loss": 1 - rx["packets"] / rep.packets if rep.packets else 0.0,
+        "monitor_loss": (1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none" else None,
+        **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
+        "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
+        "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
+        "dut_cpu": dut_cpu, "offered_pps": rate_pps or 0, "generator": rep.generator, "sent_packets": rep.packets,
+        "sender_dropped": rep.dropped, "dut_packets": counts["dut"]["packets"],
+        "receiver_packets": rx["packets"], "monitor_packets": mon["packets"],
+        "mirrored_by_peer": m["mirrored"].get("mirrored"),
+    }
+    for k in ("seen", "matched", "cloned", "failed"):
+        if k in m["mirrored"]:
+            r[f"vtap_{k}"] = m["mirrored"][k]
+    return r
+
+
+def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
+        out=None, progress=True, stream=sys.stdout, rate_pps=None):
+    """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
+    gen_cpu, dut_cpu = cpus
+    rows = []
+    total = len(testbed_nos) * trials * len(sizes) * len(mirrors)
+    bar = Progress(total) if progress else None
+    for tb_no in testbed_nos:
+        tb = testbeds.TESTBEDS[tb_no]()
+        with ThroughputRig(tb, gen_cpu, dut_cpu) as rig:
+            dut_ns = tb.ns(tb.tap_host)
+            bridge = tb.bridge
+            peers = {name: MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu)
+                     for name in mirrors}
+            try:
+                gens = {}
+                for trial, size, name in interleaved(trials, sizes, mirrors):
+                    if size not in gens:
+                        frames = udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
+                                            dport=rig.udp_port)  # the port of the receiving DUT's socket
+                        gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
+                        gens[size].open()
+                    m = rig.run(gens[size], peers[name], seconds=duration, rate_pps=rate_pps)
+                    rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu, rate_pps))
+                    if bar:
+                        bar.step(f"tb{tb_no} {name} {size}B trial {trial}")
+            finally:
+                close_all(gens, peers)
+    df = columns_first(rows, COLUMNS)
+    params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
+              "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
+              "dut_cpu": dut_cpu, "rate_pps": rate_pps}
+    path = write_results(df, "vtap_throughput", params, out)
+    return df, path
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    s = summarize(df, ["testbed", "size", "mirror"],
+                  ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
+    s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
+    return s.sort_values(["testbed", "size", "order"]).drop(columns="order").reset_index(drop=True)
+
+
+def print_summary(df, stream=sys.stdout):
+    s = summary(df)
+    stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
+    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<11} {'receiver kpps':>22} {'monitor kpps':>22} "
+                 f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
+    for _, r in s.iterrows():
+        def span(col, scale=1e3, fmt="{:.0f}"):
+            return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
+                    fmt.format(r[f'{col}_max'] / scale) + "]")
+        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['mirror']:<11} {span('receiver_pps'):>22} "
+                     f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
+                     f"{span('dut_ns_per_pkt', 1):>18}\n")

@@ -1,0 +1,211 @@
+"""Figures and tables for the notebooks, from result DataFrames (so tests reach them).
+
+    >>> df, meta = metrics.read_results(csv)                      # doctest: +SKIP
+    >>> fig = pps_vs_size(df)                                     # Figures 5 and 6
+    >>> beside_paper(df, testbed=1)                               # Table 1 and ours
+
+No matplotlib backend is chosen here: a process without a display gets Agg by
+itself, and a Jupyter kernel its inline backend, which shows each figure a cell
+makes once, at the end of the cell. (Forcing Agg here left the notebook without
+figures.) Every figure draws a mirror in the same colour, its own (lab.palette).
+"""
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.colors import to_rgba
+from matplotlib.patches import Patch
+from matplotlib.ticker import EngFormatter
+
+from lab import palette
+from lab.metrics import PAPER_DIR
+
+# One colour and marker per mirror in every figure, each mirror's own (lab.palette)
+MIRROR_ORDER = palette.labels("vtap")
+MIRROR_COLORS = palette.colours("vtap")
+TESTBED_TITLES = {1: "Testbed 1: vTAP on the receiver", 2: "Testbed 2: vTAP on a bridging node"}
+# The DUT core's time as stacked bars in the mirror's colour: busy columns from
+# solid to pale, steal hatched, idle an empty outline (mpstat's names).
+CPU_SHADES = [("sys", {"alpha": 1.0}), ("soft", {"alpha": 0.45, "hatch": "///"}),
+              ("usr", {"alpha": 0.2, "hatch": "..."}), ("steal", {"alpha": 0.0, "hatch": "xxx"}),
+              ("idle", {"alpha": 0.0})]
+RATIO_PEERS = ["ebpf-helper", "tc-mirred", "nft-dup", "ovs"]  # ratios(): eBPF over each of these
+
+
+def mirror_color(mirror: str) -> str:
+    return palette.colour(mirror, "vtap")
+
+
+def _line_style(mirror):
+    return {"color": mirror_color(mirror), "marker": palette.marker(mirror, "vtap"),
+            "linestyle": "--" if mirror == "none" else "-"}
+
+
+def paper_table(testbed: int) -> pd.DataFrame:
+    path = PAPER_DIR / f"vtap_table{testbed}.csv"
+    if not path.exists():  # an installed package has no datasets/
+        raise FileNotFoundError(f"{path} not found: the paper's tables are in the repository's datasets/paper")
+    return pd.read_csv(path)
+
+
+def medians(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["receiver_pps", "monitor_pps", "receiver_mbps", "monitor_mbps", "dut_ns_per_pkt",
+            "cpu_usr", "cpu_sys", "cpu_soft", "cpu_steal", "cpu_idle"]
+    return df.groupby(["testbed", "mirror", "size"])[cols].median().reset_index()
+
+
+def _mirrors(df):
+    present = set(df["mirror"])
+    return palette.in_order(present, "vtap")
+
+
+def _panels(df, rows=1, height=3.8):
+    """One column of axes per testbed, with room below them for a shared legend."""
+    tbs = sorted(int(t) for t in df["testbed"].unique())
+    fig, axes = plt.subplots(rows, len(tbs), figsize=(5.5 * len(tbs), height * rows), squeeze=False,
+                             layout="constrained")
+    for ax, tb in zip(axes[0], tbs):
+        ax.set_title(TESTBED_TITLES.get(tb, f"Testbed {tb}"))
+    return fig, axes, tbs
+
+
+def _legend_below(fig, axes, **kw):
+    """One legend for all panels, below them, where it covers no data."""
+    seen = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 6),
+                   frameon=False, **kw)
+
+
+def _size_axis(ax, d, label=True):
+    sizes = sorted(d["size"].unique())
+    ax.set_xticks(sizes, [str(s) for s in sizes], fontsize=8)
+    if label:
+        ax.set_xlabel("frame size (bytes, with FCS)")
+    ax.grid(alpha=0.3)
+
+
+def pps_vs_size(df: pd.DataFrame, value="monitor_pps", ylabel="monitor packets/s"):
+    """One panel per testbed: `value` against frame size per mirror, median with
+    a min..max band (the analogue of the paper's Figures 5 and 6)."""
+    fig, axes, tbs = _panels(df)
+    for ax, tb in zip(axes[0], tbs):
+        d = df[df["testbed"] == tb]
+        for m in _mirrors(d):
+            if m == "none" and value.startswith("monitor"):
+                continue  # nothing to copy
+            g = d[d["mirror"] == m].groupby("size")[value]
+            med, lo, hi = g.median(), g.min(), g.max()
+            ax.plot(med.index, med.values, label=m, **_line_style(m))
+            ax.fill_between(med.index, lo.values, hi.values, color=mirror_color(m), alpha=0.15, linewidth=0)
+        _size_axis(ax, d)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        if "pps" in value:
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))  # 600k, 1.2M
+    _legend_below(fig, axes)
+    return fig
+
+
+def _size_suffix(size):
+    return f", {size} B" if size else ", all sizes"
+
+
+def ns_per_pkt(df: pd.DataFrame, size=None):
+    """DUT-core ns of busy CPU per received packet, one bar per mirror: median,
+    with a whisker from the cheapest to the dearest trial."""
+    d = df if size is None else df[df["size"] == size]
+    fig, axes, tbs = _panels(d)
+    for ax, tb in zip(axes[0], tbs):
+        g = d[d["testbed"] == tb].groupby("mirror")["dut_ns_per_pkt"]
+        ms = _mirrors(d[d["testbed"] == tb])
+        med, lo, hi = (s.reindex(ms) for s in (g.median(), g.min(), g.max()))
+        ax.bar(range(len(ms)), med.values, yerr=[med - lo, hi - med], capsize=3, ecolor="0.25",
+               color=[mirror_color(m) for m in ms])
+        ax.set_xticks(range(len(ms)), ms, rotation=20)
+        ax.set_title(ax.get_title() + _size_suffix(size))
+        ax.set_ylabel("DUT ns per received packet")
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def cpu_per_mirror(df: pd.DataFrame, size=None):
+    """The DUT core's time split into mpstat's columns, one stacked bar per mirror
+    in the mirror's colour; the columns are told apart by shade (CPU_SHADES)."""
+    d = df if size is None else df[df["size"] == size]
+    fig, axes, tbs = _panels(d)
+    for ax, tb in zip(axes[0], tbs):
+        m = d[d["testbed"] == tb].groupby("mirror")[[f"cpu_{c}" for c, _ in CPU_SHADES]].median()
+        ms = _mirrors(d[d["testbed"] == tb])
+        m = m.reindex(ms)
+        bottom = pd.Series(0.0, index=ms)
+        for col, shade in CPU_SHADES:
+            v = m[f"cpu_{col}"]
+            ax.bar(range(len(ms)), v.values, bottom=bottom.values, hatch=shade.get("hatch"),
+                   color=[to_rgba(mirror_color(x), shade["alpha"]) for x in ms],
+                   edgecolor=[mirror_color(x) for x in ms], linewidth=0.8)
+            bottom += v
+        ax.set_xticks(range(len(ms)), ms, rotation=20)
+        ax.set_title(ax.get_title() + _size_suffix(size))
+        ax.set_ylabel("% of the DUT core (median)")
+        ax.set_ylim(0, 100)
+    grey = "#555555"
+    keys = [Patch(facecolor=to_rgba(grey, s["alpha"]), edgecolor=grey, hatch=s.get("hatch")) for _, s in CPU_SHADES]
+    fig.legend(keys, [c for c, _ in CPU_SHADES], loc="outside lower center", ncols=len(CPU_SHADES), frameon=False)
+    return fig
+
+
+def ratios_vs_size(df: pd.DataFrame):
+    """ratios() as lines against frame size, one colour per peer: eBPF's monitor
+    PPS over the peer's (above 1: the vTAP copies more) and its DUT ns per packet
+    over the peer's (below 1: the vTAP costs less)."""
+    r = ratios(df)
+    fig, axes, tbs = _panels(df, rows=2, height=3.2)
+    for col, tb in enumerate(tbs):
+        d = r[r["testbed"] == tb].sort_values("size")
+        for row, (unit, ylabel) in enumerate((("pps", "eBPF ÷ peer: monitor packets/s"),
+                                              ("ns", "eBPF ÷ peer: DUT ns per packet"))):
+            ax = axes[row][col]
+            for peer in RATIO_PEERS:
+                c = f"ebpf/{peer} {unit}"
+                if c in d and d[c].notna().any():
+                    ax.plot(d["size"], d[c], label=peer, **_line_style(peer))
+            ax.axhline(1.0, color="black", linewidth=1, linestyle=":", zorder=1)
+            _size_axis(ax, d, label=row == 1)
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+    _legend_below(fig, axes, title="peer (eBPF's value divided by this mirror's)")
+    return fig
+
+
+def beside_paper(df: pd.DataFrame, testbed: int) -> pd.DataFrame:
+    """Our medians next to the paper's Table 1 or 2 (monitor PPS and Mbps)."""
+    paper = paper_table(testbed).rename(columns=lambda c: c if c == "size" else f"paper_{c}")
+    ours = medians(df[df["testbed"] == testbed])
+    wide = ours.pivot(index="size", columns="mirror", values="monitor_pps")
+    wide.columns = [f"lab_{m}_pps" for m in wide.columns]
+    wide = wide.drop(columns=["lab_none_pps"], errors="ignore").reset_index()
+    return paper.merge(wide, on="size", how="outer").sort_values("size").reset_index(drop=True)
+
+
+def ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """eBPF over each peer in monitor PPS and in DUT ns per packet, and monitor over
+    receiver for each mirror: medians per testbed and size."""
+    med = medians(df)
+    out = []
+    for (tb, size), g in med.groupby(["testbed", "size"]):
+        by = g.set_index("mirror")
+        r = {"testbed": tb, "size": size}
+        if "ebpf" in by.index:
+            for peer in ("ovs", "tc-mirred", "nft-dup", "ebpf-helper"):
+                if peer in by.index and by.loc[peer, "monitor_pps"]:
+                    r[f"ebpf/{peer} pps"] = by.loc["ebpf", "monitor_pps"] / by.loc[peer, "monitor_pps"]
+                    r[f"ebpf/{peer} ns"] = by.loc["ebpf", "dut_ns_per_pkt"] / by.loc[peer, "dut_ns_per_pkt"]
+        for m in by.index:
+            if m != "none" and by.loc[m, "receiver_pps"]:
+                r[f"{m} monitor/receiver"] = by.loc[m, "monitor_pps"] / by.loc[m, "receiver_pps"]
+        out.append(r)
+    return pd.DataFrame(out)

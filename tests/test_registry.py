@@ -1,0 +1,51 @@
+"""The registry of fast paths (lab/fastpath.py) holds what every reader of it
+relies on: each bundle names a kernel program that counts through the one exit,
+a command module with the protocol python -m lab calls, peers of its own kind in
+colours a figure can tell apart, benches python -m lab bench can run, and a
+manual that exists. A new bundle that misses any of it fails here, by name."""
+
+import pytest
+
+from conftest import ROOT
+from ebpf.program import REASONS, VERDICTS, BpfProgram
+from lab import palette
+from lab.bench import benches
+from lab.fastpath import fastpaths
+
+FASTPATHS = fastpaths()
+
+
+def test_the_bundles_are_found_in_their_order():
+    assert [fp.name for fp in FASTPATHS] == ["vtap", "redirect", "lb", "port-filter"]
+
+
+@pytest.mark.parametrize("fp", FASTPATHS, ids=[fp.name for fp in FASTPATHS])
+def test_a_bundle_declares_what_its_readers_need(fp):
+    prog = fp.program_class()
+    assert issubclass(prog, BpfProgram) and (ROOT / "ebpf" / prog.SOURCE).exists()
+    assert prog.VERDICTS and set(prog.VERDICTS) <= set(VERDICTS)
+    assert prog.REASONS and set(prog.REASONS) <= set(REASONS) and set(prog.DROPS) <= set(prog.REASONS)
+    cmd = fp.command_module()
+    assert all(callable(getattr(cmd, f, None)) for f in ("add_arguments", "main", "cleanup")), fp.command
+    peers = fp.peer_classes()
+    assert peers and all(cls.kind == fp.name and cls.name == name for name, cls in peers.items())
+    colours = palette.colours(fp.name)
+    assert len(set(colours.values())) == len(colours), colours   # every label its own colour
+    for b in fp.bench_modules():
+        assert all(hasattr(b, a) for a in ("NAME", "SUMMARY", "add_arguments", "main")) and b in benches()
+    for m in fp.plots:
+        assert fp.module(m).__doc__, m
+    assert (ROOT / fp.doc).exists()
+
+
+@pytest.mark.parametrize("argv, name", [(["port-filter"], "python -m lab port-filter"),
+                                        (["lb"], "python -m lab lb"), (["bench", "lb"], "lab bench"),
+                                        (["cleanup"], "lab")])
+def test_an_unknown_option_is_said_by_the_command_it_was_given_to(argv, name):
+    """One line, exit 2, named as the command's other errors are (not by the top
+    level `lab`, which a user typing `lab port-filter` did not address)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "lab", *argv, "--bogus", "1"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"{name}: error: unrecognized arguments: --bogus 1\n", r.stderr

@@ -200,20 +200,82 @@ def check_run_options(a):
         raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
 
 
-class CounterTable:
-    """The live table of a running command, and its --json twin: every interval,
-    the rates of `rates` and the totals of `totals`, one row per interface (or
-    rule, or backend: `key` names the column), and an `all` row when there are
-    several. The final block's rates are averages over the whole run. JSON: one
-    object per interval, the totals and their rates (`<name>_pps`) at the top
-    level and the rows under `rows_name`."""
+class LiveTable:
+    """What every command's live table shares, whatever its columns: each sample's
+    rates against the one before (the final block's against the first, so they
+    are averages over the whole run), a header every 20 samples and above the
+    final block, the rows' label (the time, or `total`), the --json twin's
+    events, and a warning once when a rule or backend keeps being sent packets
+    and nothing comes back (lab.hostcheck.ReplyWatch), and once when it answers
+    again."""
+
+    HEADER_EVERY = 20
+
+    def __init__(self, as_json, out=None):
+        self.json, self.out = as_json, out
+        self.start = self.last = None
+        self.seconds = 0.0  # the latest sample's interval (the final one's: the whole run)
+        self.samples = 0
+        self._replies = None
+        self.silent = set()
+
+    def interval(self, snapshot, final=False):
+        """This sample's (seconds, the snapshot its rates are taken against)."""
+        now = time.monotonic()
+        if self.start is None:
+            self.start = (now, snapshot)
+        t0, base = self.start if final else (self.last or self.start)
+        self.last = (now, snapshot)
+        self.seconds = now - t0
+        return self.seconds, base
+
+    @staticmethod
+    def rates(now, base, keys, seconds) -> dict:
+        """{key: per second} between two readings of the same counters."""
+        return {k: (now[k] - base.get(k, 0)) / seconds if seconds > 0 and base else 0.0 for k in keys}
+
+    def block(self, final=False):
+        """(the rows' label, whether a header goes above them) for the next block of rows."""
+        header = self.samples % self.HEADER_EVERY == 0 or final
+        self.samples += 1
+        return ("total" if final else time.strftime("%H:%M:%S")), header
+
+    def event(self, final, body: dict):
+        """One JSON object: a sample's counters, or the final one's with the
+        run's `seconds` (its rates are averages over them)."""
+        self.emit({"event": "final" if final else "counters", "time": round(time.time(), 3), **body,
+                   **({"seconds": round(self.seconds, 3)} if final else {})})
+
+    def replies(self, name, sent, answered, what="packets sent"):
+        """(packets sent since the last reply, whether that has gone on long enough
+        to say so); warns once when `name` turns silent and once when it answers again."""
+        from lab.hostcheck import ReplyWatch
+        if self._replies is None:
+            self._replies = ReplyWatch()
+        unanswered, silent = self._replies.update(name, sent, answered, time.monotonic())
+        if silent and name not in self.silent:
+            self.silent.add(name)
+            warn(f"{name}: {unanswered} {what}, {ReplyWatch.HINT}")
+        elif not unanswered and name in self.silent:
+            self.silent.discard(name)
+            warn(f"{name}: replies again")
+        return unanswered, silent
+
+    def emit(self, obj):
+        say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
+
+
+class CounterTable(LiveTable):
+    """The live table of a running command whose rows are counters alone: every
+    interval, the rates of `rates` and the totals of `totals`, one row per
+    interface (or program: `key` names the column), and an `all` row when there
+    are several. JSON: one object per interval, the totals and their rates
+    (`<name>_pps`) at the top level and the rows under `rows_name`."""
 
     def __init__(self, as_json, rates, totals, heads=None, key="IFACE", rows_name="ifaces", out=None):
-        self.json, self.rates, self.totals = as_json, rates, totals
+        super().__init__(as_json, out)
+        self.rate_keys, self.totals = rates, totals
         self.heads, self.key, self.rows_name = heads or {}, key, rows_name
-        self.out = out
-        self.start = self.last = None
-        self.samples = 0
         self.width = 10
 
     def attached(self, msg: dict, line: str, names=()):
@@ -223,41 +285,26 @@ class CounterTable:
         self.emit(dict(event="attached", **msg) if self.json else line)
 
     def sample(self, totals, rows, final=False):
-        now = time.monotonic()
-        if self.start is None:
-            self.start = (now, totals, rows)
-        base_t, base, base_rows = self.start if final else (self.last or self.start)
-        dt = now - base_t
-        self.last = (now, totals, rows)
-
-        def rates(c, b):
-            return {k: (c[k] - b.get(k, 0)) / dt if dt > 0 and b else 0.0 for k in self.rates}
-
+        dt, (base, base_rows) = self.interval((totals, rows), final)
         if self.json:
-            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **totals,
-                   **{f"{k}_pps": round(v, 1) for k, v in rates(totals, base).items()},
-                   self.rows_name: rows}
-            if final:
-                out["seconds"] = round(dt, 3)
-            self.emit(out)
+            body = {**totals, **{f"{k}_pps": round(v, 1) for k, v in self.rates(totals, base, self.rate_keys,
+                                                                                  dt).items()},
+                    self.rows_name: rows}
+            self.event(final, body)
             return
         shown = list(rows.items())
         if len(shown) != 1:
             shown.append(("all", totals))
         w = self.width
-        if self.samples % 20 == 0 or final:
+        label, header = self.block(final)
+        if header:
             self.emit(f"{'SUMMARY' if final else 'TIME':8} {self.key:{w}} " +
-                      " ".join(f"{k.upper() + '/s':>10}" for k in self.rates) + " | " +
+                      " ".join(f"{k.upper() + '/s':>10}" for k in self.rate_keys) + " | " +
                       " ".join(f"{self.heads.get(k, k.upper()):>10}" for k in self.totals))
-        self.samples += 1
-        label = "total" if final else time.strftime("%H:%M:%S")
         for name, c in shown:
-            r = rates(c, base_rows.get(name, {}) if name != "all" else base)
-            self.emit(f"{label:8} {name:{w}} " + " ".join(f"{r[k]:>10.0f}" for k in self.rates) + " | " +
+            r = self.rates(c, base_rows.get(name, {}) if name != "all" else base, self.rate_keys, dt)
+            self.emit(f"{label:8} {name:{w}} " + " ".join(f"{r[k]:>10.0f}" for k in self.rate_keys) + " | " +
                       " ".join(f"{c[k]:>10}" for k in self.totals))
-
-    def emit(self, obj):
-        say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
 
 
 def report_cleanup(name, removed, spared):

@@ -324,3 +324,13 @@ def start_until(argv, ready, timeout=120, **kw):
         proc.communicate()
         raise
     return proc
+
+
+def assert_run_averages(final, rows, key="packets"):
+    """A live table's final rates are averages over the whole run: each row's
+    `<key>_pps` is its count over the run's `seconds` (which the tool rounds to
+    the millisecond, and the rate to 0.1)."""
+    s = final["seconds"]
+    for name, r in rows.items():
+        lo, hi = r[key] / (s + 5e-4) - 0.05, r[key] / (s - 5e-4) + 0.05
+        assert lo <= r[f"{key}_pps"] <= hi, (name, r, s)

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from ebpf import xdp
-from helpers import PORT, Tool, echo_servers, exchange, stop_all
+from helpers import PORT, Tool, assert_run_averages, echo_servers, exchange, stop_all
 from lab import netns
 from lab.testbeds import user_segment
 
@@ -140,6 +140,7 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             while sum(r["active_sessions"] for r in fresh(tool)["backends"].values()):
                 assert time.monotonic() < deadline, "sessions left in the table past their --timeout"
             final, warnings = tool.stop()
+            assert_run_averages(final, final["backends"])  # a run of seconds: not the last interval's rates
             if mode == "nat":
                 assert final["closed_fin"] == final["established"] > 0   # each TCP connection closed by FINs
             else:

@@ -14,7 +14,7 @@ import pytest
 
 from ebpf import XdpRedirect, xdp
 from lab import testbeds
-from helpers import Lines, nft_udp_counter, unchecked_copy, wait_for
+from helpers import Lines, assert_run_averages, nft_udp_counter, unchecked_copy, wait_for
 from lab.traffic import FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +249,7 @@ def test_runs_counts_and_detaches_on_sigterm(rtb):
     final = json.loads(out.splitlines()[-1])
     assert final["event"] == "final" and final["to_backend"] == 2 * N
     assert [v["packets"] for v in final["rules"].values()] == [N, N]
+    assert_run_averages(final, final["rules"])
     assert at_server() == 2 * N  # both families reached the server (the inet table counts both)
     assert xdp.attached(rtb.ns("dut")) == []
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ebpf import xdp
-from helpers import PORT, N, Tool, echo_servers, exchange, stop_all
+from helpers import PORT, N, Tool, assert_run_averages, echo_servers, exchange, stop_all
 from lab import netns
 from lab.testbeds import user_router, user_segment
 from conftest import ROOT
@@ -88,6 +88,7 @@ def test_lb_nat_serves_a_plain_segment_on_default_offloads(xdp_mode):
         # the senders' checksums were partial: native finished them, generic kept them so
         assert 0 < final["csum_partial"] <= final["tx"]
         assert all(b["healthy"] for b in final["backends"].values())
+        assert_run_averages(final, final["backends"])
         assert not any("will be lost" in w for w in warnings)
         # --prepare-peer's program is gone with the tool
         assert not [a for a in xdp.attached(tb.ns("switch")) if a[0] == "lb"]

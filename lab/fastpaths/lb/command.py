@@ -13,17 +13,15 @@ times; only its own sessions are affected.
 
 import argparse
 import contextlib
-import json
 import socket
-import time
 from pathlib import Path
 
 from lab import hostcheck
 from lab.hostcheck import PreparedPeers
 
 from .health import HealthChecker
-from lab.console import (SIGNALS, UsageError, add_run_options, add_xdp_mode, check_run_options, report_cleanup,
-                         require, run_command, run_until_stopped, say, show_program, warn)
+from lab.console import (SIGNALS, LiveTable, UsageError, add_run_options, add_xdp_mode, check_run_options,
+                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
 EXAMPLES = """\
 examples:
@@ -149,14 +147,13 @@ def check_args(a):
         raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
 
 
-class Printer:
+class Printer(LiveTable):
+    """The LB's live table: a row per backend (weight, health, sessions, packets
+    and replies) and the drops by reason."""
+
     def __init__(self, as_json, mode="nat"):
-        self.json = as_json
-        self.lines = 0
-        self.last = None
-        # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
-        self.replies = hostcheck.ReplyWatch() if mode == "nat" else None
-        self.silent = set()
+        super().__init__(as_json)
+        self.nat = mode == "nat"  # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
 
     def header(self, lb, iface, a):
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
@@ -164,56 +161,44 @@ class Printer:
                    services=[str(s) for s in lb._services], backends=[str(b) for b in lb._backends],
                    lb_ports=ports if a.mode == "nat" else None)
         if self.json:
-            say(json.dumps(msg))
+            self.emit(msg)
         else:
-            say(f"lb: {a.mode} on {iface} ({a.xdp_mode}); {len(lb._services)} service(s), "
-                f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if a.mode == "nat" else "") +
-                "; Ctrl-C to stop")
+            self.emit(f"lb: {a.mode} on {iface} ({a.xdp_mode}); {len(lb._services)} service(s), "
+                      f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if a.mode == "nat" else "") +
+                      "; Ctrl-C to stop")
 
     def sample(self, lb, weights, health, final=False):
         weights = {str(b): w for b, w in weights.items()}
         health = {str(b): ok for b, ok in health.items()}
-        now = time.monotonic()
         per = lb.backend_counters()
-        sessions = lb.sessions()
         active = {}
-        for s in sessions:
+        for s in lb.sessions():
             active[s["backend"]] = active.get(s["backend"], 0) + 1
-        dt = now - self.last[0] if self.last else 0
-        before = self.last[1] if self.last else {}
-        self.last = (now, per)
+        dt, before = self.interval(per, final)
         stats = lb.counters()
         rows = {}
         for b, c in per.items():
-            pps = (c["packets"] - before.get(b, {}).get("packets", 0)) / dt if dt > 0 else 0.0
+            pps = self.rates(c, before.get(b, {}), ("packets",), dt)["packets"]
             rows[b] = {**c, "active_sessions": active.get(b, 0), "packets_pps": round(pps, 1),
                        "weight": weights.get(b, 0), "healthy": health.get(b, True)}
-            if self.replies:
-                unanswered, silent = self.replies.update(b, c["packets"], c["reply_packets"], now)
-                rows[b]["unanswered"] = unanswered
+            if self.nat:
+                rows[b]["unanswered"], silent = self.replies(b, c["packets"], c["reply_packets"])
                 if silent:
                     rows[b]["hint"] = hostcheck.ReplyWatch.HINT
-                    if b not in self.silent:
-                        self.silent.add(b)
-                        warn(f"{b}: {unanswered} packets sent, {hostcheck.ReplyWatch.HINT}")
-                elif b in self.silent and not unanswered:
-                    self.silent.discard(b)
-                    warn(f"{b}: replies again")
         if self.json:
-            say(json.dumps({"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
-                            "backends": rows}))
+            self.event(final, {**stats, "backends": rows})
             return
-        if self.lines % 20 == 0 or final:
-            say(f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
-                f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}")
-        self.lines += 1
-        label = "total" if final else time.strftime("%H:%M:%S")
+        label, header = self.block(final)
+        if header:
+            self.emit(f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
+                      f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}")
         for b, r in rows.items():
-            say(f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} {r['active_sessions']:>7} "
-                f"{r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} {r['reply_packets']:>10}")
+            self.emit(f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} "
+                      f"{r['active_sessions']:>7} {r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} "
+                      f"{r['reply_packets']:>10}")
         drops = {k: v for k, v in stats.items() if k.startswith("dropped_") and v}
         if drops:
-            say(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
+            self.emit(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
 
 
 def cleanup(all_runs=False):

@@ -8,13 +8,11 @@ statuses (lab/console.py).
 import argparse
 import contextlib
 import ipaddress
-import json
-import time
 
 from lab import hostcheck
 from lab.hostcheck import PreparedPeers
-from lab.console import (SIGNALS, add_run_options, add_xdp_mode, check_run_options, renamed,
-                         report_cleanup, require, run_command, run_until_stopped, say, show_program, warn)
+from lab.console import (SIGNALS, LiveTable, add_run_options, add_xdp_mode, check_run_options, renamed,
+                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
 EXAMPLES = """\
 examples:
@@ -124,28 +122,13 @@ def host_findings(a, prog, ifaces):
     return found
 
 
-class Printer:
-    def __init__(self, as_json):
-        self.json = as_json
-        self.start = self.last = None
-        self.lines = 0
-        self.replies = hostcheck.ReplyWatch()  # rewrites that go out and hear nothing back
-        self.silent = set()
-        self.egress = None  # the TC egress program that translates some rules' replies, if any
+class Printer(LiveTable):
+    """The redirect's live table: a row per rule, packets towards the backend
+    and replies back, and what it left untouched by reason."""
 
-    def watch_replies(self, rules, now):
-        """{rule: (unanswered, silent)}; says so once when a rule turns silent."""
-        out = {}
-        for r, c in rules.items():
-            unanswered, silent = self.replies.update(r, c["packets"], c["reply_packets"], now)
-            out[r] = (unanswered, silent)
-            if silent and r not in self.silent:
-                self.silent.add(r)
-                warn(f"{r}: {unanswered} packets rewritten towards the backend, {hostcheck.ReplyWatch.HINT}")
-            elif not unanswered and r in self.silent:
-                self.silent.discard(r)
-                warn(f"{r}: replies again")
-        return out
+    def __init__(self, as_json):
+        super().__init__(as_json)
+        self.egress = None  # the TC egress program that translates some rules' replies, if any
 
     def header(self, prog, ifaces, mode, egress=((), ())):
         """Where each direction is translated, and why there."""
@@ -153,51 +136,43 @@ class Printer:
         msg = dict(event="attached", ifaces=ifaces, rules=[str(r) for r in prog.rules], action=prog.action,
                    xdp_mode=mode, replies_at_tc_egress={"ifaces": list(at), "rules": [str(r) for r in local]})
         if self.json:
-            say(json.dumps(msg))
+            self.emit(msg)
             return
-        say(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
+        self.emit(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); "
+                  "Ctrl-C to stop")
         if local:
             vips = ", ".join(sorted({str(r.vip) for r in local}))
-            say(f"redirect: replies from the backends of {vips} are given the service's address at TC egress of "
-                f"{', '.join(at)}, after routing: {vips} is this host's own address, and the kernel drops a reply "
-                "arriving with a source of its own (a martian); every other translation is at XDP")
+            self.emit(f"redirect: replies from the backends of {vips} are given the service's address at TC "
+                      f"egress of {', '.join(at)}, after routing: {vips} is this host's own address, and the "
+                      "kernel drops a reply arriving with a source of its own (a martian); every other "
+                      "translation is at XDP")
 
     def sample(self, prog, final=False):
-        now = time.monotonic()
         stats, rules = counters(prog, self.egress)
-        if self.start is None:
-            self.start = (now, rules)
-        t0, before = self.start if final else (self.last or self.start)
-        self.last = (now, rules)
-        dt = now - t0
-
-        def rate(rule, key):
-            return (rules[rule][key] - before.get(rule, {}).get(key, 0)) / dt if dt > 0 else 0.0
-
-        watched = self.watch_replies(rules, now)
+        dt, before = self.interval(rules, final)
+        rates = {r: self.rates(c, before.get(r, {}), ("packets", "reply_packets"), dt) for r, c in rules.items()}
+        watched = {r: self.replies(r, c["packets"], c["reply_packets"], "packets rewritten towards the backend")
+                   for r, c in rules.items()}
         if self.json:
             def row(r, c):
                 unanswered, silent = watched[r]
                 extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
-                return {**c, "packets_pps": round(rate(r, "packets"), 1),
-                        "reply_packets_pps": round(rate(r, "reply_packets"), 1), "unanswered": unanswered, **extra}
-            out = {"event": "final" if final else "counters", "time": round(time.time(), 3), **stats,
-                   "rules": {r: row(r, c) for r, c in rules.items()}}
-            say(json.dumps(out))
+                return {**c, "packets_pps": round(rates[r]["packets"], 1),
+                        "reply_packets_pps": round(rates[r]["reply_packets"], 1), "unanswered": unanswered, **extra}
+            self.event(final, {**stats, "rules": {r: row(r, c) for r, c in rules.items()}})
             return
         width = max(10, *(len(r) for r in rules))
-        if self.lines % 20 == 0 or final:
-            say(f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
-                f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}")
-        self.lines += 1
-        label = "total" if final else time.strftime("%H:%M:%S")
+        label, header = self.block(final)
+        if header:
+            self.emit(f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
+                      f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}")
         for r, c in rules.items():
-            say(f"{label:8} {r:{width}} {rate(r, 'packets'):>12.0f} {rate(r, 'reply_packets'):>10.0f} | "
-                f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}")
+            self.emit(f"{label:8} {r:{width}} {rates[r]['packets']:>12.0f} {rates[r]['reply_packets']:>10.0f} | "
+                      f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}")
         untouched = ", ".join(f"{k.replace('_', '-')} {stats[k]}" for k in REASONS)
         slow = ", ".join(f"{k[5:].replace('_', '-')} {stats[k]}" for k in SLOW)
-        say(f"{'':8} untouched: {untouched}" + (f"; to the kernel (forward): {slow}" if prog.action == "forward"
-                                               else ""))
+        self.emit(f"{'':8} untouched: {untouched}" + (f"; to the kernel (forward): {slow}"
+                                                      if prog.action == "forward" else ""))
 
 
 def cleanup(all_runs=False):

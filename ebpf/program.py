@@ -34,7 +34,7 @@ INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums,
 def _names(prefix):
     """The verdicts (V_) or reasons (R_) of include/verdict.h, lowercase, by index."""
     found = sorted((v, n) for n, v in defines("include/verdict.h").items()
-                   if n.startswith(prefix) and n != prefix + "COUNT")
+                   if n.startswith(prefix) and n not in (prefix + "COUNT", prefix + "SLOTS"))
     return [n[len(prefix):].lower() for _, n in found]
 
 

@@ -3,6 +3,7 @@
 What a notebook or a script imports, directly from here:
 
     testbed1, testbed2   the vTAP paper's testbeds (Testbed: build(), ns(host), send(), capture(), close())
+    testbed3             a routed one, for the XDP vTAP
     router_testbed, lb_testbed, pair     the redirect's and the load balancer's testbeds, two hosts
     Topology             a testbed of one's own: add_host, add_link, build
     Flow, Marker, build, send_frames, Capture   crafted, marked frames: send them, count them on arrival
@@ -14,7 +15,8 @@ The names are imported on first use, so `import lab` stays light.
 from importlib import import_module
 
 _LAZY = {
-    "testbed1": ".testbeds", "testbed2": ".testbeds", "router_testbed": ".testbeds", "lb_testbed": ".testbeds",
+    "testbed1": ".testbeds", "testbed2": ".testbeds", "testbed3": ".testbeds", "router_testbed": ".testbeds",
+    "lb_testbed": ".testbeds",
     "pair": ".testbeds", "Testbed": ".testbeds", "Topology": ".topology",
     "Flow": ".traffic", "Marker": ".traffic", "build": ".traffic", "send_frames": ".traffic",
     "Capture": ".traffic", "SendReport": ".traffic",

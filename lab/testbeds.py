@@ -11,7 +11,16 @@ Testbed 2: the vTAP runs on a separate node that bridges sender and receiver.
                         tapnode mon0 ---- eth0 monitor
                         (vTAP on eth0 ingress, clones out mon0)
 
-Sender and receiver share one segment, 198.18.1.0/24 and 2001:2:0:1::/64. Besides
+Testbed 3: the vTAP runs on a node that routes between sender and receiver
+(the XDP vTAP's place: it sends each watched frame out of its egress and to
+the monitor before the kernel builds an skb; not in the paper).
+
+    sender eth0 ---- eth0 tapnode eth1 ---- eth0 receiver
+    198.18.1.0/24     (routes) mon0 ---- eth0 monitor     198.18.2.0/24
+
+In Testbeds 1 and 2 sender and receiver share one segment, 198.18.1.0/24 and
+2001:2:0:1::/64; in Testbed 3 the receiver is on 198.18.2.0/24 and
+2001:2:0:2::/64, with the same host numbers. Besides
 its own .1/::1 the sender holds .10/::10 and .20/::20 so that tests can send from a
 watched and an unwatched source; the receiver holds .2/::2 and .3/::3 likewise.
 """
@@ -148,6 +157,8 @@ class Testbed(_Built):
     receiver_iface: str = "eth0"
     monitor_capture_iface: str = "eth0"   # where copies arrive, on the monitor host
     bridge: tuple | None = None           # (name, ports) when the tap host bridges sender and receiver
+    gateway: tuple | None = None          # (host, iface) the sender's frames are addressed to when
+                                          # the tap host routes (Testbed 3); else the receiver
     # The addresses traffic uses, the same in both testbeds: the load's (and a
     # watched) source and its destination, and a second of each (unwatched
     # source, a destination the demo watches).
@@ -163,7 +174,7 @@ class Testbed(_Built):
     @property
     def next_hop_mac(self):
         """Destination MAC for frames the sender crafts to the receiver."""
-        return self.topo.mac(self.receiver, self.receiver_iface)
+        return self.topo.mac(*(self.gateway or (self.receiver, self.receiver_iface)))
 
     @property
     def sender_mac(self):
@@ -237,6 +248,37 @@ def testbed2() -> Testbed:
     t.add_link("tapnode", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
     return Testbed(t, 2, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
                    bridge=("br0", ["eth0", "eth1"]))
+
+
+def _routed(cidr, subnet):
+    """The same host number on another subnet: 198.18.1.2/24 -> 198.18.2.2/24."""
+    import ipaddress
+    iface = ipaddress.ip_interface(cidr)
+    net = ipaddress.ip_network(subnet)
+    host = int(iface.ip) - int(iface.network.network_address)
+    return f"{net.network_address + host}/{net.prefixlen}"
+
+
+def testbed3() -> Testbed:
+    """The vTAP on a node that routes between sender and receiver (tapnode,
+    forwarding on); its copies leave through mon0 to the monitor."""
+    t = Topology("testbed3")
+    for h in ("sender", "receiver", "monitor"):
+        t.add_host(h)
+    t.add_host("tapnode", forwarding=True)
+    receiver = [_routed(a, "198.18.2.0/24") for a in RECEIVER_V4] + \
+        [_routed(a, "2001:2:0:2::/64") for a in RECEIVER_V6]
+    t.add_link("sender", "tapnode", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])
+    t.add_link("tapnode", "receiver", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
+               b_addrs=receiver)
+    t.add_link("tapnode", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
+    t.add_route("sender", "198.18.2.0/24", "198.18.1.254")
+    t.add_route("sender", "2001:2:0:2::/64", "2001:2:0:1::fe")
+    t.add_route("receiver", "198.18.1.0/24", "198.18.2.254")
+    t.add_route("receiver", "2001:2:0:1::/64", "2001:2:0:2::fe")
+    dst = {k: _ip(a) for k, a in zip(("dst4", "alt_dst4", "dst6", "alt_dst6"), receiver[:2] + receiver[2:])}
+    return Testbed(t, 3, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
+                   gateway=("tapnode", "eth0"), **dst)
 
 
 def pair(a="a", b="b", name="pair") -> Topology:

@@ -49,13 +49,23 @@
 #define R_MIRRORED 13   /* watched, and its copy handed to the kernel */
 #define R_CLONE_FAILED 14 /* watched, but the kernel refused the copy (bpf_clone_redirect) */
 #define R_FILTERED 15   /* matched a rule that drops it (the port filter) */
-#define R_COUNT 16
+/* Why a frame a program would send out itself went to the kernel instead (the
+ * XDP vTAP; R_NO_NEIGH above too): the kernel then resolves, answers or refuses
+ * it as a router does, which a program should not redo. */
+#define R_TTL_EXPIRED 16 /* TTL / hop limit <= 1: the kernel sends the ICMP error */
+#define R_TOO_BIG 17     /* longer than the egress's (or the monitor's) MTU */
+#define R_NO_ROUTE 18    /* a route that refuses it (unreachable, blackhole, prohibit), or forwarding off */
+#define R_NOT_FORWARDED 19 /* the routes do not forward it: for this node itself, a broadcast, or no route at all */
+#define R_NO_XDP_EGRESS 20 /* its egress cannot take XDP frames (a veth whose peer runs no XDP, a bridge) */
+#define R_VLAN 21        /* VLAN-tagged: which subinterface routes it is the kernel's business */
+#define R_COUNT 22
+#define R_SLOTS 32 /* the arrays' room: a power of two, for the mask in fp_exit() */
 
 struct fp_counts {
 	__u64 seen;
 	__u64 verdict[V_COUNT];
-	__u64 reason[R_COUNT];
-	__u64 dropped[R_COUNT];  /* the reasons of the frames dropped */
+	__u64 reason[R_SLOTS];
+	__u64 dropped[R_SLOTS];  /* the reasons of the frames dropped */
 };
 
 /* The one exit: count the verdict and the reason, return the hook's code for
@@ -69,7 +79,7 @@ static __always_inline int fp_exit(struct fp_counts *fp, int verdict, int reason
 	__u64 r = (__u32)reason < R_COUNT ? (__u32)reason : R_MALFORMED;
 
 	asm volatile("%0 &= 7" : "+r"(v));
-	asm volatile("%0 &= 15" : "+r"(r));
+	asm volatile("%0 &= 31" : "+r"(r)); /* R_SLOTS - 1 */
 	fp->verdict[v]++;
 	fp->reason[r]++;
 	if (verdict == V_DROP)

@@ -1,0 +1,348 @@
+"""XdpMirror: the XDP vTAP (xdp_mirror.bpf.c) as a Python object.
+
+    >>> with XdpMirror(monitor="mon0", watch=["198.18.0.0/24"]) as tap:  # doctest: +SKIP
+    ...     tap.attach("eth0")                  # where the watched traffic comes in
+    ...     tap.set_watch(["2001:2::/48"])      # live: no reload
+    ...     tap.counters()
+    {'seen': ..., 'matched': ..., 'cloned': ..., ...}
+
+On a node that forwards, each watched frame goes out of its egress and to the
+monitor from the XDP hook, before an skb exists (the C file says how). The
+watch-list, --match and sampling mean what they mean for TcMirror (MirrorBase).
+
+What the program can send frames to is the kernel's to say: an interface whose
+driver transmits XDP frames (the netdev family's xdp-features, NDO_XMIT; a veth
+only while its peer runs an XDP program). User space keeps, per such egress, a
+devmap that holds it and the monitor (`pairs`); refresh_egresses() rereads
+them, and the command line calls it every interval. A frame routed out of any
+other interface goes to the kernel, counted as no_xdp_egress.
+
+forward= what the fast path sends out:
+  "watched"  the watched frames, to their egress and the monitor; the rest go
+             to the kernel untouched (its netfilter, routes and counters)
+  "all"      also the frames it does not copy, to their egress alone
+"""
+
+import contextlib
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from . import interrupts, netdev, xdp
+from .abi import defines
+from .errors import AttachError, BpfError, InputError
+from .holders import prog_id
+from .mirror_base import MirrorBase, slot_of
+from .testrun import libbpf
+
+FORWARD_MODES = ("watched", "all")
+XDP_MIRROR = defines("xdp_mirror.h")
+VTAP_F_FORWARD_ALL, VTAP_F_MONITOR_NO_XDP = XDP_MIRROR["VTAP_F_FORWARD_ALL"], XDP_MIRROR["VTAP_F_MONITOR_NO_XDP"]
+BPF_MAP_TYPE_DEVMAP = 14
+NETDEV_XDP_ACT_NDO_XMIT = 1 << 2  # include/uapi/linux/netdev.h: the driver transmits XDP frames
+TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+# The tracepoints' fields the program reads, by the -D name it reads them under.
+TP_FIELDS = {"xdp_devmap_xmit": {"TP_XMIT_FROM": "from_ifindex", "TP_XMIT_TO": "to_ifindex",
+                                 "TP_XMIT_DROPS": "drops", "TP_XMIT_SENT": "sent"},
+             "xdp_redirect_err": {"TP_ERR_PROG": "prog_id", "TP_ERR_IFINDEX": "ifindex", "TP_ERR_ERR": "err"}}
+# Why a watched frame went to the kernel instead of out on the fast path.
+SLOW_REASONS = ("no_neigh", "ttl_expired", "too_big", "no_route", "not_forwarded", "no_xdp_egress", "ip_options", "vlan")
+# What counters() says; from the program's: matched = mirrored + clone_failed + sampled_out + the
+# slow reasons, cloned = mirrored less what the monitor refused or the kernel skipped and the
+# refused redirects, failed = those and clone_failed (the monitor took no XDP frames).
+COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", *SLOW_REASONS, "not_ip", "malformed", "unmatched",
+            "cloned_bytes", "forwarded", "csum_finished", "egress_dropped", "redirect_errors", "pass", "mirror",
+            "redirect")
+
+
+def tracepoint_offsets(category="xdp") -> list[str]:
+    """-D flags with the offsets of the fields the program reads, from the events'
+    format files, so the program reads them right on any kernel."""
+    base = next((Path(t) for t in TRACEFS if Path(t, "events", category).is_dir()), None)
+    if base is None:
+        raise BpfError("the kernel's trace events are not mounted (tracefs): the XDP vTAP reads what became of "
+                       "its frames there; fix: mount -t tracefs nodev /sys/kernel/tracing")
+    flags = []
+    for event, fields in TP_FIELDS.items():
+        text = (base / "events" / category / event / "format").read_text()
+        offsets = {}
+        for line in text.splitlines():
+            # field:int to_ifindex;	offset:16;	size:4;	signed:1;
+            parts = [p.strip() for p in line.strip().split(";")]
+            if not parts[0].startswith("field:") or len(parts) < 2 or not parts[1].startswith("offset:"):
+                continue
+            offsets[parts[0].split()[-1]] = int(parts[1].split(":")[1])
+        for define, field in fields.items():
+            if field not in offsets:
+                raise BpfError(f"the trace event xdp:{event} has no field {field} on this kernel")
+            flags.append(f"-D{define}={offsets[field]}")
+    return flags
+
+
+def can_transmit_xdp(netns, ifindex) -> bool | None:
+    """Does the kernel say this device transmits XDP frames (NDO_XMIT)? None
+    when it cannot say (a kernel before 6.3 has no netdev family)."""
+    from pyroute2.netlink import NLM_F_REQUEST, genlmsg
+    from pyroute2.netlink.generic import GenericNetlinkSocket
+
+    class devmsg(genlmsg):
+        nla_map = (("NETDEV_A_DEV_UNSPEC", "none"), ("NETDEV_A_DEV_IFINDEX", "uint32"),
+                   ("NETDEV_A_DEV_PAD", "none"), ("NETDEV_A_DEV_XDP_FEATURES", "uint64"))
+
+    with netdev.entered(netns) if netns else contextlib.nullcontext():
+        sock = GenericNetlinkSocket()
+    try:
+        try:
+            sock.bind("netdev", devmsg)
+        except Exception:
+            return None
+        msg = devmsg()
+        msg["cmd"], msg["version"] = 1, 1  # NETDEV_CMD_DEV_GET
+        msg["attrs"] = [("NETDEV_A_DEV_IFINDEX", ifindex)]
+        reply = sock.nlm_request(msg, msg_type=sock.prid, msg_flags=NLM_F_REQUEST)
+        features = reply[0].get_attr("NETDEV_A_DEV_XDP_FEATURES") or 0
+        return bool(features & NETDEV_XDP_ACT_NDO_XMIT)
+    finally:
+        sock.close()
+
+
+class XdpMirror(MirrorBase):
+    """Send watched frames to their egress and to a monitor, from the XDP hook."""
+
+    SOURCE = "xdp_mirror.bpf.c"
+    FUNCTION = "xdp_mirror"
+    MAIN_COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed")
+    VERDICTS = ("pass", "mirror", "redirect", "drop")
+    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed", *SLOW_REASONS)
+    DROPS = ("malformed",)  # a partial checksum it could not finish (a frame over 4 KB: not on veth)
+
+    def __init__(self, monitor, watch=None, match="any", sample=1, netns=None, watch_max=None, forward="watched",
+                 source=None, cflags=()):
+        if forward not in FORWARD_MODES:
+            raise InputError(f"unknown forward mode {forward!r} (watched or all)")
+        super().__init__(watch, match, sample, watch_max, source, [*tracepoint_offsets(), *cflags])
+        self.netns = netns
+        self.forward = forward
+        self._inner = {}        # egress ifindex -> fd of its devmap {egress, monitor}
+        self._egress_names = {}  # egress ifindex -> name
+        self.not_egresses = {}   # name -> why the fast path cannot send out of it
+        self._lock = threading.Lock()
+        self._tracing = False
+        self.monitor_takes_xdp = True  # as the kernel last said (refresh_egresses)
+        if netns:
+            with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
+                pass
+        self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
+
+    def config_flags(self) -> int:
+        return (super().config_flags() | (VTAP_F_FORWARD_ALL if self.forward == "all" else 0)
+                | (0 if self.monitor_takes_xdp else VTAP_F_MONITOR_NO_XDP))
+
+    # --- the monitor -------------------------------------------------------------
+    @MirrorBase.monitor.setter
+    def monitor(self, ifname):
+        """Point the copies at another interface; checked before anything changes."""
+        with netdev.ipr(self.netns) as ip:
+            ifindex = netdev.ifindex_of(ip, ifname, self.netns)
+            mtu = netdev.device(ip, ifindex).mtu
+        for a in self.xdp_attachments:
+            if a.ifindex == ifindex:
+                raise InputError(f"monitor {ifname} refused: it is a tapped interface (its own copies would loop)")
+        self._monitor, self._monitor_ifindex, self._monitor_mtu = ifname, ifindex, mtu
+        if self.bpf is not None:
+            self._write_config()
+            if self._inner:
+                self.refresh_egresses(rewrite=True)
+
+    # --- attach / detach ---------------------------------------------------------
+    def load_program(self):
+        """Compile, fill the maps and pass the verifier, before touching any hook."""
+        fn = self.load(self.FUNCTION, "XDP")
+        prog_self = self.table("prog_self")
+        prog_self[prog_self.Key(0)] = prog_self.Leaf(prog_id(fn.fd))
+        return fn
+
+    def check_iface(self, ifname, mode="native"):
+        """Fail now, before anything is attached, if ifname cannot be tapped."""
+        if mode not in xdp.MODES or mode == "offload":
+            raise InputError(f"unknown XDP mode {mode!r} for the XDP vTAP (native or generic)")
+        if ifname == self._monitor:
+            raise InputError(f"monitor {ifname} is also a tapped interface (its own copies would loop)")
+        with netdev.ipr(self.netns) as ip:
+            netdev.ifindex_of(ip, ifname, self.netns)
+
+    def attach(self, ifname, mode="native"):
+        """Tap the frames that come in on one interface, in XDP mode native or generic."""
+        self.check_iface(ifname, mode)
+        self.load_program()
+        self._trace()
+        with interrupts.held():  # an attachment made is an attachment recorded and counted
+            a = self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+            self._note_slot(a.ifindex, a.ifname)
+        try:
+            self.refresh_egresses()
+        except BaseException:
+            self.detach_xdp(a)
+            raise
+        return a
+
+    def attach_many(self, ifnames, mode="native"):
+        """Tap several interfaces, all or nothing."""
+        for ifname in ifnames:  # every name checked before anything is attached
+            self.check_iface(ifname, mode)
+        done = []
+        try:
+            for ifname in ifnames:
+                done.append(self.attach(ifname, mode))
+        except BaseException:
+            for a in done:
+                self.detach_xdp(a)
+            raise
+        return done
+
+    def _trace(self):
+        """The tracepoint programs that read what became of the frames (global:
+        they count only frames of this program, see the C file)."""
+        if self._tracing:
+            return
+        bpf = self.compile()
+        try:
+            bpf.attach_tracepoint(tp=b"xdp:xdp_devmap_xmit", fn_name=b"on_devmap_xmit")
+            bpf.attach_tracepoint(tp=b"xdp:xdp_redirect_err", fn_name=b"on_redirect_err")
+        except Exception as e:
+            raise AttachError(f"attaching to the xdp tracepoints: {e}") from None
+        self._tracing = True
+
+    # --- where the fast path can send ---------------------------------------------
+    def refresh_egresses(self, rewrite=False) -> dict:
+        """Reread which interfaces the fast path can send out of and keep `pairs`
+        current: a devmap {egress, monitor} per interface whose driver transmits
+        XDP frames, none for the others (their frames go to the kernel). Returns
+        {name: why not} of the others. rewrite=True writes every devmap again
+        (the monitor changed)."""
+        with self._lock:
+            with netdev.ipr(self.netns) as ip:
+                devs = netdev.devices(ip)
+            able, why_not = {}, {}
+            for d in devs.values():
+                if d.name == "lo" or d.index == self._monitor_ifindex:
+                    continue
+                if slot_of(d.index) == slot_of(self._monitor_ifindex):
+                    why_not[d.name] = f"its counter slot is the monitor's (ifindex {d.index})"
+                    continue
+                if can_transmit_xdp(self.netns, d.index) is False:
+                    why_not[d.name] = ("its veth peer runs no XDP program" if d.kind == "veth" else
+                                       f"its driver ({d.kind or 'a device'}) does not transmit XDP frames")
+                    continue
+                able[d.index] = d.name
+            pairs = self.table("pairs")
+            for index in [i for i in self._inner if i not in able]:
+                try:
+                    del pairs[ctypes.c_int(index)]
+                except KeyError:
+                    pass
+                os.close(self._inner.pop(index))
+            for index in able:
+                if index not in self._inner or rewrite:
+                    self._write_pair(index)
+            self._egress_names = able
+            self.not_egresses = why_not
+            takes = can_transmit_xdp(self.netns, self._monitor_ifindex) is not False
+            if takes != self.monitor_takes_xdp:
+                self.monitor_takes_xdp = takes
+                self._write_config()
+            return dict(why_not)
+
+    def _write_pair(self, egress):
+        """The devmap {0: egress, 1: monitor}, made or rewritten, and its place
+        in `pairs`. Written from inside the namespace: the kernel resolves a
+        devmap entry's ifindex in the writer's namespace (xdp_redirect.py)."""
+        lib = libbpf()
+        lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                       ctypes.c_uint32, ctypes.c_void_p]
+        lib.bpf_map_create.restype = ctypes.c_int
+        fd = self._inner.get(egress)
+        if fd is None:
+            fd = lib.bpf_map_create(BPF_MAP_TYPE_DEVMAP, b"vtap_pair", 4, 4, 2, None)
+            if fd < 0:
+                raise BpfError(f"creating a devmap: {os.strerror(-fd)}")
+            self._inner[egress] = fd
+        with netdev.entered(self.netns) if self.netns else contextlib.nullcontext():
+            for key, ifindex in ((0, egress), (1, self._monitor_ifindex)):
+                k, v = ctypes.c_uint32(key), ctypes.c_uint32(ifindex)
+                rc = lib.bpf_map_update_elem(fd, ctypes.byref(k), ctypes.byref(v), 0)
+                if rc < 0:
+                    raise BpfError(f"writing the devmap of egress {egress}: {os.strerror(-rc)}")
+        self.table("pairs")[ctypes.c_int(egress)] = ctypes.c_int(fd)
+
+    @property
+    def egresses(self) -> list[str]:
+        """The interfaces the fast path can send out of now."""
+        return sorted(self._egress_names.values())
+
+    # --- what changed outside -------------------------------------------------------
+    def removed_from_outside(self) -> list[str]:
+        """Tapped interfaces whose XDP hook no longer runs this program."""
+        return xdp.removed_from_outside(self.xdp_attachments)
+
+    def monitor_state(self) -> str:
+        """"up", "down", "no-carrier", "gone", or "no-xdp" (up, but its driver takes
+        no XDP frames now: every copy is refused, counted as failed)."""
+        with netdev.ipr(self.netns) as ip:
+            mon = netdev.device(ip, self._monitor_ifindex)
+        if mon is None or mon.name != self._monitor:
+            return "gone"
+        self.monitor_mtu = mon.mtu
+        if not mon.up:
+            return "down"
+        if not mon.carrier:
+            return "no-carrier"
+        self.refresh_egresses()  # and the program told, when that changed
+        return "up" if self.monitor_takes_xdp else "no-xdp"
+
+    # --- counters ---------------------------------------------------------------
+    def snapshot(self):
+        """(totals, {interface: counters}) read together; interfaces whose index
+        falls in the same counter slot share a row named "a+b"."""
+        rows = {}
+        for slot, names in self._slot_names.items():
+            c = self.percpu_totals("stats", slot)
+            # still pending when read: a copy the kernel skipped (the monitor took no
+            # XDP frames), or one in a queue this very moment (the poll's, microseconds)
+            lost = c["monitor_dropped"] + c["monitor_pending"] + c["redirect_errors"]
+            c["egress_dropped"] += c["egress_pending"]
+            c["matched"] = c["mirrored"] + c["clone_failed"] + c["sampled_out"] + sum(c[r] for r in SLOW_REASONS)
+            c["cloned"] = c.pop("mirrored") - lost
+            c["failed"] = lost + c["clone_failed"]
+            rows["+".join(names)] = {k: c[k] for k in COUNTERS}
+        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+        return totals, rows
+
+    def last_redirect_error(self) -> str | None:
+        """The errno of the last redirect the kernel refused, as words."""
+        table = self.table("last_err")
+        err = table[table.Key(0)].value
+        return os.strerror(-err) if err < 0 else None
+
+    def reset_counters(self):
+        if self.bpf is not None:
+            for slot in self._slot_names:
+                self.zero_percpu("stats", slot)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["forward"] = "watched frames (the rest: the kernel)" if self.forward == "watched" else "every frame it can"
+        return d
+
+    # --- lifecycle ----------------------------------------------------------------
+    def _close(self):
+        try:
+            super()._close()
+        finally:
+            for fd in self._inner.values():
+                os.close(fd)
+            self._inner.clear()
+            self._egress_names = {}
+            self._tracing = False
+

@@ -27,11 +27,10 @@ import contextlib
 import ctypes
 import os
 import threading
-from pathlib import Path
 
-from . import interrupts, netdev, xdp
+from . import interrupts, netdev, tracepoints, xdp
 from .abi import defines
-from .errors import AttachError, BpfError, InputError
+from .errors import BpfError, InputError
 from .holders import prog_id
 from .mirror_base import MirrorBase, slot_of
 from .testrun import libbpf
@@ -41,7 +40,6 @@ XDP_MIRROR = defines("xdp_mirror.h")
 VTAP_F_FORWARD_ALL, VTAP_F_MONITOR_NO_XDP = XDP_MIRROR["VTAP_F_FORWARD_ALL"], XDP_MIRROR["VTAP_F_MONITOR_NO_XDP"]
 BPF_MAP_TYPE_DEVMAP = 14
 NETDEV_XDP_ACT_NDO_XMIT = 1 << 2  # include/uapi/linux/netdev.h: the driver transmits XDP frames
-TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 # The tracepoints' fields the program reads, by the -D name it reads them under.
 TP_FIELDS = {"xdp_devmap_xmit": {"TP_XMIT_FROM": "from_ifindex", "TP_XMIT_TO": "to_ifindex",
                                  "TP_XMIT_DROPS": "drops", "TP_XMIT_SENT": "sent"},
@@ -51,29 +49,18 @@ SLOW_REASONS = ("no_neigh", "ttl_expired", "too_big", "no_route", "not_forwarded
 # What counters() says; from the program's: matched = mirrored + clone_failed + sampled_out + the
 # slow reasons, cloned = mirrored less what the monitor refused or the kernel skipped and the
 # refused redirects, failed = those and clone_failed (the monitor took no XDP frames).
-COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", *SLOW_REASONS, "not_ip", "malformed", "unmatched",
+COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", *SLOW_REASONS, "not_ip", "malformed", "unmatched",
             "cloned_bytes", "forwarded", "csum_finished", "egress_dropped", "redirect_errors", "pass", "mirror",
             "redirect")
 
 
-def tracepoint_offsets(category="xdp") -> list[str]:
+def tracepoint_offsets() -> list[str]:
     """-D flags with the offsets of the fields the program reads, from the events'
     format files, so the program reads them right on any kernel."""
-    base = next((Path(t) for t in TRACEFS if Path(t, "events", category).is_dir()), None)
-    if base is None:
-        raise BpfError("the kernel's trace events are not mounted (tracefs): the XDP vTAP reads what became of "
-                       "its frames there; fix: mount -t tracefs nodev /sys/kernel/tracing")
     flags = []
-    for event, fields in TP_FIELDS.items():
-        text = (base / "events" / category / event / "format").read_text()
-        offsets = {}
-        for line in text.splitlines():
-            # field:int to_ifindex;	offset:16;	size:4;	signed:1;
-            parts = [p.strip() for p in line.strip().split(";")]
-            if not parts[0].startswith("field:") or len(parts) < 2 or not parts[1].startswith("offset:"):
-                continue
-            offsets[parts[0].split()[-1]] = int(parts[1].split(":")[1])
-        for define, field in fields.items():
+    for event, wanted in TP_FIELDS.items():
+        offsets = tracepoints.fields("xdp", event)
+        for define, field in wanted.items():
             if field not in offsets:
                 raise BpfError(f"the trace event xdp:{event} has no field {field} on this kernel")
             flags.append(f"-D{define}={offsets[field]}")
@@ -128,7 +115,7 @@ class XdpMirror(MirrorBase):
         self._egress_names = {}  # egress ifindex -> name
         self.not_egresses = {}   # name -> why the fast path cannot send out of it
         self._lock = threading.Lock()
-        self._tracing = False
+        self._trace_fds = []  # perf events that run the tracepoint programs
         self.monitor_takes_xdp = True  # as the kernel last said (refresh_egresses)
         if netns:
             with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
@@ -171,6 +158,20 @@ class XdpMirror(MirrorBase):
             raise InputError(f"monitor {ifname} is also a tapped interface (its own copies would loop)")
         with netdev.ipr(self.netns) as ip:
             netdev.ifindex_of(ip, ifname, self.netns)
+        for name, _, hook_mode, pid in xdp.attached(self.netns):
+            if name == ifname and not any(a.ifname == ifname for a in self.xdp_attachments):
+                raise InputError(f"cannot tap {ifname}: " + self._occupant(pid, hook_mode))
+
+    def _occupant(self, prog, hook_mode):
+        """Who holds the XDP hook an interface already has a program on."""
+        from .holders import holders, prog_name
+        pids = holders([prog])[prog]
+        held = f"pid {', '.join(map(str, pids))}" if pids else "no process: a killed run left it"
+        if prog_name(prog) == self.FUNCTION:
+            fix = "stop it first" if pids else "vtap --cleanup removes it"
+            return f"another XDP vTAP is on its hook ({hook_mode}; {held}): one program per hook, {fix}"
+        return (f"its XDP hook ({hook_mode}) runs another program, {prog_name(prog) or prog} ({held}); the XDP "
+                "vTAP needs the hook to itself")
 
     def attach(self, ifname, mode="native"):
         """Tap the frames that come in on one interface, in XDP mode native or generic."""
@@ -204,15 +205,19 @@ class XdpMirror(MirrorBase):
     def _trace(self):
         """The tracepoint programs that read what became of the frames (global:
         they count only frames of this program, see the C file)."""
-        if self._tracing:
+        if self._trace_fds:
             return
-        bpf = self.compile()
         try:
-            bpf.attach_tracepoint(tp=b"xdp:xdp_devmap_xmit", fn_name=b"on_devmap_xmit")
-            bpf.attach_tracepoint(tp=b"xdp:xdp_redirect_err", fn_name=b"on_redirect_err")
-        except Exception as e:
-            raise AttachError(f"attaching to the xdp tracepoints: {e}") from None
-        self._tracing = True
+            for fn, event in (("on_devmap_xmit", "xdp_devmap_xmit"), ("on_redirect_err", "xdp_redirect_err")):
+                self._trace_fds.append(tracepoints.attach(self.load(fn, "TRACEPOINT").fd, "xdp", event))
+        except BaseException:
+            self._untrace()
+            raise
+
+    def _untrace(self):
+        for fd in self._trace_fds:
+            os.close(fd)
+        self._trace_fds.clear()
 
     # --- where the fast path can send ---------------------------------------------
     def refresh_egresses(self, rewrite=False) -> dict:
@@ -224,6 +229,8 @@ class XdpMirror(MirrorBase):
         with self._lock:
             with netdev.ipr(self.netns) as ip:
                 devs = netdev.devices(ip)
+            # generic XDP sends each frame as an skb, which any device takes
+            native = not any(a.mode == "generic" for a in self.xdp_attachments)
             able, why_not = {}, {}
             for d in devs.values():
                 if d.name == "lo" or d.index == self._monitor_ifindex:
@@ -231,7 +238,7 @@ class XdpMirror(MirrorBase):
                 if slot_of(d.index) == slot_of(self._monitor_ifindex):
                     why_not[d.name] = f"its counter slot is the monitor's (ifindex {d.index})"
                     continue
-                if can_transmit_xdp(self.netns, d.index) is False:
+                if native and can_transmit_xdp(self.netns, d.index) is False:
                     why_not[d.name] = ("its veth peer runs no XDP program" if d.kind == "veth" else
                                        f"its driver ({d.kind or 'a device'}) does not transmit XDP frames")
                     continue
@@ -248,7 +255,7 @@ class XdpMirror(MirrorBase):
                     self._write_pair(index)
             self._egress_names = able
             self.not_egresses = why_not
-            takes = can_transmit_xdp(self.netns, self._monitor_ifindex) is not False
+            takes = not native or can_transmit_xdp(self.netns, self._monitor_ifindex) is not False
             if takes != self.monitor_takes_xdp:
                 self.monitor_takes_xdp = takes
                 self._write_config()
@@ -315,6 +322,7 @@ class XdpMirror(MirrorBase):
             c["matched"] = c["mirrored"] + c["clone_failed"] + c["sampled_out"] + sum(c[r] for r in SLOW_REASONS)
             c["cloned"] = c.pop("mirrored") - lost
             c["failed"] = lost + c["clone_failed"]
+            c["to_kernel"] = sum(c[r] for r in SLOW_REASONS)
             rows["+".join(names)] = {k: c[k] for k in COUNTERS}
         totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
         return totals, rows
@@ -337,6 +345,7 @@ class XdpMirror(MirrorBase):
 
     # --- lifecycle ----------------------------------------------------------------
     def _close(self):
+        self._untrace()
         try:
             super()._close()
         finally:
@@ -344,5 +353,4 @@ class XdpMirror(MirrorBase):
                 os.close(fd)
             self._inner.clear()
             self._egress_names = {}
-            self._tracing = False
 

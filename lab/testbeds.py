@@ -550,4 +550,4 @@ def user_segment(backends=2, dsr=False) -> UserSegment:
     return tb
 
 
-TESTBEDS = {1: testbed1, 2: testbed2}
+TESTBEDS = {1: testbed1, 2: testbed2, 3: testbed3}

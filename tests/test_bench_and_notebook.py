@@ -44,6 +44,24 @@ def test_tiny_sweep_writes_documented_columns_and_sidecar(tmp_path):
     assert meta["parameters"]["mirrors"] == ["none", "ebpf"] and meta["kernel"] and meta["commit"]
 
 
+def test_testbed3_runs_the_xdp_vtap_and_the_mirrors_that_route(tmp_path):
+    """On the node that routes: the XDP vTAP sends every frame on and copies it,
+    counted exactly at a modest rate; what does not apply there is skipped when
+    the mirrors are left to their default, and refused in one line when asked for."""
+    df, path = vt.run([3], [64], ["none", "ebpf-xdp", "tc-mirred", "ovs"], trials=1, duration=0.5, out=tmp_path,
+                      progress=False, rate_pps=20_000)
+    assert sorted(df["mirror"]) == ["ebpf-xdp", "none", "tc-mirred"]  # OVS does not route here
+    for _, r in df.iterrows():
+        assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROPS
+        assert r["receiver_packets"] == r["sent_packets"] - r["sender_dropped"]
+    x = df[df["mirror"] == "ebpf-xdp"].iloc[0]
+    assert x["vtap_cloned"] == x["monitor_packets"] == x["receiver_packets"] == x["dut_packets"]
+    bad = subprocess.run([sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "1,3", "--peers",
+                          "ebpf-xdp"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 1 and bad.stderr.strip() == \
+        "lab bench: error: mirror ebpf-xdp does not apply to testbed 1 (only to 3)"
+
+
 def test_bench_command_line(tmp_path):
     cmd = [sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "2", "--sizes", "128",
            "--peers", "tc-mirred", "--trials", "1", "--duration", "1", "--out", str(tmp_path)]
@@ -70,7 +88,8 @@ def test_bench_command_line(tmp_path):
     old = subprocess.run(cmd[:5] + ["--mirrors", "bogus"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert old.returncode == 1 and old.stderr.splitlines() == [
         "lab bench: warning: --mirrors is now --peers; the old spelling goes in the next release",
-        "lab bench: error: unknown mirror 'bogus' (choose from none, ebpf, ebpf-helper, tc-mirred, nft-dup, ovs)"], old.stderr
+        "lab bench: error: unknown mirror 'bogus' (choose from none, ebpf, ebpf-helper, ebpf-xdp, tc-mirred, "
+        "nft-dup, ovs)"], old.stderr
 
 
 NOTEBOOK = ROOT / "notebooks" / "01_vtap_throughput.ipynb"

@@ -1,4 +1,5 @@
-"""vtap: mirror watched traffic to a monitor interface with an eBPF TC program.
+"""vtap: mirror watched traffic to a monitor interface with an eBPF TC program,
+or (--hook xdp, on a node that routes) an XDP program (xdp_hook.py).
 
 Runs in whatever network namespace it is started in; every exit detaches what
 it attached, and only that. See `python -m vtap --help` for examples.
@@ -17,8 +18,9 @@ import sys
 from ebpf.abi import defines
 from ebpf.errors import BpfError
 
-from lab.console import (SIGNALS, ArgumentParser, CounterTable, UsageError, add_run_options, check_run_options,
-                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
+from lab.console import (SIGNALS, ArgumentParser, CounterTable, UsageError, add_run_options, add_xdp_mode,
+                         check_run_options, report_cleanup, require, run_command, run_until_stopped, show_program,
+                         warn)
 
 EXAMPLES = """\
 examples:
@@ -31,8 +33,11 @@ examples:
                                                # 1 in 100 frames, both directions
   vtap --monitor mon0 --duration 10 --json     # one JSON object per interval, then exit
   ip netns exec ns1 vtap --monitor mon0        # inside a network namespace
+  vtap --hook xdp --monitor mon0 --iface eth0 --watch 198.18.2.0/24
+                                               # on a router: watched frames out of their egress
+                                               # and to mon0 from the XDP hook, before an skb exists
   vtap --cleanup                               # remove what a killed vtap left behind
-  vtap --cleanup --all                         # ... and the filters of running vtaps too
+  vtap --cleanup --all                         # ... and the programs of running vtaps too
 
 exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
   1 failed (BCC missing, compiler, verifier or hook refused, filter removed while running);
@@ -48,7 +53,7 @@ WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
 
 def add_arguments(p):
     p.description = ("Clone packets whose source or destination is on a watch-list to a monitor interface "
-                     "(eBPF at the TC clsact hook).")
+                     "(eBPF at the TC clsact hook; with --hook xdp, on a node that routes, at the XDP hook).")
     p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--monitor", metavar="MON", help="interface the copies leave through")
     p.add_argument("--iface", metavar="IF", action="append", default=[],
@@ -69,7 +74,18 @@ def add_arguments(p):
     p.add_argument("--clone", default="action", choices=("action", "helper"),
                    help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
                         "or the program itself with bpf_clone_redirect()")
-    add_run_options(p, "vtap filters (and the clsact qdiscs vtap created)")
+    p.add_argument("--hook", default="tc", choices=("tc", "xdp"),
+                   help="tc (default): copy at the TC clsact hook, on any node; xdp: on a node that routes, send "
+                        "each watched frame out of its egress and to the monitor from the XDP hook, before the "
+                        "kernel builds an skb (the interfaces it taps are where traffic comes in)")
+    add_xdp_mode(p)
+    p.add_argument("--forward", default="watched", choices=("watched", "all"),
+                   help="--hook xdp: what the fast path sends out: the watched frames (default; the rest go "
+                        "the kernel's way, its netfilter and counters) or every frame it can")
+    p.add_argument("--prepare-peer", action="store_true",
+                   help="--hook xdp: where the monitor or an egress is a veth whose peer runs no native XDP "
+                        "program (it then takes no XDP frames), attach a pass program there while this runs")
+    add_run_options(p, "vtap filters (and the clsact qdiscs vtap created) and XDP programs")
     # For developers: load a modified copy of the C text.
     p.add_argument("--program", metavar="FILE", help=argparse.SUPPRESS)
 
@@ -87,6 +103,13 @@ def check_args(a):
     if a.monitor in a.iface:
         raise UsageError(f"monitor {a.monitor} is also a tapped interface (its own clones would loop)")
     require(a)  # an interface given twice
+    if a.hook == "xdp":
+        from .xdp_hook import check_args as check_xdp
+        check_xdp(a)
+    else:
+        xdp_only = [o for o in ("--xdp-mode", "--forward", "--prepare-peer") if o in a.options_given(a)]
+        if xdp_only:
+            raise UsageError(f"{', '.join(xdp_only)} go(es) with --hook xdp")
 
 
 def watch_list(a):
@@ -120,11 +143,14 @@ class Printer(CounterTable):
 
 
 def cleanup(all_runs=False):
-    """What killed vtaps left in this namespace: (removed, spared), as lines."""
+    """What killed vtaps left in this namespace, at either hook: (removed, spared), as lines."""
     from ebpf import tc
+    from .xdp_hook import cleanup as xdp_cleanup
     removed, spared = tc.cleanup("vtap", spare_live=not all_runs)
-    return removed, [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
-                     f"(pid {', '.join(map(str, f.pids))})" for f in spared]
+    spared = [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
+              f"(pid {', '.join(map(str, f.pids))})" for f in spared]
+    xdp_removed, xdp_spared = xdp_cleanup(all_runs)
+    return removed + xdp_removed, spared + xdp_spared
 
 
 def warn_at_start(tap):
@@ -183,6 +209,9 @@ def run(a):
 
     if a.cleanup:
         return report_cleanup("vtap", *cleanup(a.all))
+    if a.hook == "xdp":
+        from .xdp_hook import run as run_xdp
+        return run_xdp(a, watch_list(a))
     tap = TcMirror(monitor=a.monitor, watch=watch_list(a), match=a.match, sample=a.sample, clone=a.clone,
                    watch_max=a.watch_max, source=a.program)
     tap.warn = warn  # its notes (another vTAP on a hook it taps) as this command's warnings

@@ -41,6 +41,8 @@ examples:
                                             # the README's reference sweep: 420 runs of 5 s
   python -m lab bench vtap-throughput --testbed 2 --sizes 64 --peers ebpf,tc-mirred --trials 20
                                             # two mirrors at one size, closely
+  python -m lab bench vtap-throughput --testbed 3 --peers none,ebpf,ebpf-xdp,tc-mirred,nft-dup
+                                            # a node that routes: the XDP vTAP against the others
   python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf,tc-mirred --rate 250000
                                             # an equal offered load, below every mirror's ceiling
   python -m lab bench vtap-throughput --generator trafgen --sizes 64,1518
@@ -53,7 +55,8 @@ examples:
 def add_arguments(p):
     # Defaults are shown with %(default)s, so the text cannot drift from the value.
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--testbed", default="1", help="1, 2 or 1,2 (default %(default)s)")
+    p.add_argument("--testbed", default="1", help="1, 2, 3 or a list, 1,2,3 (default %(default)s); 3 routes, "
+                   "where the XDP vTAP (ebpf-xdp) runs")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)),
                    help="frame sizes in bytes with FCS (default: the paper's, %(default)s)")
     add_options(p, trials=5, duration=5.0, peers=MIRROR_ORDER, old_peers="--mirrors", cpus="generator,DUT")
@@ -65,9 +68,15 @@ def add_arguments(p):
 
 
 def main(a):
-    tbs = parse_list(a.testbed, int, [1, 2], "testbed")
+    tbs = parse_list(a.testbed, int, [1, 2, 3], "testbed")
     sizes = parse_list(a.sizes, int, what="size")
     mirrors, cpus = checked_options(a, MIRROR_ORDER, "mirror", cpus="generator,DUT")
+    if a.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
+        for name in mirrors:
+            missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
+            if missing:
+                raise ValueError(f"mirror {name} does not apply to testbed {missing[0]} (only to "
+                                 f"{', '.join(map(str, MIRRORS[name].testbeds))})")
     if a.rate is not None and a.rate <= 0:
         raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
     df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate)
@@ -95,7 +104,9 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
         "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
         "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
         "dut_cpu": dut_cpu, "offered_pps": rate_pps or 0, "generator": rep.generator, "sent_packets": rep.packets,
-        "sender_dropped": rep.dropped, "dut_packets": counts["dut"]["packets"],
+        # arrivals at the DUT: its pass sink's count, or the XDP vTAP's own (it owns that hook)
+        "sender_dropped": rep.dropped,
+        "dut_packets": counts["dut"]["packets"] if "dut" in counts else m["mirrored"].get("seen"),
         "receiver_packets": rx["packets"], "monitor_packets": mon["packets"],
         "mirrored_by_peer": m["mirrored"].get("mirrored"),
     }
@@ -110,18 +121,19 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
     gen_cpu, dut_cpu = cpus
     rows = []
-    total = len(testbed_nos) * trials * len(sizes) * len(mirrors)
+    total = sum(trials * len(sizes) * len([m for m in mirrors if t in MIRRORS[m].testbeds]) for t in testbed_nos)
     bar = Progress(total) if progress else None
     for tb_no in testbed_nos:
         tb = testbeds.TESTBEDS[tb_no]()
         with ThroughputRig(tb, gen_cpu, dut_cpu) as rig:
             dut_ns = tb.ns(tb.tap_host)
             bridge = tb.bridge
-            peers = {name: MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu)
-                     for name in mirrors}
+            here = [m for m in mirrors if tb_no in MIRRORS[m].testbeds]
+            peers, gens = {}, {}
             try:
-                gens = {}
-                for trial, size, name in interleaved(trials, sizes, mirrors):
+                for name in here:
+                    peers[name] = MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu)
+                for trial, size, name in interleaved(trials, sizes, here):
                     if size not in gens:
                         frames = udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
                                             dport=rig.udp_port)  # the port of the receiving DUT's socket

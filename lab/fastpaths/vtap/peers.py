@@ -8,6 +8,8 @@ all driven the same way, so experiments can swap them:
     ebpf       the vTAP (ebpf.TcMirror) on the clsact ingress hook: the program
                classifies, the filter's mirred action copies (the vTAP's default)
     ebpf-helper  the vTAP copying with bpf_clone_redirect() instead (`vtap --clone helper`)
+    ebpf-xdp   the XDP vTAP (ebpf.XdpMirror, `vtap --hook xdp`): on a node that routes
+               (Testbed 3), each watched frame to its egress and the monitor from XDP
     tc-mirred  tc u32 match-all filter with a mirred egress mirror action (pyroute2)
     nft-dup    nftables netdev-family ingress chain with `dup to` (nftables' JSON API)
     ovs        Open vSwitch port mirroring, userspace (netdev) datapath, daemons of our own
@@ -21,6 +23,9 @@ Every attach is undone by detach(), and the namespace's removal undoes it too if
 the process dies. `bridge`, for a tap node that forwards with a Linux bridge
 (testbed 2), names the bridge and its ports: OVS must take those ports over for
 the run, and gives them back on detach.
+
+`testbeds`: the testbeds a mirror applies to (the XDP vTAP needs a node that
+routes; OVS here bridges or copies at a receiver, it does not route).
 """
 
 import errno
@@ -29,6 +34,7 @@ import time
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import TcMirror
+from ebpf.xdp_mirror import XdpMirror
 from ebpf import tc as ebpf_tc
 from ebpf.netdev import ifindex_of, netlink_reason
 
@@ -43,6 +49,7 @@ class Mirror(Peer):
     """A peer whose job is copying the tapped interface's ingress to the monitor."""
     name = "none"
     kind = "vtap"
+    testbeds = (1, 2, 3)
 
     def __init__(self, ns, tap_iface, monitor_iface, bridge=None, cpu=None):
         super().__init__()
@@ -109,6 +116,37 @@ class EbpfHelperMirror(EbpfMirror):
     name = "ebpf-helper"
     colour, marker = "#56B4E9", "v"
     clone = "helper"
+
+
+class EbpfXdpMirror(Mirror):
+    """The XDP vTAP, native: it sends each frame out itself (to the egress and
+    the monitor), so it owns the DUT's XDP hook and counts arrivals there."""
+    name = "ebpf-xdp"
+    colour, marker = "#CC79A7", "P"
+    testbeds = (3,)
+    owns_dut_xdp = True
+
+    def __init__(self, *a, watch=None, **kw):
+        super().__init__(*a, **kw)
+        self.tap = XdpMirror(self.monitor_iface, watch=watch, netns=self.ns)
+
+    def attach(self):
+        self.tap.attach(self.tap_iface, "native")
+        self.tap.reset_counters()
+        self.attached = True
+
+    def detach(self):
+        for a in self.tap.xdp_attachments:
+            self.tap.detach_xdp(a)
+        self.attached = False
+
+    def counters(self) -> dict:
+        c = self.tap.counters()
+        return {"mirrored": c["cloned"], "mirrored_bytes": c["cloned_bytes"], **c}
+
+    def close(self):
+        super().close()
+        self.tap.close()
 
 
 class TcMirred(Mirror):
@@ -207,6 +245,7 @@ class OvsMirror(Mirror):
     name = "ovs"
     colour, marker = "#D55E00", "X"
     takes_dut_core = True  # its datapath is a process: give it the DUT core (see lab.peer)
+    testbeds = (1, 2)
     BRIDGE = "vtlovs"
 
     def __init__(self, *a, **kw):
@@ -273,5 +312,5 @@ class OvsMirror(Mirror):
         return [p.pid for p in self.switch.procs if p.poll() is None]
 
 
-PEERS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, TcMirred, NftDup, OvsMirror)}
+PEERS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, EbpfXdpMirror, TcMirred, NftDup, OvsMirror)}
 MIRRORS = PEERS

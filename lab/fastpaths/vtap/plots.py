@@ -22,7 +22,8 @@ from lab.metrics import PAPER_DIR
 # One colour and marker per mirror in every figure, each mirror's own (lab.palette)
 MIRROR_ORDER = palette.labels("vtap")
 MIRROR_COLORS = palette.colours("vtap")
-TESTBED_TITLES = {1: "Testbed 1: vTAP on the receiver", 2: "Testbed 2: vTAP on a bridging node"}
+TESTBED_TITLES = {1: "Testbed 1: vTAP on the receiver", 2: "Testbed 2: vTAP on a bridging node",
+                  3: "Testbed 3: vTAP on a routing node"}
 # The DUT core's time as stacked bars in the mirror's colour: busy columns from
 # solid to pale, steal hatched, idle an empty outline (mpstat's names).
 CPU_SHADES = [("sys", {"alpha": 1.0}), ("soft", {"alpha": 0.45, "hatch": "///"}),
@@ -199,13 +200,39 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     for (tb, size), g in med.groupby(["testbed", "size"]):
         by = g.set_index("mirror")
         r = {"testbed": tb, "size": size}
-        if "ebpf" in by.index:
-            for peer in ("ovs", "tc-mirred", "nft-dup", "ebpf-helper"):
+        for ours, peers in (("ebpf", ("ovs", "tc-mirred", "nft-dup", "ebpf-helper")),
+                            ("ebpf-xdp", ("tc-mirred", "nft-dup", "ebpf"))):
+            if ours not in by.index:
+                continue
+            for peer in peers:
                 if peer in by.index and by.loc[peer, "monitor_pps"]:
-                    r[f"ebpf/{peer} pps"] = by.loc["ebpf", "monitor_pps"] / by.loc[peer, "monitor_pps"]
-                    r[f"ebpf/{peer} ns"] = by.loc["ebpf", "dut_ns_per_pkt"] / by.loc[peer, "dut_ns_per_pkt"]
+                    r[f"{ours}/{peer} pps"] = by.loc[ours, "monitor_pps"] / by.loc[peer, "monitor_pps"]
+                    r[f"{ours}/{peer} ns"] = by.loc[ours, "dut_ns_per_pkt"] / by.loc[peer, "dut_ns_per_pkt"]
         for m in by.index:
             if m != "none" and by.loc[m, "receiver_pps"]:
                 r[f"{m} monitor/receiver"] = by.loc[m, "monitor_pps"] / by.loc[m, "receiver_pps"]
         out.append(r)
     return pd.DataFrame(out)
+
+
+# The XDP vTAP's targets on a node that routes (Testbed 3), against tc mirred.
+XDP_TARGETS = (("monitor pps, ebpf-xdp / tc-mirred at 64 B", ">=", 2.0),
+               ("DUT ns per packet, ebpf-xdp / tc-mirred at 64 B", "<=", 0.5),
+               ("monitor / receiver pps of ebpf-xdp, every size", ">=", 0.999))
+
+
+def xdp_targets(df: pd.DataFrame) -> pd.DataFrame:
+    """Each target of the XDP vTAP, its measured median (the worst size for the
+    monitor/receiver one) and whether it is met; empty without Testbed 3 runs
+    of ebpf-xdp and tc-mirred."""
+    r = ratios(df[df["testbed"] == 3]) if (df["testbed"] == 3).any() else pd.DataFrame()
+    if r.empty or "ebpf-xdp/tc-mirred pps" not in r:
+        return pd.DataFrame(columns=["target", "wanted", "measured", "met"])
+    small = r[r["size"] == r["size"].min()].iloc[0]
+    measured = [small["ebpf-xdp/tc-mirred pps"], small["ebpf-xdp/tc-mirred ns"],
+                r["ebpf-xdp monitor/receiver"].min()]
+    rows = []
+    for (what, op, want), got in zip(XDP_TARGETS, measured):
+        met = got >= want if op == ">=" else got <= want
+        rows.append({"target": what, "wanted": f"{op} {want:g}", "measured": round(float(got), 3), "met": bool(met)})
+    return pd.DataFrame(rows)

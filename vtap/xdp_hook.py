@@ -1,0 +1,185 @@
+"""vtap --hook xdp: the XDP vTAP (ebpf.XdpMirror) on a node that routes.
+
+The command's options, exit statuses, signals, live table and cleanup are the
+TC vTAP's (cli.py); what differs is said here: what the node must have (checked
+at start, each lack said with the command that fixes it), which interfaces it
+taps by default, and what it watches while it runs.
+"""
+
+import contextlib
+
+from ebpf.errors import BpfError
+
+from lab import hostcheck
+from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+
+RATES = ("seen", "matched", "cloned", "failed")
+TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", "forwarded", "not_ip", "malformed")
+HEADS = {"sampled_out": "SAMPLED", "to_kernel": "TO-KERNEL", "not_ip": "NOT-IP"}
+PROGRAM = "xdp_mirror"  # the program's name on a hook: what --cleanup looks for
+
+
+def check_args(a):
+    """What cannot apply at XDP, refused in one line (UsageError: exit 2)."""
+    if a.direction != "ingress":
+        raise UsageError(f"--direction {a.direction} cannot apply with --hook xdp: XDP sees frames as they arrive, "
+                         "on the interface they come in on (tap the interfaces traffic comes in on)")
+    if a.clone != "action":
+        raise UsageError("--clone cannot apply with --hook xdp: at XDP the kernel's devmap broadcast makes the copy")
+    if a.xdp_mode == "offload":
+        raise UsageError("--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): "
+                         "native or generic")
+
+
+def default_interfaces(tap):
+    """Every UP interface but lo and the monitor: where traffic may come in."""
+    from ebpf import netdev
+    with netdev.ipr(tap.netns) as ip:
+        return [d.name for d in netdev.devices(ip).values() if d.up and d.name not in ("lo", tap.monitor)]
+
+
+def families(tap):
+    """The IP versions the watch-list can match (both when it watches everything)."""
+    if tap.watch is None:
+        return {4, 6}
+    return {6 if ":" in w else 4 for w in tap.watch} or {4, 6}
+
+
+def blocking(a, tap, ifaces) -> list:
+    """What would leave the vTAP copying nothing: refused at start (exit 2)."""
+    found = []
+    for name in ifaces:
+        found += hostcheck.check_forwarding(name, families(tap), tap.netns,
+                                            why=": the fast path sends out only what the node would forward")
+    if a.xdp_mode == "native" and not a.prepare_peer:
+        found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
+                  for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")]
+    return found
+
+
+def egress_findings(tap) -> list:
+    """Interfaces the fast path cannot send out of: watched frames routed there go
+    the kernel's way, not copied (counted as no_xdp_egress)."""
+    found = []
+    for name, why in tap.not_egresses.items():
+        fix = "--prepare-peer" if "veth peer" in why else ""
+        found.append(hostcheck.Finding(f"watched frames routed out of {name} go to the kernel, not copied "
+                                       f"(no_xdp_egress): {why}", fix))
+    return found
+
+
+class Printer(CounterTable):
+    def __init__(self, as_json):
+        super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces")
+
+    def header(self, tap, ifaces, mode):
+        watch = ", ".join(tap.watch[:5]) + (f" and {len(tap.watch) - 5} more" if len(tap.watch) > 5 else "") \
+            if tap.watch is not None else "everything"
+        msg = dict(hook="xdp", xdp_mode=mode, monitor=tap.monitor, ifaces=ifaces, egresses=tap.egresses,
+                   watch=None if tap.watch is None else tap.watch[:64],
+                   watch_count=None if tap.watch is None else len(tap.watch),
+                   match=tap.match, sample=tap.sample, forward=tap.forward)
+        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
+                           f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch} (match {tap.match}), "
+                           f"sample 1/{tap.sample}; Ctrl-C to stop", names=ifaces)
+
+    def reasons(self, totals):
+        """The final block's last line: why watched frames went to the kernel."""
+        from ebpf.xdp_mirror import SLOW_REASONS
+        shown = ", ".join(f"{k.replace('_', '-')} {totals[k]}" for k in SLOW_REASONS if totals[k])
+        if shown and not self.json:
+            self.emit(f"{'':8} to the kernel, by reason: {shown}")
+
+
+class Watcher:
+    """What changes outside while it runs, each said once."""
+
+    def __init__(self, tap):
+        self.tap = tap
+        self.monitor_state = "up"
+        self.not_egresses = dict(tap.not_egresses)
+
+    def check(self):
+        gone = self.tap.removed_from_outside()
+        if gone:
+            raise BpfError(f"stopped: the XDP vTAP was removed from {', '.join(gone)} from outside "
+                           "(vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
+        state = self.tap.monitor_state()  # also rereads the egresses
+        if state != self.monitor_state:
+            m = self.tap.monitor
+            warn({"up": f"monitor {m} takes copies again",
+                  "down": f"monitor {m} is down: its copies are lost (counted as failed)",
+                  "no-carrier": f"monitor {m} has no carrier: its copies are lost (counted as failed)",
+                  "gone": f"monitor {m} was deleted: its copies are lost (counted as failed)",
+                  "no-xdp": f"monitor {m} takes no XDP frames now (a veth whose peer runs no XDP program): "
+                            "frames go to their egress alone, each copy counted as failed"}[state])
+            self.monitor_state = state
+        now = self.tap.not_egresses
+        for name, why in now.items():
+            if name not in self.not_egresses:
+                warn(f"watched frames routed out of {name} now go to the kernel, not copied: {why}")
+        for name in self.not_egresses:
+            if name not in now:
+                warn(f"the fast path sends out of {name} again")
+        self.not_egresses = dict(now)
+
+
+def run(a, watch):
+    from ebpf.xdp_mirror import XdpMirror
+
+    tap = XdpMirror(monitor=a.monitor, watch=watch, match=a.match, sample=a.sample, watch_max=a.watch_max,
+                    forward=a.forward, source=a.program)
+    tap.warn = warn
+    ifaces = a.iface or default_interfaces(tap)
+    if not ifaces:
+        raise UsageError("no interface to tap: none is UP besides lo and the monitor (use --iface)")
+    for name in ifaces:  # all names checked before anything is attached
+        tap.check_iface(name, a.xdp_mode)
+    if a.ebpf:
+        return show_program(tap)
+    found = blocking(a, tap, ifaces)
+    if found:
+        raise UsageError("; ".join(map(str, found)))
+
+    printer = Printer(a.json)
+    peers = hostcheck.PreparedPeers()
+    from lab.console import SIGNALS
+    SIGNALS.check()
+    with tap, contextlib.closing(peers):
+        tap.load_program()
+        SIGNALS.check()
+        if a.prepare_peer and a.xdp_mode == "native":
+            from ebpf import netdev
+            with netdev.ipr(None) as ip:
+                names = [d.name for d in netdev.devices(ip).values() if d.up and d.name != "lo"]
+            for name in names:
+                if peer := peers.prepare(name):
+                    warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        tap.attach_many(ifaces, a.xdp_mode)
+        SIGNALS.check()
+        for finding in egress_findings(tap) + sum((hostcheck.check_gro(n, a.xdp_mode) for n in ifaces), []):
+            warn(str(finding))
+        watcher = Watcher(tap)
+        watcher.check()
+        printer.header(tap, ifaces, a.xdp_mode)
+        printer.sample(*tap.snapshot())
+
+        def tick():
+            watcher.check()
+            printer.sample(*tap.snapshot())
+
+        def last():
+            totals, rows = tap.snapshot()
+            printer.sample(totals, rows, final=True)
+            printer.reasons(totals)
+        run_until_stopped(a.interval, a.duration, tick, last)
+    return 0
+
+
+def cleanup(all_runs=False):
+    """What killed XDP vTAPs left in this namespace: their programs, and the pass
+    programs --prepare-peer put on veth peers."""
+    from ebpf import xdp
+    removed, spared = xdp.cleanup(PROGRAM, spare_live=not all_runs)
+    removed += hostcheck.cleanup_peer_programs()
+    return removed, spared

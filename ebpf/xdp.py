@@ -13,8 +13,11 @@ XDP program. Modes:
              device the kernel refuses, and that is said, never emulated
 """
 
+import contextlib
 import errno
 import os
+import socket
+import struct
 from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -173,3 +176,52 @@ def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str
             finally:
                 os.close(fd)
     return removed, spared
+
+
+# --- what a device can do with XDP frames: the netdev generic netlink family ---------
+NETDEV_XDP_ACT_NDO_XMIT = 1 << 2  # uapi netdev.h: the driver transmits XDP frames (a redirect's target)
+_GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _CTRL_ATTR_FAMILY_ID, _CTRL_ATTR_FAMILY_NAME = 0x10, 3, 1, 2
+_NETDEV_CMD_DEV_GET, _NETDEV_A_DEV_IFINDEX, _NETDEV_A_DEV_XDP_FEATURES = 1, 1, 3
+
+
+def _genl(sock, family, cmd, attrs: bytes) -> dict:
+    """One generic netlink request and its reply's attributes {type: bytes}
+    (a raw socket and struct: no pyroute2 event loop, so any thread may ask,
+    a notebook cell's included). Without NLM_F_ACK: the reply, or an error, is
+    the one message that comes back."""
+    body = struct.pack("BBH", cmd, 1, 0) + attrs
+    sock.send(struct.pack("=IHHII", 16 + len(body), family, 1, 1, 0) + body)  # NLM_F_REQUEST
+    data = sock.recv(65536)
+    length, kind = struct.unpack_from("=IH", data)
+    if kind == 2:  # NLMSG_ERROR
+        err = -struct.unpack_from("=i", data, 16)[0]
+        raise OSError(err, os.strerror(err))
+    out, off = {}, 20
+    while off + 4 <= length:
+        alen, atype = struct.unpack_from("=HH", data, off)
+        out[atype & 0x3FFF] = data[off + 4:off + alen]
+        off += (alen + 3) & ~3
+    return out
+
+
+def _nla(kind, payload: bytes) -> bytes:
+    pad = (4 - len(payload) % 4) % 4
+    return struct.pack("=HH", 4 + len(payload), kind) + payload + b"\0" * pad
+
+
+def transmits_xdp(netns, ifindex) -> bool | None:
+    """Does the kernel say this device takes XDP frames sent to it (NDO_XMIT in
+    its xdp-features: a veth only while its peer runs an XDP program or has
+    NAPI on)? None when the kernel cannot say (before 6.3: no netdev family)."""
+    with netdev.entered(netns) if netns else contextlib.nullcontext():
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16)  # NETLINK_GENERIC
+    with sock:
+        sock.settimeout(5)
+        try:
+            fam = _genl(sock, _GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _nla(_CTRL_ATTR_FAMILY_NAME, b"netdev\0"))
+        except OSError:
+            return None
+        family = struct.unpack("=H", fam[_CTRL_ATTR_FAMILY_ID][:2])[0]
+        reply = _genl(sock, family, _NETDEV_CMD_DEV_GET, _nla(_NETDEV_A_DEV_IFINDEX, struct.pack("=I", ifindex)))
+        features = reply.get(_NETDEV_A_DEV_XDP_FEATURES)
+        return bool(struct.unpack("=Q", features[:8])[0] & NETDEV_XDP_ACT_NDO_XMIT) if features else None

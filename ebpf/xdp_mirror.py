@@ -28,7 +28,7 @@ import ctypes
 import os
 import threading
 
-from . import interrupts, netdev, tracepoints, xdp
+from . import interrupts, mirror_loops, netdev, tracepoints, xdp
 from .abi import defines
 from .errors import BpfError, InputError
 from .holders import prog_id
@@ -39,7 +39,6 @@ FORWARD_MODES = ("watched", "all")
 XDP_MIRROR = defines("xdp_mirror.h")
 VTAP_F_FORWARD_ALL, VTAP_F_MONITOR_NO_XDP = XDP_MIRROR["VTAP_F_FORWARD_ALL"], XDP_MIRROR["VTAP_F_MONITOR_NO_XDP"]
 BPF_MAP_TYPE_DEVMAP = 14
-NETDEV_XDP_ACT_NDO_XMIT = 1 << 2  # include/uapi/linux/netdev.h: the driver transmits XDP frames
 # The tracepoints' fields the program reads, by the -D name it reads them under.
 TP_FIELDS = {"xdp_devmap_xmit": {"TP_XMIT_FROM": "from_ifindex", "TP_XMIT_TO": "to_ifindex",
                                  "TP_XMIT_DROPS": "drops", "TP_XMIT_SENT": "sent"},
@@ -67,31 +66,7 @@ def tracepoint_offsets() -> list[str]:
     return flags
 
 
-def can_transmit_xdp(netns, ifindex) -> bool | None:
-    """Does the kernel say this device transmits XDP frames (NDO_XMIT)? None
-    when it cannot say (a kernel before 6.3 has no netdev family)."""
-    from pyroute2.netlink import NLM_F_REQUEST, genlmsg
-    from pyroute2.netlink.generic import GenericNetlinkSocket
-
-    class devmsg(genlmsg):
-        nla_map = (("NETDEV_A_DEV_UNSPEC", "none"), ("NETDEV_A_DEV_IFINDEX", "uint32"),
-                   ("NETDEV_A_DEV_PAD", "none"), ("NETDEV_A_DEV_XDP_FEATURES", "uint64"))
-
-    with netdev.entered(netns) if netns else contextlib.nullcontext():
-        sock = GenericNetlinkSocket()
-    try:
-        try:
-            sock.bind("netdev", devmsg)
-        except Exception:
-            return None
-        msg = devmsg()
-        msg["cmd"], msg["version"] = 1, 1  # NETDEV_CMD_DEV_GET
-        msg["attrs"] = [("NETDEV_A_DEV_IFINDEX", ifindex)]
-        reply = sock.nlm_request(msg, msg_type=sock.prid, msg_flags=NLM_F_REQUEST)
-        features = reply[0].get_attr("NETDEV_A_DEV_XDP_FEATURES") or 0
-        return bool(features & NETDEV_XDP_ACT_NDO_XMIT)
-    finally:
-        sock.close()
+can_transmit_xdp = xdp.transmits_xdp  # the kernel's word (xdp.py)
 
 
 class XdpMirror(MirrorBase):
@@ -158,6 +133,9 @@ class XdpMirror(MirrorBase):
             raise InputError(f"monitor {ifname} is also a tapped interface (its own copies would loop)")
         with netdev.ipr(self.netns) as ip:
             netdev.ifindex_of(ip, ifname, self.netns)
+        why = mirror_loops.loop_reason(self.netns, self._monitor, self._monitor_ifindex, ifname, "ingress")
+        if why:
+            raise InputError(f"cannot tap {ifname}: {why}")
         for name, _, hook_mode, pid in xdp.attached(self.netns):
             if name == ifname and not any(a.ifname == ifname for a in self.xdp_attachments):
                 raise InputError(f"cannot tap {ifname}: " + self._occupant(pid, hook_mode))
@@ -218,6 +196,12 @@ class XdpMirror(MirrorBase):
         for fd in self._trace_fds:
             os.close(fd)
         self._trace_fds.clear()
+
+    def default_interfaces(self):
+        """What to tap when nobody says: every UP interface where traffic may come
+        in, but lo and those that carry the copies (mirror_loops): (names,
+        {skipped name: why})."""
+        return mirror_loops.default_interfaces(self.netns, self._monitor, self._monitor_ifindex, "ingress")
 
     # --- where the fast path can send ---------------------------------------------
     def refresh_egresses(self, rewrite=False) -> dict:

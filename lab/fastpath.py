@@ -41,6 +41,8 @@ class FastPath:
     plots: tuple = ()         # modules of the figures its notebooks draw from the benches' CSVs
     doc: str = ""             # its manual, relative to the repository root
     order: int = 100          # where it stands in lists (--help, the README)
+    variants: tuple = ()      # "module:Class" of its other kernel programs: the same job at another
+                              # hook (the vTAP's XDP twin), under the same command and peers
 
     def module(self, dotted):
         return importlib.import_module(dotted)
@@ -49,7 +51,14 @@ class FastPath:
         return self.module(self.command)
 
     def program_class(self):
-        mod, _, cls = self.program.partition(":")
+        return self._class(self.program)
+
+    def program_classes(self) -> list:
+        """Its kernel program's class, then its variants'."""
+        return [self._class(p) for p in (self.program, *self.variants)]
+
+    def _class(self, dotted):
+        mod, _, cls = dotted.partition(":")
         return getattr(self.module(mod), cls)
 
     def peer_classes(self) -> dict:

@@ -16,7 +16,7 @@ from lab import cgroups, daemons, netns  # noqa: E402
 from lab.fastpaths.lb import peers as balancers  # noqa: E402,F401 (its daemons register their run directories)
 from lab.leftovers import dead_runs  # noqa: E402
 from lab.topology import RUN_DIR  # noqa: E402
-from lab.testbeds import testbed1, testbed2  # noqa: E402
+from lab.testbeds import testbed1, testbed2, testbed3  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -101,4 +101,10 @@ def tb1():
 @pytest.fixture
 def tb2():
     with testbed2() as tb:
+        yield tb
+
+
+@pytest.fixture
+def tb3():
+    with testbed3() as tb:
         yield tb

@@ -14,6 +14,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from ebpf import TcMirror, TcRedirect, XdpRedirect, testrun
+from ebpf.xdp_mirror import XdpMirror
 from ebpf.program import REASONS, VERDICTS
 from fixtures import redirect as fx
 from fixtures.lb import Rig, lb_fixture_net
@@ -107,6 +108,15 @@ def test_every_program_gives_a_frame_the_same_reason(lb_net):
         assert {v for _, v in reasons.values()} == {"pass"}, prog
     assert {w: r for w, (r, _) in vtap.items()} == {w: "not_ip" if w == "arp" else "unmatched" for w in vtap}
     assert {v for _, v in vtap.values()} == {"pass"}
+    # the XDP vTAP sees every frame whole (no skb has been built): what the others
+    # call malformed it does too; what it is not told to watch is unmatched
+    with XdpMirror(monitor="lo", watch=["198.18.1.0/24"]) as tap:
+        fd = tap.load_program().fd
+        xvtap = one_by_one(lambda b: testrun.run(fd, b), lambda: tap.exits(index=1), FRAMES)  # lo: slot 1
+        tally(tap, index=1)
+    assert {w: r for w, (r, _) in xvtap.items()} == {
+        w: r if r in ("not_ip", "malformed") else "unmatched" for w, r in want.items()}
+    assert {v for _, v in xvtap.values()} == {"pass"}
 
 
 def test_a_service_frame_the_lb_cannot_forward_is_dropped_under_the_same_reason(lb_net):

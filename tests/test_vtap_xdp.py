@@ -12,9 +12,10 @@ import pytest
 
 from conftest import ROOT
 from ebpf import xdp
-from helpers import PORT, Tool, echo_servers, exchange, frames_in, stop_all, wait_for
+from helpers import PORT, Tool, echo_servers, exchange, stop_all
 from lab import netns
 from lab.topology import Topology
+from lab.traffic import Capture
 
 CLIENT4, CLIENT6 = "198.18.1.1", "2001:2:0:1::1"
 SERVER4, SERVER6 = "198.18.2.2", "2001:2:0:2::2"
@@ -38,6 +39,25 @@ def plain_router(forwarding=True):
     t.add_route("server", "198.18.1.0/24", "198.18.2.254")
     t.add_route("server", "2001:2:0:1::/64", "2001:2:0:2::fe")
     return t
+
+
+def copies_of(*addrs):
+    """A Capture classifier: "copy" for an IPv4/IPv6 frame from or to one of the
+    addresses (what the vTAP copies), None for the rest (the monitor's link
+    carries the kernel's own too: router solicitations, MLD, as users' hosts send)."""
+    import ipaddress
+    packed = {ipaddress.ip_address(a).packed for a in addrs}
+
+    def classify(frame):
+        kind = frame[12:14]
+        if kind == b"\x08\x00":
+            ends = (frame[26:30], frame[30:34])
+        elif kind == b"\x86\xdd":
+            ends = (frame[22:38], frame[38:54])
+        else:
+            return None
+        return "copy" if packed & set(ends) else None
+    return classify
 
 
 def vtap(ns, *args, timeout=120):
@@ -92,17 +112,18 @@ def test_mirrors_real_exchanges_exactly_on_a_plain_router():
     exactly the copies; the hosts see no checksum error."""
     with plain_router() as t:
         servers = echo_servers(t, ["server"])
-        at_monitor = frames_in(t.ns("monitor"), "eth0")
         tool = Tool(t.ns("router"), "vtap", "--hook", "xdp", "--monitor", "mon0", *WATCH, "--prepare-peer")
         try:
             assert tool.attached["ifaces"] == ["eth0", "eth1"] and tool.attached["egresses"] == ["eth0", "eth1"]
-            got = [exchange(t, "client", dst, PORT, n=20) for dst in (SERVER4, SERVER6)]
-            final, warnings = tool.stop()
+            with Capture(t.ns("monitor"), "eth0", copies_of(SERVER4, SERVER6)) as mon:
+                got = [exchange(t, "client", dst, PORT, n=20) for dst in (SERVER4, SERVER6)]
+                final, warnings = tool.stop()
+                mon.expect = {"copy": final["cloned"]}  # then until the socket has read all the link counted
+            copies = mon.counts["copy"]
+            assert mon.kernel_drops == 0
         finally:
             tool.kill()
             stop_all(servers)
-        wait_for(lambda: at_monitor() >= final["cloned"], what="every copy at the monitor")
-        copies = at_monitor()
         for host in ("client", "router", "server", "monitor"):
             assert xdp.attached(t.ns(host)) == []  # the pass programs --prepare-peer attached are gone too
     assert got == [{"udp": 20, "tcp": 20, "n": 20}] * 2, warnings
@@ -133,3 +154,51 @@ def test_a_second_run_is_refused_and_a_killed_one_left_to_cleanup():
         assert f"removed xdp_peer_pass on eth0 (native) (namespace {t.ns('monitor')})" in r.stdout
         for host in ("client", "router", "server", "monitor"):
             assert xdp.attached(t.ns(host)) == []
+
+
+def test_a_tunnel_monitor_takes_copies_in_generic_mode_only():
+    """A VXLAN monitor's driver transmits no XDP frames: native is refused with
+    the fix; generic copies as skbs, which the tunnel carries to the far end."""
+    with plain_router() as t:
+        r, m = t.ns("router"), t.ns("monitor")
+        for ns, mine, far, dev in ((r, "198.18.9.1/24", "198.18.9.2", "mon0"), (m, "198.18.9.2/24", "198.18.9.1",
+                                                                               "eth0")):
+            for argv in (["ip", "addr", "add", mine, "dev", dev],
+                         ["ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "remote", far, "dstport", "4789",
+                          "dev", dev],
+                         ["ip", "link", "set", "vx0", "up"]):
+                netns.run(ns, argv, check=True, capture_output=True)
+        refused = vtap(r, "--hook", "xdp", "--monitor", "vx0", "--iface", "eth0", *WATCH, "--duration", "1")
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert "vx0's driver does not transmit XDP frames" in refused.stderr and "fix: --xdp-mode generic" in \
+            refused.stderr
+        tool = Tool(r, "vtap", "--hook", "xdp", "--xdp-mode", "generic", "--monitor", "vx0", "--iface", "eth0",
+                    *WATCH)
+        try:
+            with Capture(m, "vx0", copies_of(SERVER4, SERVER6)) as far_end:
+                t.run("client", ["ping", "-c", "5", "-i", "0.05", "-q", SERVER4], check=True, capture_output=True)
+                final, _ = tool.stop()
+                far_end.expect = {"copy": final["cloned"]}
+        finally:
+            tool.kill()
+        assert final["cloned"] + final["no_neigh"] == final["matched"] == 5
+        assert far_end.counts["copy"] == final["cloned"] > 0
+
+
+def test_an_interface_that_carries_the_copies_is_not_tapped():
+    """The monitor's veth peer in the router's own namespace carries every copy:
+    tapping it would copy the copies; refused by name, skipped by default."""
+    t = plain_router()
+    t.add_link("router", "router", a_if="mon1", b_if="mon1p", a_addrs=[], b_addrs=[])
+    with t:
+        r = t.ns("router")
+        refused = vtap(r, "--hook", "xdp", "--monitor", "mon1", "--iface", "mon1p", *WATCH, "--duration", "1")
+        assert refused.returncode == 2 and "cannot tap mon1p" in refused.stderr and "carries the copies" in \
+            refused.stderr, refused.stderr
+        tool = Tool(r, "vtap", "--hook", "xdp", "--monitor", "mon1", *WATCH, "--xdp-mode", "generic")
+        try:
+            assert "mon1p" not in tool.attached["ifaces"] and "eth0" in tool.attached["ifaces"]
+            _, warnings = tool.stop()
+        finally:
+            tool.kill()
+        assert any(w.startswith("vtap: warning: not tapping mon1p: ") for w in warnings), warnings

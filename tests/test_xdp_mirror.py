@@ -356,3 +356,20 @@ def snmp_any(ns, name):
     """One counter of `nstat -az` in a namespace (IPv4 and IPv6 MIBs alike)."""
     out = netns.run(ns, ["nstat", "-az", name], capture_output=True, text=True).stdout
     return int(next(line.split()[1] for line in out.splitlines() if line.startswith(name + " ")))
+
+
+def test_the_api_inside_a_running_asyncio_loop():
+    """As typed into a notebook cell, whose thread runs an asyncio loop: every
+    netlink question the XdpMirror asks (devices, XDP hooks, the netdev family's
+    xdp-features) must work there."""
+    import asyncio
+
+    async def cell():
+        asyncio.get_running_loop()
+        with routed_bed() as tb, tap_on(tb) as tap:
+            state, egresses = tap.monitor_state(), tap.egresses
+            _, rx, mon = run_flows(tb, [Flow("w", SRC4, DST4, count=100)])
+            return state, egresses, dict(mon), tap.counters()["cloned"]
+
+    state, egresses, mon, cloned = asyncio.run(cell())
+    assert (state, egresses, mon, cloned) == ("up", ["eth1"], {"w": 100}, 100)

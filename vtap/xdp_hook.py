@@ -31,13 +31,6 @@ def check_args(a):
                          "native or generic")
 
 
-def default_interfaces(tap):
-    """Every UP interface but lo and the monitor: where traffic may come in."""
-    from ebpf import netdev
-    with netdev.ipr(tap.netns) as ip:
-        return [d.name for d in netdev.devices(ip).values() if d.up and d.name not in ("lo", tap.monitor)]
-
-
 def families(tap):
     """The IP versions the watch-list can match (both when it watches everything)."""
     if tap.watch is None:
@@ -51,9 +44,17 @@ def blocking(a, tap, ifaces) -> list:
     for name in ifaces:
         found += hostcheck.check_forwarding(name, families(tap), tap.netns,
                                             why=": the fast path sends out only what the node would forward")
-    if a.xdp_mode == "native" and not a.prepare_peer:
-        found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
-                  for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")]
+    if a.xdp_mode == "native":
+        from ebpf.xdp_mirror import can_transmit_xdp
+        veth = hostcheck.veth_peer(tap.monitor, tap.netns) is not None
+        if veth and not a.prepare_peer:
+            found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
+                      for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")]
+        elif not veth and can_transmit_xdp(tap.netns, tap.monitor_ifindex) is False:
+            found.append(hostcheck.Finding(f"no copy would reach the monitor: {tap.monitor}'s driver does not "
+                                           "transmit XDP frames (a tunnel, a bridge, a VLAN device)",
+                                           "--xdp-mode generic (copies as skbs, which any device takes), or a "
+                                           "monitor whose driver does (veth, tun, most NICs)"))
     return found
 
 
@@ -130,9 +131,15 @@ def run(a, watch):
     tap = XdpMirror(monitor=a.monitor, watch=watch, match=a.match, sample=a.sample, watch_max=a.watch_max,
                     forward=a.forward, source=a.program)
     tap.warn = warn
-    ifaces = a.iface or default_interfaces(tap)
+    if a.iface:
+        ifaces = a.iface
+    else:
+        ifaces, skipped = tap.default_interfaces()
+        for name, why in skipped.items():
+            warn(f"not tapping {name}: {why}")
     if not ifaces:
-        raise UsageError("no interface to tap: none is UP besides lo and the monitor (use --iface)")
+        raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
+                         "(use --iface)")
     for name in ifaces:  # all names checked before anything is attached
         tap.check_iface(name, a.xdp_mode)
     if a.ebpf:

@@ -1,12 +1,15 @@
 """The vTAP: a TC clsact program clones packets whose source or destination is
-on a watch-list to a monitor interface (ebpf.TcMirror), after the vTAP paper."""
+on a watch-list to a monitor interface (ebpf.TcMirror), after the vTAP paper;
+on a node that routes, its XDP twin (ebpf.XdpMirror, `vtap --hook xdp`) sends
+each watched frame to its egress and to the monitor before an skb exists."""
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(
     name="vtap",
     title="clone watched traffic to a monitor",
-    hook="TC clsact",
+    hook="TC clsact, or XDP on a router",
     program="ebpf.tc_mirror:TcMirror",
+    variants=("ebpf.xdp_mirror:XdpMirror",),
     command="vtap.cli",
     example="python -m vtap --monitor mon0 --watch 198.18.1.10/32",
     compared_with="OVS port mirroring, `tc mirred`, nftables `dup`",

@@ -39,6 +39,7 @@ from ebpf import tc as ebpf_tc
 from ebpf.netdev import ifindex_of, netlink_reason
 
 from lab import netns, nft
+from lab.hostcheck import PreparedPeers
 from lab.metrics import iface_counters
 from lab.netns import LabError
 from lab.daemons.ovs import OvsSwitch
@@ -129,15 +130,30 @@ class EbpfXdpMirror(Mirror):
     def __init__(self, *a, watch=None, **kw):
         super().__init__(*a, **kw)
         self.tap = XdpMirror(self.monitor_iface, watch=watch, netns=self.ns)
+        self.peers = PreparedPeers()
 
     def attach(self):
-        self.tap.attach(self.tap_iface, "native")
-        self.tap.reset_counters()
         self.attached = True
+        try:
+            # what `vtap --hook xdp --prepare-peer` does: a veth peer without XDP (where
+            # a bench's sinks are not) gets a pass program, so the copies arrive
+            for name in (self.monitor_iface, *self._egresses()):
+                self.peers.prepare(name, self.ns)
+            self.tap.attach(self.tap_iface, "native")
+            self.tap.reset_counters()
+        except BaseException:
+            self.detach()
+            raise
+
+    def _egresses(self):
+        with netns.ipr(self.ns) as ip:
+            return [link.get_attr("IFLA_IFNAME") for link in ip.get_links()
+                    if link.get_attr("IFLA_IFNAME") not in ("lo", self.tap_iface, self.monitor_iface)]
 
     def detach(self):
         for a in self.tap.xdp_attachments:
             self.tap.detach_xdp(a)
+        self.peers.close()
         self.attached = False
 
     def counters(self) -> dict:

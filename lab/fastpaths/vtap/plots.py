@@ -160,25 +160,28 @@ def cpu_per_mirror(df: pd.DataFrame, size=None):
 
 
 def ratios_vs_size(df: pd.DataFrame):
-    """ratios() as lines against frame size, one colour per peer: eBPF's monitor
-    PPS over the peer's (above 1: the vTAP copies more) and its DUT ns per packet
-    over the peer's (below 1: the vTAP costs less)."""
+    """ratios() as lines against frame size, one colour per peer: the vTAP's
+    monitor PPS over the peer's (above 1: the vTAP copies more) and its DUT ns
+    per packet over the peer's (below 1: the vTAP costs less). The vTAP is the
+    TC one, or on a routing node (Testbed 3) the XDP one, where it ran."""
     r = ratios(df)
     fig, axes, tbs = _panels(df, rows=2, height=3.2)
     for col, tb in enumerate(tbs):
         d = r[r["testbed"] == tb].sort_values("size")
-        for row, (unit, ylabel) in enumerate((("pps", "eBPF ÷ peer: monitor packets/s"),
-                                              ("ns", "eBPF ÷ peer: DUT ns per packet"))):
+        ours = "ebpf-xdp" if any(c.startswith("ebpf-xdp/") for c in d.columns if d[c].notna().any()) else "ebpf"
+        peers = ["ebpf", *RATIO_PEERS] if ours == "ebpf-xdp" else RATIO_PEERS
+        for row, (unit, ylabel) in enumerate((("pps", f"{ours} ÷ peer: monitor packets/s"),
+                                              ("ns", f"{ours} ÷ peer: DUT ns per packet"))):
             ax = axes[row][col]
-            for peer in RATIO_PEERS:
-                c = f"ebpf/{peer} {unit}"
+            for peer in peers:
+                c = f"{ours}/{peer} {unit}"
                 if c in d and d[c].notna().any():
                     ax.plot(d["size"], d[c], label=peer, **_line_style(peer))
             ax.axhline(1.0, color="black", linewidth=1, linestyle=":", zorder=1)
             _size_axis(ax, d, label=row == 1)
             ax.set_ylabel(ylabel)
             ax.set_ylim(bottom=0)
-    _legend_below(fig, axes, title="peer (eBPF's value divided by this mirror's)")
+    _legend_below(fig, axes, title="peer (the vTAP's value divided by this mirror's)")
     return fig
 
 

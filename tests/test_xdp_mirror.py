@@ -15,8 +15,7 @@ from ebpf.xdp_peer_pass import XdpPeerPass
 from fixtures import mirror as fx
 from helpers import frames_in, run_flows, wait_for
 from lab import netns, testbeds
-from lab.testbeds import Testbed
-from lab.traffic import Flow
+from lab.traffic import Capture, Flow, Marker, build, send_frames
 
 FIXTURES = fx.fixtures()
 
@@ -182,8 +181,8 @@ def test_match_src_or_dst(node, match, src_watched, copied):
 
 N = 500
 RATE = 20_000  # packets/s: modest, zero loss required
-SRC4, DST4, UNW_DST4 = Testbed.src4, "198.18.2.2", "198.18.2.3"
-SRC6, DST6 = Testbed.src6, "2001:2:0:2::2"
+SRC4, DST4, UNW_DST4 = testbeds.Testbed.src4, "198.18.2.2", "198.18.2.3"
+SRC6, DST6 = testbeds.Testbed.src6, "2001:2:0:2::2"
 
 
 @contextlib.contextmanager
@@ -255,9 +254,14 @@ def test_vlan_tagged_frames_go_to_the_kernel_counted():
     counted as vlan, passed untouched, not copied. (This kernel has no VLAN
     devices, so here the kernel then drops them: the receiver gets none.)"""
     with routed_bed() as tb, tap_on(tb) as tap:
-        _, rx, mon = run_flows(tb, [Flow("tagged", SRC4, DST4, count=N, vlans=((0x8100, 100),))])
+        marker = Marker()
+        frames = build([Flow("tagged", SRC4, DST4, count=N, vlans=((0x8100, 100),))], marker, tb.sender_mac,
+                       tb.next_hop_mac)
+        with Capture(tb.ns("monitor"), "eth0", marker) as mon:  # (none reaches the receiver: nothing to wait for)
+            assert send_frames(tb.ns("sender"), "eth0", frames, rate_pps=RATE).packets == N
+            wait_for(lambda: tap.counters()["seen"] >= N, what="every tagged frame at the tap")
         c = tap.counters()
-    assert mon["tagged"] == 0
+    assert mon.counts["tagged"] == 0
     assert c["vlan"] == c["matched"] == N and exact(c)
 
 

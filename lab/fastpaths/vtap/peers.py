@@ -81,7 +81,20 @@ class NoMirror(Mirror):
     colour, marker = "#555555", "s"  # the ceiling: grey, dashed
 
 
-class EbpfMirror(Mirror):
+class VtapMirror(Mirror):
+    """A vTAP program of ours as a peer (`self.tap`, a MirrorBase): its own counters,
+    and freed with the peer."""
+
+    def counters(self) -> dict:
+        c = self.tap.counters()
+        return {"mirrored": c["cloned"], "mirrored_bytes": c["cloned_bytes"], **c}
+
+    def close(self):
+        super().close()
+        self.tap.close()
+
+
+class EbpfMirror(VtapMirror):
     """The vTAP. Compiled once; attach/detach only add and remove the filter."""
     name = "ebpf"
     colour, marker = "#0072B2", "o"  # the vTAP's two copy paths are the palette's two blues
@@ -103,13 +116,6 @@ class EbpfMirror(Mirror):
         self._filters = []
         self.attached = False
 
-    def counters(self) -> dict:
-        c = self.tap.counters()
-        return {"mirrored": c["cloned"], "mirrored_bytes": c["cloned_bytes"], **c}
-
-    def close(self):
-        super().close()
-        self.tap.close()
 
 
 class EbpfHelperMirror(EbpfMirror):
@@ -119,7 +125,7 @@ class EbpfHelperMirror(EbpfMirror):
     clone = "helper"
 
 
-class EbpfXdpMirror(Mirror):
+class EbpfXdpMirror(VtapMirror):
     """The XDP vTAP, native: it sends each frame out itself (to the egress and
     the monitor), so it owns the DUT's XDP hook and counts arrivals there."""
     name = "ebpf-xdp"
@@ -155,14 +161,6 @@ class EbpfXdpMirror(Mirror):
             self.tap.detach_xdp(a)
         self.peers.close()
         self.attached = False
-
-    def counters(self) -> dict:
-        c = self.tap.counters()
-        return {"mirrored": c["cloned"], "mirrored_bytes": c["cloned_bytes"], **c}
-
-    def close(self):
-        super().close()
-        self.tap.close()
 
 
 class TcMirred(Mirror):

@@ -259,13 +259,31 @@ def _routed(cidr, subnet):
     return f"{net.network_address + host}/{net.prefixlen}"
 
 
-def testbed3() -> Testbed:
+COLLECTOR_V4, COLLECTOR_V6 = "198.18.6.2", "2001:2:0:6::2"
+
+
+def testbed3(collector=False) -> Testbed:
     """The vTAP on a node that routes between sender and receiver (tapnode,
-    forwarding on); its copies leave through mon0 to the monitor."""
+    forwarding on); its copies leave through mon0 to the monitor.
+
+    collector=True adds a remote sensor two hops away, for vTAP sessions'
+    tunnels: tapnode eth2 (198.18.5.254, 2001:2:0:5::fe) ---- eth0 router eth1
+    ---- eth0 collector (COLLECTOR_V4, COLLECTOR_V6), the router forwarding."""
     t = Topology("testbed3")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
     t.add_host("tapnode", forwarding=True)
+    if collector:
+        t.add_host("router", forwarding=True)
+        t.add_host("collector")
+        t.add_link("tapnode", "router", a_if="eth2", a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
+                   b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"])
+        t.add_link("router", "collector", a_if="eth1", a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
+                   b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"])
+        t.add_route("tapnode", "198.18.6.0/24", "198.18.5.1")
+        t.add_route("tapnode", "2001:2:0:6::/64", "2001:2:0:5::1")
+        t.add_route("collector", "198.18.5.0/24", "198.18.6.1")
+        t.add_route("collector", "2001:2:0:5::/64", "2001:2:0:6::1")
     receiver = [_routed(a, "198.18.2.0/24") for a in RECEIVER_V4] + \
         [_routed(a, "2001:2:0:2::/64") for a in RECEIVER_V6]
     t.add_link("sender", "tapnode", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])

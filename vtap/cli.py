@@ -36,6 +36,9 @@ examples:
   vtap --hook xdp --monitor mon0 --iface eth0 --watch 198.18.2.0/24
                                                # on a router: watched frames out of their egress
                                                # and to mon0 from the XDP hook, before an skb exists
+  vtap --sessions sessions.toml --iface eth0   # sessions: rules choose the frames, each session's
+                                               # target gets its copies (an interface or a tunnel
+                                               # to a collector: vxlan, geneve, gre, erspan, erspan3)
   vtap --cleanup                               # remove what a killed vtap left behind
   vtap --cleanup --all                         # ... and the programs of running vtaps too
 
@@ -56,6 +59,11 @@ def add_arguments(p):
                      "(eBPF at the TC clsact hook; with --hook xdp, on a node that routes, at the XDP hook).")
     p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--monitor", metavar="MON", help="interface the copies leave through")
+    p.add_argument("--sessions", metavar="FILE",
+                   help="sessions from a TOML file, re-read when it changes: each with a target (an interface "
+                        "or vxlan://, geneve://, gre://, erspan://, erspan3:// a collector), ordered accept/"
+                        "reject rules (protocol, addresses, ports, direction), truncate, sample "
+                        "(docs/vtap.md; instead of --monitor and --watch)")
     p.add_argument("--iface", metavar="IF", action="append", default=[],
                    help="interface to tap (repeatable; default: every UP interface but lo and those that "
                         "carry the copies: the monitor, its veth peer, a tunnel monitor's underlay)")
@@ -94,8 +102,11 @@ def check_args(a):
     check_run_options(a)
     if a.cleanup:
         return
+    if a.sessions:
+        from .sessions_cmd import check_args as check_sessions
+        return check_sessions(a)
     if not a.monitor:
-        raise UsageError("--monitor is required (the interface the copies leave through)")
+        raise UsageError("--monitor (the interface the copies leave through) or --sessions FILE is required")
     if not 1 <= a.sample <= SAMPLE_MAX:
         raise UsageError(f"--sample must be from 1 (every matched packet) to {SAMPLE_MAX}, not {a.sample}")
     if a.watch_max is not None and a.watch_max < 1:
@@ -150,7 +161,9 @@ def cleanup(all_runs=False):
     spared = [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
               f"(pid {', '.join(map(str, f.pids))})" for f in spared]
     xdp_removed, xdp_spared = xdp_cleanup(all_runs)
-    return removed + xdp_removed, spared + xdp_spared
+    from .sessions_cmd import cleanup as sessions_cleanup
+    s_removed, s_spared = sessions_cleanup(all_runs)
+    return removed + xdp_removed + s_removed, spared + xdp_spared + s_spared
 
 
 def warn_at_start(tap):
@@ -209,6 +222,9 @@ def run(a):
 
     if a.cleanup:
         return report_cleanup("vtap", *cleanup(a.all))
+    if a.sessions:
+        from .sessions_cmd import run as run_sessions
+        return run_sessions(a)
     if a.hook == "xdp":
         from .xdp_hook import run as run_xdp
         return run_xdp(a, watch_list(a))

@@ -1,0 +1,326 @@
+"""vTAP sessions (ebpf.SessionMirror, tc_sessions.bpf.c) with real traffic
+through Testbed 3 and a collector two hops away: rules, several sessions,
+truncation, sampling, every tunnel kind decoded byte for byte at the collector,
+exact counts per session and per rule."""
+
+import struct
+from collections import Counter
+
+import pytest
+
+from ebpf import netdev
+from ebpf.sessions import Rule, Session
+from ebpf.tc_sessions import SessionMirror
+from lab import testbeds
+from lab.collector import decap
+from lab.testbeds import COLLECTOR_V4, COLLECTOR_V6
+from lab.traffic import Capture, Flow, Marker, build, send_frames
+
+RATE = 20_000
+KINDS = {"vxlan": "vxlan://{}/4242", "geneve": "geneve://{}/77", "gre": "gre://{}/9", "gre-nokey": "gre://{}",
+         "erspan": "erspan://{}/5", "erspan3": "erspan3://{}/1023"}
+KEYS = {"vxlan": 4242, "geneve": 77, "gre": 9, "gre-nokey": None, "erspan": 5, "erspan3": 1023}
+
+
+@pytest.fixture(scope="module")
+def tb():
+    with testbeds.testbed3(collector=True) as t:
+        yield t
+
+
+def collector_url(kind, family):
+    addr = COLLECTOR_V4 if family == 4 else f"[{COLLECTOR_V6}]"
+    return KINDS[kind].format(addr)
+
+
+def identify(marker):
+    """A frame's (flow, seq) by its marker, whatever its length (a cut copy
+    keeps the marker when the cut is past it)."""
+    head = Marker.HEAD + marker.token
+
+    def key(frame):
+        i = frame.find(head)
+        if i < 0 or i + Marker.LEN > len(frame):
+            return None
+        fid, seq, _ = struct.unpack_from("!HIH", frame, i + 7)
+        return (marker.names[fid], seq) if fid < len(marker.names) else None
+    return key
+
+
+def send(tb, flows, monitor=False, collector=False, rate=RATE):
+    """Send flows from the sender to the receiver through the tap node; return
+    (sent frames by (flow, seq), receiver counts, monitor frames, decoded
+    collector copies)."""
+    marker = Marker()
+    frames = build(flows, marker, tb.sender_mac, tb.next_hop_mac)
+    ident = identify(marker)
+    sent = {ident(f): f for f in frames}
+    caps = []
+    rx = Capture(tb.ns("receiver"), "eth0", marker)
+    mon = Capture(tb.ns("monitor"), "eth0", lambda f: ident(f), keep=True)
+    col = Capture(tb.ns("collector"), "eth0", lambda f: (lambda d: d and ident(d.inner))(decap(f)), keep=True)
+    with rx, mon, col:
+        report = send_frames(tb.ns("sender"), "eth0", frames, rate_pps=rate)
+        rx.finish(Counter(marker(f) for f in frames if marker(f)))
+        caps = (mon, col)
+        for c in caps:
+            c.finish()
+    assert report.packets == len(frames)
+    assert rx.kernel_drops == mon.kernel_drops == col.kernel_drops == 0
+    return sent, rx.counts, mon.frames, [decap(f) for f in col.frames]
+
+
+def tap(tb, sessions, where=(("eth0", "ingress"),)):
+    m = SessionMirror(sessions, netns=tb.ns("tapnode"))
+    for ifname, direction in where:
+        m.attach(ifname, direction)
+    return m
+
+
+def flows(n=20, size=300):
+    return [Flow("u4", tb_src4(), tb_dst4(), dport=5001, count=n, size=size),
+            Flow("u6", "2001:2:0:1::10", "2001:2:0:2::2", dport=5001, count=n, size=size),
+            Flow("other4", tb_src4(), tb_dst4(), dport=6000, count=n, size=size)]
+
+
+def tb_src4():
+    return testbeds.Testbed.src4
+
+
+def tb_dst4():
+    return "198.18.2.2"
+
+
+@pytest.mark.parametrize("family", [4, 6])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_tunnel_kind_reaches_the_collector_byte_exact(tb, kind, family):
+    """UDP to port 5001 (both families) is accepted, cut to 128 bytes and sent
+    through the tunnel; port 6000 is not. At the collector, each copy is the
+    frame the tap saw, cut at 128 bytes, with the session's key; the outer
+    checksums are right (IPv6 UDP has one) and ERSPAN numbers its copies."""
+    s = Session(target=collector_url(kind, family), truncate=128,
+                rules=[Rule("accept", protocol="udp", destination_ports="5001")])
+    with tap(tb, [s]) as m:
+        sent, rx, _, got = send(tb, flows(), collector=True)
+        c, sc, rc = m.counters(), m.session_counters()["session 1"], m.rule_counters()
+    assert rx == {"u4": 20, "u6": 20, "other4": 20}
+    assert len(got) == 40
+    want_kind = kind.split("-")[0]
+    ident_of = {id(d): None for d in got}
+    seqs = []
+    for d in got:
+        assert d.kind == want_kind and d.key == KEYS[kind]
+        frame = next(f for f in sent.values() if f[:128] == d.inner)
+        assert len(frame) == 300 and d.inner == frame[:128]
+        if d.truncated is not None:
+            assert d.truncated
+        if d.seq is not None:
+            seqs.append(d.seq)
+        if family == 6 and d.udp_checksum is not None:
+            assert d.udp_checksum != 0
+        ident_of[id(d)] = frame
+    if want_kind.startswith("erspan"):
+        assert sorted(seqs) == list(range(min(seqs), min(seqs) + 40))
+    assert len({f for f in ident_of.values()}) == 40  # 40 different frames, each once
+    assert (c["seen"], c["mirrored"], c["unmatched"]) == (60, 40, 20)
+    assert (sc["accepted"], sc["handed"], sc["sent"], sc["truncated"]) == (40, 40, 40, 40)
+    assert sc["frame_bytes"] == 40 * 300
+    assert sc["oversize"] == sc["failed"] == sc["sampled_out"] == 0
+    assert list(rc.values()) == [40]
+
+
+def test_outer_checksums_are_right(tb):
+    """IPv4 header checksum of the outer packet, and the IPv6 UDP checksum,
+    recomputed by scapy from what the collector got."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+    raw_frames = []
+    for family in (4, 6):
+        s = Session(target=collector_url("vxlan", family), rules=[Rule("accept", protocol="udp")])
+        marker = Marker()
+        frames = build([Flow("a", tb_src4(), tb_dst4(), dport=5001, count=5, size=700 + family)], marker,
+                       tb.sender_mac, tb.next_hop_mac)
+        with tap(tb, [s]), Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True,
+                                   expect=5) as col:
+            send_frames(tb.ns("sender"), "eth0", frames)
+        raw_frames += col.frames
+    assert len(raw_frames) == 10
+    for f in raw_frames:
+        p = Ether(f)
+        if IP in p and p[IP].proto == 17:
+            again = Ether(f)
+            del again[IP].chksum
+            assert Ether(bytes(again))[IP].chksum == p[IP].chksum
+            assert p[UDP].chksum == 0  # RFC 7348 over IPv4
+        else:
+            again = Ether(f)
+            del again[IPv6][UDP].chksum
+            assert Ether(bytes(again))[IPv6][UDP].chksum == p[IPv6][UDP].chksum != 0
+
+
+def test_rules_first_match_per_session(tb):
+    """One session to the monitor: reject port 5001 from the unwatched source,
+    accept UDP ports 5000-5010, accept IPv6 anything, reject everything else.
+    Each flow lands on exactly one rule; rules after the first match never count."""
+    src_alt = testbeds.Testbed.alt_src4
+    s = Session(target="mon0", rules=[
+        Rule("reject", protocol="udp", source=f"{src_alt}/32", destination_ports=5001),
+        Rule("accept", protocol="udp", destination_ports="5000-5010"),
+        Rule("accept", source="2001:2::/32"),
+        Rule("reject"),
+    ])
+    fl = [Flow("alt5001", src_alt, tb_dst4(), dport=5001, count=7),
+          Flow("alt5002", src_alt, tb_dst4(), dport=5002, count=11),
+          Flow("main5010", tb_src4(), tb_dst4(), dport=5010, count=13),
+          Flow("main5011", tb_src4(), tb_dst4(), dport=5011, count=5),
+          Flow("v6tcp", "2001:2:0:1::10", "2001:2:0:2::2", proto="tcp", dport=80, count=9),
+          Flow("v6range", "2001:2:0:1::10", "2001:2:0:2::2", dport=5003, count=3)]
+    with tap(tb, [s]) as m:
+        sent, rx, mon, _ = send(tb, fl, monitor=True)
+        rc = list(m.rule_counters().values())
+        sc = m.session_counters()["session 1"]
+    got = Counter(k[0] for k in map(identify_any(sent), mon) if k)
+    assert got == {"alt5002": 11, "main5010": 13, "v6tcp": 9, "v6range": 3}
+    assert rc == [7, 11 + 13 + 3, 9, 5]
+    assert (sc["accepted"], sc["rejected"], sc["sent"]) == (36, 12, 36)
+    for f in mon:  # local target, whole frames: exactly what the tap saw
+        assert f in sent.values()
+
+
+def identify_any(sent):
+    by_bytes = {f: k for k, f in sent.items()}
+    return lambda f: by_bytes.get(f)
+
+
+def test_several_sessions_one_frame_and_a_shared_target(tb):
+    """Session 1 (monitor, cut to 64) and session 2 (collector) both take the
+    flow: one copy each. Session 3 has session 1's target: it gives way
+    (shadowed), so the monitor gets each frame once."""
+    rules = [Rule("accept", protocol="udp", destination_ports=5001)]
+    ss = [Session(target="mon0", truncate=64, rules=rules, number=1),
+          Session(target=collector_url("geneve", 4), rules=rules, number=2),
+          Session(target="mon0", rules=rules, number=3, name="late")]
+    with tap(tb, ss) as m:
+        sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=25, size=200)])
+        sc = m.session_counters()
+    assert len(mon) == 25 and all(len(f) == 64 for f in mon)
+    assert sorted(mon) == sorted(f[:64] for f in sent.values())
+    assert sorted(d.inner for d in got) == sorted(sent.values())
+    assert sc["session 1"]["sent"] == sc["session 2"]["sent"] == 25
+    assert sc["late"]["accepted"] == sc["late"]["shadowed"] == 25 and sc["late"]["sent"] == 0
+
+
+def test_fragments_match_as_frames_without_ports(tb):
+    """Every piece of a fragmented datagram is matched alike, as a frame
+    without ports: a rule naming ports copies none of them, a rule naming
+    only the protocol copies all of them (first pieces included)."""
+    fl = [Flow("frag", tb_src4(), tb_dst4(), dport=5001, count=10, size=1000, fragment=400)]
+    ports = Session(target="mon0", rules=[Rule("accept", protocol="udp", destination_ports=5001)], number=1)
+    proto = Session(target=collector_url("vxlan", 4), rules=[Rule("accept", protocol="udp")], number=2)
+    with tap(tb, [ports, proto]) as m:
+        marker = Marker()
+        frames = build(fl, marker, tb.sender_mac, tb.next_hop_mac)
+        assert len(frames) == 30
+        with Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=30) as col, \
+                Capture(tb.ns("monitor"), "eth0", lambda f: "m") as mon:
+            send_frames(tb.ns("sender"), "eth0", frames)
+        sc = m.session_counters()
+    assert sorted(decap(f).inner for f in col.frames) == sorted(frames)
+    assert sum(mon.counts.values()) == 0
+    assert sc["session 1"]["accepted"] == 0 and sc["session 2"]["sent"] == 30
+
+
+def test_vlan_tag_is_in_the_copy(tb):
+    """A tagged frame (the tag held beside the frame by the kernel) reaches the
+    collector with its tag back in place, and the truncation counts it."""
+    fl = [Flow("tagged", tb_src4(), tb_dst4(), dport=5001, count=10, size=300, vlans=((0x8100, 42),))]
+    s = Session(target=collector_url("erspan3", 4), truncate=100, rules=[Rule("accept", protocol="udp")])
+    with tap(tb, [s]):
+        marker = Marker()
+        frames = build(fl, marker, tb.sender_mac, tb.next_hop_mac)
+        with Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=10) as col:
+            send_frames(tb.ns("sender"), "eth0", frames)
+    got = sorted(decap(f).inner for f in col.frames)
+    assert got == sorted(f[:100] for f in frames)
+    assert got[0][12:14] == b"\x81\x00"
+
+
+def test_sampling_per_session(tb):
+    """1 in 4 for one session, all for the other: counts add up exactly."""
+    rules = [Rule("accept", protocol="udp")]
+    ss = [Session(target="mon0", rules=rules, sample=4), Session(target=collector_url("gre", 4), rules=rules)]
+    with tap(tb, ss) as m:
+        sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), count=400)])
+        sc = m.session_counters()
+    s1 = sc["session 1"]
+    assert s1["accepted"] == 400 == s1["sampled_out"] + s1["sent"]
+    assert s1["sent"] == len(mon) and 40 < len(mon) < 200
+    assert sc["session 2"]["sent"] == len(got) == 400
+
+
+def test_oversize_is_counted_or_cut_to_fit(tb):
+    """A path MTU of 600 to the collector: 1000-byte frames do not fit once
+    wrapped. Counted oversize and not sent, or with fit cut to fit; never
+    fragmented."""
+    run = tb.topo.run
+    run("tapnode", ["ip", "route", "replace", "198.18.6.0/24", "via", "198.18.5.1", "mtu", "lock", "600"],
+        check=True)
+    try:
+        for fit in (False, True):
+            s = Session(target=collector_url("vxlan", 4), fit=fit, rules=[Rule("accept", protocol="udp")])
+            with tap(tb, [s]) as m:
+                sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), count=10, size=1000)])
+                sc = m.session_counters()["session 1"]
+            if fit:
+                assert sc["sent"] == sc["truncated"] == 10 and len(got) == 10
+                overhead = 20 + 8 + 8  # outer IPv4, UDP, VXLAN
+                assert all(len(d.inner) == 600 - overhead for d in got)
+                assert all(d.inner == sent[identify_any_prefix(sent, d.inner)][:len(d.inner)] for d in got)
+            else:
+                assert sc["oversize"] == 10 and sc["sent"] == 0 and got == []
+    finally:
+        run("tapnode", ["ip", "route", "replace", "198.18.6.0/24", "via", "198.18.5.1"], check=True)
+
+
+def identify_any_prefix(sent, inner):
+    return next(k for k, f in sent.items() if f.startswith(inner))
+
+
+def test_own_copies_are_never_copied_again(tb):
+    """Tapping the interface the tunnel leaves by, egress, with a session that
+    takes everything: its own copies pass it uncopied (own_copies)."""
+    s = Session(target=collector_url("vxlan", 4), rules=[Rule("accept", protocol="udp")])
+    with tap(tb, [s], where=(("eth0", "ingress"), ("eth2", "egress"))) as m:
+        sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), count=30)])
+        c = m.counters()
+    assert len(got) == 30
+    assert c["own_copies"] == 30
+
+
+def test_sessions_change_live(tb):
+    """set_sessions() between two runs on one attached object: the second run
+    follows the new rules exactly, and a session kept by number keeps its counts."""
+    a = Session(target="mon0", number=1, rules=[Rule("accept", protocol="udp", destination_ports=5001)])
+    with tap(tb, [a]) as m:
+        send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=10)])
+        b = Session(target="mon0", number=1, rules=[Rule("accept", protocol="udp", destination_ports=5002)])
+        m.set_sessions([b])
+        sent, rx, mon, _ = send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=10),
+                                     Flow("b", tb_src4(), tb_dst4(), dport=5002, count=7)])
+        sc = m.session_counters()["session 1"]
+        rc = m.rule_counters()
+    assert len(mon) == 7
+    assert sc["sent"] == 17
+    assert list(rc.values()) == [7]
+
+
+def test_close_removes_the_sender_device(tb):
+    s = Session(target="mon0", rules=[Rule("accept")])
+    m = tap(tb, [s])
+    name = m.sender
+    with netdev.ipr(tb.ns("tapnode")) as ip:
+        assert ip.link_lookup(ifname=name)
+    m.close()
+    with netdev.ipr(tb.ns("tapnode")) as ip:
+        assert not ip.link_lookup(ifname=name)

@@ -1,0 +1,139 @@
+"""`vtap --sessions FILE` as a user runs it, on a router built as users build
+one (kernel defaults: neighbours resolved on demand, offloads on): a bad file
+refused in one line with nothing attached, the file changed while it runs
+(applied whole, or a bad version said and the sessions in force kept), exact
+copies at a collector, and what a killed run leaves to --cleanup."""
+
+import sys
+from collections import Counter
+
+from conftest import ROOT
+from ebpf import netdev, tc
+from helpers import Tool
+from lab import netns
+from lab.collector import decap
+from lab.topology import Topology
+from lab.traffic import Capture, Flow, Marker, build, send_frames
+
+CLIENT4, SERVER4, COLLECTOR4 = "198.18.1.1", "198.18.2.2", "198.18.5.2"
+
+
+def plain_router():
+    """client eth0 -- eth0 router eth1 -- eth0 server; router eth2 -- eth0 collector."""
+    t = Topology("usess", kernel_defaults=True)
+    for h in ("client", "server", "collector"):
+        t.add_host(h)
+    t.add_host("router", forwarding=True)
+    t.add_link("client", "router", a_addrs=[f"{CLIENT4}/24"], b_addrs=["198.18.1.254/24"])
+    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.254/24"], b_addrs=[f"{SERVER4}/24"])
+    t.add_link("router", "collector", a_if="eth2", a_addrs=["198.18.5.1/24"], b_addrs=[f"{COLLECTOR4}/24"])
+    t.add_route("client", "198.18.2.0/24", "198.18.1.254")
+    t.add_route("server", "198.18.1.0/24", "198.18.2.254")
+    return t
+
+
+def session_file(path, port, truncate=128, kind="vxlan"):
+    target = {"vxlan": f"vxlan://{COLLECTOR4}/100", "erspan": f"erspan://{COLLECTOR4}/3"}[kind]
+    path.write_text(f"""\
+[[session]]
+target = "{target}"
+truncate = {truncate}
+
+  [[session.rule]]
+  action = "accept"
+  protocol = "udp"
+  destination_ports = "{port}"
+""")
+
+
+def vtap(ns, *args, timeout=120):
+    return netns.run(ns, [sys.executable, "-m", "vtap", *args], capture_output=True, text=True, cwd=ROOT,
+                     timeout=timeout, check=False)
+
+
+def send(t, flows):
+    """Frames from the client through the router; (sent frames, copies' inner frames at the collector)."""
+    marker = Marker()
+    frames = build(flows, marker, t.mac("client", "eth0"), t.mac("router", "eth0"))
+    with Capture(t.ns("server"), "eth0", marker) as rx, \
+            Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+        send_frames(t.ns("client"), "eth0", frames)
+        rx.finish(Counter(marker(f) for f in frames))
+        col.finish()
+    return frames, [decap(f).inner for f in col.frames]
+
+
+def test_a_bad_sessions_file_is_refused_with_nothing_attached(tmp_path):
+    with plain_router() as t:
+        ns = t.ns("router")
+        bad = tmp_path / "s.toml"
+        bad.write_text('[[session]]\ntarget = "mon0"\n\n[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n')
+        r = vtap(ns, "--sessions", str(bad))
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == f"vtap: error: {bad}:6: rule 1 of session 1: bad CIDR '198.18.0.0/33'"
+        r = vtap(ns, "--sessions", str(tmp_path / "none.toml"))
+        assert r.returncode == 2 and "cannot read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        session_file(bad, 5001)
+        bad.write_text(bad.read_text().replace(COLLECTOR4, "203.0.113.9"))  # no route to it
+        r = vtap(ns, "--sessions", str(bad))
+        assert r.returncode == 2 and "no route to collector 203.0.113.9" in r.stderr, r.stderr
+        r = vtap(ns, "--sessions", str(bad), "--monitor", "eth1")
+        assert r.returncode == 2 and "--monitor cannot go with --sessions" in r.stderr
+        with netdev.ipr(ns) as ip:
+            assert not [d for d in netdev.devices(ip).values() if d.name.startswith("vtaps")]
+        assert not [e for i in ("eth0", "eth1", "eth2") for e in tc_entries(ns, i)]
+
+
+def tc_entries(ns, ifname):
+    with netdev.ipr(ns) as ip:
+        idx = netdev.ifindex_of(ip, ifname, ns)
+        return [e for p in tc.PARENTS.values() for e in tc.entries(ip, idx, p)]
+
+
+def test_the_running_tool_follows_its_file(tmp_path):
+    """Port 5001 copied; the file changed to 5002: applied whole; then a bad
+    version: said once (file and line), the 5002 session kept."""
+    with plain_router() as t:
+        ns = t.ns("router")
+        f = tmp_path / "s.toml"
+        session_file(f, 5001)
+        tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0")
+        try:
+            flows = [Flow("a", CLIENT4, SERVER4, dport=5001, count=20, size=300),
+                     Flow("b", CLIENT4, SERVER4, dport=5002, count=10, size=300)]
+            sent, got = send(t, flows)
+            assert sorted(got) == sorted(fr[:128] for fr in sent if fr[36:38] == b"\x13\x89")
+            session_file(f, 5002, kind="erspan")
+            tool.err.wait_for("applied", timeout=20)
+            sent, got = send(t, flows)
+            assert sorted(got) == sorted(fr[:128] for fr in sent if fr[36:38] == b"\x13\x8a")
+            f.write_text(f.read_text().replace('"5002"', '"70000"'))
+            said = tool.err.wait_for("the sessions in force stay", timeout=20)
+            assert f"{f}:8: rule 1 of session 1: bad port range '70000'" in said
+            sent, got = send(t, flows)
+            assert len(got) == 10
+            final, warnings = tool.stop()
+        finally:
+            tool.kill()
+        s = final["sessions"]["session 1"]
+        assert s["accepted"] == s["sent"] == s["truncated"] == 40
+        assert not [w for w in warnings if "applied" not in w and "stay" not in w], warnings
+
+
+def test_a_killed_run_is_cleaned_up(tmp_path):
+    with plain_router() as t:
+        ns = t.ns("router")
+        f = tmp_path / "s.toml"
+        session_file(f, 5001)
+        tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0")
+        sender = tool.attached["sender"]
+        tool.kill()
+        with netdev.ipr(ns) as ip:
+            assert ip.link_lookup(ifname=sender)
+        assert tc_entries(ns, "eth0")
+        r = vtap(ns, "--cleanup")
+        assert r.returncode == 0, r.stderr
+        assert f"removed sender device {sender}" in r.stdout, r.stdout
+        with netdev.ipr(ns) as ip:
+            assert not ip.link_lookup(ifname=sender)
+        assert not tc_entries(ns, "eth0")

@@ -1,0 +1,161 @@
+"""vtap --sessions FILE: vTAP sessions (ebpf.SessionMirror) from a sessions
+file, re-read whenever it changes.
+
+The command's options, exit statuses, signals and cleanup are the TC vTAP's
+(cli.py); what differs is said here: the sessions file (ebpf/sessions.py for
+its format), the live table (one row per session) and the sender devices a
+killed run leaves.
+
+A changed file is read whole and checked before anything changes: a bad one
+is said in one line (file and line) and the sessions in force stay.
+"""
+
+import hashlib
+import os
+
+from ebpf.errors import InputError
+
+from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+
+RATES = ("accepted", "sent")
+TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
+HEADS = {"sampled_out": "SAMPLED"}
+SIMPLE_ONLY = ("--monitor", "--watch", "--watch-file", "--watch-max", "--match", "--sample", "--clone",
+               "--xdp-mode", "--forward", "--prepare-peer")
+
+
+def check_args(a):
+    given = [o for o in SIMPLE_ONLY if o in a.options_given(a)]
+    if given:
+        raise UsageError(f"{', '.join(given)} cannot go with --sessions: a session in the file says where copies "
+                         "go, what they are and how many (target, rules, truncate, sample)")
+    if a.hook != "tc":
+        raise UsageError("--sessions runs at the TC hook (--hook tc)")
+
+
+class SessionsFile:
+    """The file and what was last applied from it, by content."""
+
+    def __init__(self, path):
+        self.path = path
+        self.digest = None
+        self.bad = None  # the digest of a bad version already said
+
+    def read(self):
+        """(sessions, digest) of the file now; InputError 'FILE:LINE: what'."""
+        from ebpf.sessions import parse_sessions
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InputError(f"{self.path}: cannot read: {e.strerror}") from None
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise InputError(f"{self.path}:1: not UTF-8 text") from None
+        return parse_sessions(text, self.path), hashlib.sha256(data).hexdigest()
+
+    def changed(self, tap):
+        """Apply the file if its content changed; say a bad version once."""
+        try:
+            with open(self.path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError as e:
+            digest = f"unreadable: {e.strerror}"
+        if digest in (self.digest, self.bad):
+            return False
+        try:
+            sessions, digest = self.read()
+            tap.set_sessions(sessions)
+        except InputError as e:
+            self.bad = digest
+            warn(f"{e}; the sessions in force stay")
+            return False
+        self.digest, self.bad = digest, None
+        warn(f"{self.path}: applied ({describe(sessions)})")
+        return True
+
+
+def describe(sessions):
+    return "; ".join(f"{s.label} -> {s.target}, {len(s.rules)} rule{'s' if len(s.rules) != 1 else ''}"
+                     + (f", truncate {s.truncate}" if s.truncate else "")
+                     + (f", sample 1/{s.sample}" if s.sample > 1 else "") for s in sessions) or "no sessions"
+
+
+class Printer(CounterTable):
+    def __init__(self, as_json):
+        super().__init__(as_json, RATES, TOTALS, HEADS, key="SESSION", rows_name="sessions")
+
+    def header(self, tap, ifaces, direction, path):
+        msg = dict(sessions_file=path, ifaces=ifaces, direction=direction, sender=tap.sender,
+                   sessions=[dict(name=s.label, number=s.number, target=str(s.target), rules=len(s.rules),
+                                  truncate=s.truncate, sample=s.sample) for s in tap.sessions])
+        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} ({direction}); sessions from {path}: "
+                           f"{describe(tap.sessions)}; Ctrl-C to stop",
+                      names=[s.label for s in tap.sessions])
+
+    def rows(self, tap):
+        rows = {name: {k: c[k] for k in TOTALS} for name, c in tap.session_counters().items()}
+        totals = {k: sum(r[k] for r in rows.values()) for k in TOTALS}
+        return totals, rows
+
+
+def cleanup(all_runs=False):
+    """Sender devices of killed runs in this namespace (all of them with all_runs)."""
+    from ebpf import netdev
+    from ebpf.tc_sessions import sender_pid
+    from lab.netns import alive
+    removed, spared = [], []
+    with netdev.ipr() as ip:
+        for dev in netdev.devices(ip).values():
+            pid = sender_pid(dev.name or "")
+            if pid is None or dev.kind != "ifb":
+                continue
+            if alive(pid) and pid != os.getpid() and not all_runs:
+                spared.append(f"sender device {dev.name}: a running vtap holds it (pid {pid})")
+                continue
+            ip.link("del", index=dev.index)
+            removed.append(f"sender device {dev.name} (of pid {pid})")
+    return removed, spared
+
+
+def run(a):
+    from ebpf.tc_sessions import SessionMirror
+
+    source = SessionsFile(a.sessions)
+    sessions, source.digest = source.read()
+    tap = SessionMirror(sessions, source=a.program)
+    tap.warn = warn
+    if a.iface:
+        ifaces = a.iface
+        for ifname in ifaces:
+            tap.check_iface(ifname, a.direction)
+    else:
+        ifaces, skipped = tap.default_interfaces(a.direction)
+        for name, why in skipped.items():
+            warn(f"not tapping {name}: {why}")
+    if not ifaces:
+        raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets (use --iface)")
+    if a.ebpf:
+        return show_program(tap)
+    printer = Printer(a.json)
+    from lab.console import SIGNALS
+    SIGNALS.check()
+    with tap:
+        tap.load_program()
+        SIGNALS.check()
+        tap.attach_many(ifaces, a.direction)
+        SIGNALS.check()
+        printer.header(tap, ifaces, a.direction, a.sessions)
+        printer.sample(*printer.rows(tap))
+
+        def tick():
+            source.changed(tap)
+            try:
+                if tap.refresh():
+                    warn("a target's route or MTU changed: the sessions follow it")
+            except InputError as e:
+                warn(f"{e}; the sessions keep their last path")
+            printer.sample(*printer.rows(tap))
+        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(*printer.rows(tap), final=True))
+    return 0

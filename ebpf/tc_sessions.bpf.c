@@ -294,11 +294,11 @@ static __always_inline __u16 csum_fold32(__u32 sum)
 	return (__u16)sum;
 }
 
-/* The UDP checksum of an IPv6 tunnel packet (IPv6 forbids 0), over the UDP
- * header and everything after it, in 256-byte pieces read into the stack. */
+/* The one's complement sum (16 bits) of the bytes from off to the end, in
+ * 256-byte pieces read into the stack; -1 when a read fails. */
 #define CSUM_CHUNK 256
 #define CSUM_CHUNKS 40 /* up to 10 KB: a jumbo frame and its encapsulation */
-static __always_inline __u16 udp6_csum(struct __sk_buff *skb, __u32 off, struct ipv6hdr *ip6)
+static __always_inline int csum_to_end(struct __sk_buff *skb, __u32 off)
 {
 	__u8 buf[CSUM_CHUNK];
 	__u32 len = skb->len - off;
@@ -311,7 +311,7 @@ static __always_inline __u16 udp6_csum(struct __sk_buff *skb, __u32 off, struct 
 		__u64 n = len - at;
 		if (n >= CSUM_CHUNK) {
 			if (bpf_skb_load_bytes(skb, off + at, buf, CSUM_CHUNK) < 0)
-				return 0;
+				return -1;
 			sum = bpf_csum_diff(0, 0, (void *)buf, CSUM_CHUNK, sum);
 		} else {
 			/* the last piece, zero-padded to whole 32-bit words; the masks in
@@ -321,15 +321,92 @@ static __always_inline __u16 udp6_csum(struct __sk_buff *skb, __u32 off, struct 
 			asm volatile("%0 &= 255" : "+r"(n));
 			asm volatile("%0 &= 508" : "+r"(words));
 			if (n == 0 || words == 0 || words > CSUM_CHUNK || bpf_skb_load_bytes(skb, off + at, buf, n) < 0)
-				return 0;
+				return -1;
 			sum = bpf_csum_diff(0, 0, (void *)buf, words, sum);
 		}
 	}
+	return csum_fold32((__u32)sum);
+}
+
+static __always_inline __u32 add16(__u32 a, __u32 b)
+{
+	return csum_fold32(a + b);
+}
+
+/* Where a copy's own TCP/UDP checksum is partial (a veth's sender with TX
+ * checksum offload on, the default, hands on frames whose checksum field holds
+ * only the pseudo-header's sum, for the last device to finish), the kernel or
+ * the NIC finishes it after we built the outer UDP checksum. So the outer one
+ * is built for the finished frame, as the kernel's tunnels do (local checksum
+ * offload, lco_csum()): the sum over the inner segment once finished is the
+ * complement of its pseudo-header sum. Returns the correction to add to the
+ * sum from `from` on (0xffff-complemented arithmetic), or 0 when there is none. */
+static __always_inline __u32 partial_fix(struct __sk_buff *skb, __u32 inner_l3, int cut)
+{
+	__be16 type;
+	__u32 l4off, l4len, pseudo;
+	__u8 proto;
+
+	/* CHECKSUM_UNNECESSARY and CHECKSUM_COMPLETE frames are never partial (the
+	 * first helper answers only for the one, the second, adding 0, only for the other) */
+	if (bpf_csum_level(skb, BPF_CSUM_LEVEL_QUERY) >= 0 || bpf_csum_update(skb, 0) >= 0)
+		return 0;
+	if (bpf_skb_load_bytes(skb, inner_l3 - 2, &type, 2) < 0)
+		return 0;
+	if (type == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, inner_l3, &ip, sizeof(ip)) < 0 || ip.frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return 0;
+		proto = ip.protocol;
+		l4off = inner_l3 + ip.ihl * 4;
+		l4len = bpf_ntohs(ip.tot_len) - ip.ihl * 4;
+		pseudo = csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip.saddr, 8, 0));
+	} else if (type == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, inner_l3, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		proto = ip6.nexthdr;
+		l4off = inner_l3 + sizeof(ip6);
+		l4len = bpf_ntohs(ip6.payload_len);
+		pseudo = csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip6.saddr, 32, 0));
+	} else {
+		return 0;
+	}
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 0;
+	__u32 field = l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	__u16 f;
+	if (field + 2 > skb->len || bpf_skb_load_bytes(skb, field, &f, 2) < 0)
+		return 0;
+	/* the pseudo-header's sum, as the stack leaves it in a partial checksum */
+	__be32 tail[2] = {bpf_htonl(l4len), bpf_htonl(proto)};
+	pseudo = add16(pseudo, csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)tail, sizeof(tail), 0)));
+	if (f != (__u16)pseudo)
+		return 0;
+	int region = csum_to_end(skb, l4off);
+	if (region < 0)
+		return 0;
+	/* a whole segment whose checksum already holds: complete after all (the
+	 * pseudo-header's sum can be a checksum's value, 1 in 65536) */
+	if (!cut && add16(pseudo, region) == 0xffff)
+		return 0;
+	/* what the segment sums to once finished, less what it sums to now */
+	return add16(~pseudo & 0xffff, ~region & 0xffff);
+}
+
+/* The UDP checksum of an IPv6 tunnel packet (IPv6 forbids 0). */
+static __always_inline __u16 udp6_csum(struct __sk_buff *skb, __u32 off, struct ipv6hdr *ip6, __u32 fix)
+{
+	int body = csum_to_end(skb, off);
+	if (body < 0)
+		return 0;
+	__u32 len = skb->len - off;
 	/* the pseudo-header: addresses, upper-layer length, next header */
-	sum = bpf_csum_diff(0, 0, (void *)&ip6->saddr, 32, sum);
+	__u32 sum = csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip6->saddr, 32, 0));
 	__be32 tail[2] = {bpf_htonl(len), bpf_htonl(IPPROTO_UDP)};
-	sum = bpf_csum_diff(0, 0, (void *)tail, sizeof(tail), sum);
-	__u16 c = ~csum_fold32((__u32)sum) & 0xffff;
+	sum = add16(sum, csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)tail, sizeof(tail), 0)));
+	sum = add16(add16(sum, body), fix);
+	__u16 c = ~sum & 0xffff;
 	return c ? c : 0xffff;
 }
 
@@ -404,7 +481,8 @@ static __always_inline int encapsulate(struct __sk_buff *skb, struct sess_sessio
 			struct ipv6hdr ip6;
 			if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
 				goto failed;
-			__u16 c = udp6_csum(skb, l4off, &ip6);
+			__u32 fix = partial_fix(skb, ETH_HLEN + hlen + l2, cut);
+			__u16 c = udp6_csum(skb, l4off, &ip6, fix);
 			if (!c)
 				goto failed;
 			bpf_skb_store_bytes(skb, l4off + 6, &c, 2, 0);

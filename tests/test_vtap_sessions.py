@@ -9,13 +9,16 @@ from collections import Counter
 
 from conftest import ROOT
 from ebpf import netdev, tc
-from helpers import Tool
+from ebpf.sessions import Rule, Session
+from ebpf.tc_sessions import SessionMirror
+from helpers import PORT, Tool, echo_servers, exchange, stop_all
 from lab import netns
 from lab.collector import decap
 from lab.topology import Topology
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
 CLIENT4, SERVER4, COLLECTOR4 = "198.18.1.1", "198.18.2.2", "198.18.5.2"
+CLIENT6, SERVER6, COLLECTOR6 = "2001:2:0:1::1", "2001:2:0:2::2", "2001:2:0:5::2"
 
 
 def plain_router():
@@ -24,11 +27,16 @@ def plain_router():
     for h in ("client", "server", "collector"):
         t.add_host(h)
     t.add_host("router", forwarding=True)
-    t.add_link("client", "router", a_addrs=[f"{CLIENT4}/24"], b_addrs=["198.18.1.254/24"])
-    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.254/24"], b_addrs=[f"{SERVER4}/24"])
-    t.add_link("router", "collector", a_if="eth2", a_addrs=["198.18.5.1/24"], b_addrs=[f"{COLLECTOR4}/24"])
+    t.add_link("client", "router", a_addrs=[f"{CLIENT4}/24", f"{CLIENT6}/64"],
+               b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])
+    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
+               b_addrs=[f"{SERVER4}/24", f"{SERVER6}/64"])
+    t.add_link("router", "collector", a_if="eth2", a_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"],
+               b_addrs=[f"{COLLECTOR4}/24", f"{COLLECTOR6}/64"])
     t.add_route("client", "198.18.2.0/24", "198.18.1.254")
+    t.add_route("client", "2001:2:0:2::/64", "2001:2:0:1::fe")
     t.add_route("server", "198.18.1.0/24", "198.18.2.254")
+    t.add_route("server", "2001:2:0:1::/64", "2001:2:0:2::fe")
     return t
 
 
@@ -137,3 +145,50 @@ def test_a_killed_run_is_cleaned_up(tmp_path):
         with netdev.ipr(ns) as ip:
             assert not ip.link_lookup(ifname=sender)
         assert not tc_entries(ns, "eth0")
+
+
+def finished(frame):
+    """The frame with its TCP/UDP checksum made right (scapy recomputes it)."""
+    from scapy.layers.inet import TCP, UDP
+    from scapy.layers.l2 import Ether
+    p = Ether(frame)
+    for layer in (TCP, UDP):
+        if layer in p:
+            del p[layer].chksum
+    return bytes(p)
+
+
+def test_partial_checksums_of_socket_traffic_reach_an_ipv6_collector_right():
+    """Real UDP and TCP exchanges from sockets on links with TX checksum
+    offload on (as a veth comes): the frames the tap copies carry partial
+    checksums, which the last device finishes. The outer UDP checksum (IPv6
+    needs one) is built for the finished frame, as the kernel's own tunnels
+    do: with each inner checksum made right, every outer one holds."""
+    from scapy.layers.inet6 import IPv6, UDP, in6_chksum
+    from scapy.layers.l2 import Ether
+    with plain_router() as t:
+        s = Session(target=f"vxlan://[{COLLECTOR6}]/9", rules=[Rule("accept", protocol="tcp"),
+                                                            Rule("accept", protocol="udp")])
+        servers = echo_servers(t, ["server"])
+        try:
+            with SessionMirror([s], netns=t.ns("router")) as m, \
+                    Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+                m.attach("eth0", "ingress")
+                for dst in (SERVER4, SERVER6):
+                    r = exchange(t, "client", dst, PORT)
+                    assert r["udp"] == r["tcp"] == r["n"], r
+                sent = m.session_counters()["session 1"]["sent"]
+                col.wait_for(sent)
+        finally:
+            stop_all(servers)
+    assert sent == len(col.frames) > 0
+    partial = 0
+    for f in col.frames:
+        d = decap(f)
+        right = finished(d.inner)
+        partial += right != d.inner
+        whole = f[:len(f) - len(d.inner)] + right
+        p = Ether(whole)
+        u = bytes(p[IPv6][UDP])
+        assert in6_chksum(17, p[IPv6], u[:6] + b"\0\0" + u[8:]) == p[IPv6][UDP].chksum
+    assert partial > len(col.frames) // 2  # the client's frames: partial; the path was taken

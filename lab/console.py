@@ -164,6 +164,9 @@ def add_run_options(p, cleans):
                    help="seconds between counter lines (default 1)")
     p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    p.add_argument("--metrics", metavar="ADDR:PORT",
+                   help="serve the live table's counters as Prometheus metrics on ADDR:PORT (/metrics; "
+                        "127.0.0.1:9464, [::1]:9464, or :9464 for every address of the namespace)")
     p.add_argument("--cleanup", action="store_true",
                    help=f"remove {cleans} that a killed run left in this namespace; those of running ones are spared")
     p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running ones too")
@@ -198,6 +201,9 @@ def check_run_options(a):
         raise UsageError(f"--interval must be a number of seconds > 0, not {a.interval}")
     if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
         raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
+    if getattr(a, "metrics", None):
+        from .exporter import parse_listen
+        parse_listen(a.metrics)  # InputError: exit 2
 
 
 class LiveTable:
@@ -218,6 +224,12 @@ class LiveTable:
         self.samples = 0
         self._replies = None
         self.silent = set()
+        self.exporter = None  # --metrics (lab.exporter): gets every sample
+
+    def publish(self, body: dict):
+        """A sample as --metrics serves it (the same counters as the table)."""
+        if self.exporter is not None:
+            self.exporter.publish(body)
 
     def interval(self, snapshot, final=False):
         """This sample's (seconds, the snapshot its rates are taken against)."""
@@ -286,10 +298,11 @@ class CounterTable(LiveTable):
 
     def sample(self, totals, rows, final=False):
         dt, (base, base_rows) = self.interval((totals, rows), final)
+        body = {**totals, **{f"{k}_pps": round(v, 1) for k, v in self.rates(totals, base, self.rate_keys,
+                                                                              dt).items()},
+                self.rows_name: rows}
+        self.publish(body)
         if self.json:
-            body = {**totals, **{f"{k}_pps": round(v, 1) for k, v in self.rates(totals, base, self.rate_keys,
-                                                                                  dt).items()},
-                    self.rows_name: rows}
             self.event(final, body)
             return
         shown = list(rows.items())

@@ -45,8 +45,9 @@ packages=(
   netsniff-ng iperf3 tcpreplay                    # traffic: trafgen, iperf3, pcap replay (the IDS run)
   nginx libnginx-mod-stream haproxy wrk           # the load balancer's backends, peers and load (issue 11)
   gcc libc6-dev curl                              # cc builds the open-loop generator (lab/traffic/openloop.c); curl for tests
+  prometheus                                      # promtool: the tests check every tool's --metrics with it
 )
-services=(nginx haproxy)                          # daemons their packages start in the root namespace
+services=(nginx haproxy prometheus)               # daemons their packages start in the root namespace
 backported=(suricata)                             # the IDS run: only bookworm-backports has it
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=() missing_bp=()
@@ -71,12 +72,13 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
     run apt-get install -y -q --no-install-recommends "${missing[@]}"
-    # nginx and haproxy start a system daemon on the root namespace's port 80; the
-    # lab runs its own, in its namespaces, and leaves the root namespace alone.
+    # nginx and haproxy start a system daemon on the root namespace's port 80, and
+    # prometheus its server on 9090; the lab runs its own daemons, in its
+    # namespaces, and leaves the root namespace alone (of prometheus it uses promtool).
     for svc in "${services[@]}"; do
       if command -v systemctl >/dev/null && systemctl is-enabled "$svc" >/dev/null 2>&1; then
         systemctl disable --now "$svc" >/dev/null 2>&1 || true
-        say "disabled the $svc service its package enabled (the lab starts its own)"
+        say "disabled the $svc service its package enabled (the lab runs its own daemons, in its namespaces)"
       fi
       if [ -f "/run/$svc.pid" ] && kill -0 "$(cat "/run/$svc.pid")" 2>/dev/null; then
         kill "$(cat "/run/$svc.pid")" && say "stopped the $svc daemon its package started"

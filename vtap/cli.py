@@ -18,6 +18,7 @@ import sys
 from ebpf.abi import defines
 from ebpf.errors import BpfError
 
+from lab.exporter import serving
 from lab.console import (SIGNALS, ArgumentParser, CounterTable, UsageError, add_run_options, add_xdp_mode,
                          check_run_options, report_cleanup, require, run_command, run_until_stopped, show_program,
                          warn)
@@ -106,7 +107,7 @@ def check_args(a):
         from .sessions_cmd import check_args as check_sessions
         return check_sessions(a)
     if not a.monitor:
-        raise UsageError("--monitor (the interface the copies leave through) or --sessions FILE is required")
+        raise UsageError("--monitor is required (the interface the copies leave through), or --sessions FILE")
     if not 1 <= a.sample <= SAMPLE_MAX:
         raise UsageError(f"--sample must be from 1 (every matched packet) to {SAMPLE_MAX}, not {a.sample}")
     if a.watch_max is not None and a.watch_max < 1:
@@ -248,8 +249,9 @@ def run(a):
         return show_program(tap)
 
     printer = Printer(a.json)
+    metrics = serving(printer, a, "vtap", rows={"ifaces": "interface"})
     SIGNALS.check()
-    with tap:
+    with metrics, tap:
         tap.load_program()
         SIGNALS.check()
         tap.attach_many(ifaces, a.direction)

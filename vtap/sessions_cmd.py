@@ -14,8 +14,10 @@ import hashlib
 import os
 
 from ebpf.errors import InputError
+from ebpf.tc_sessions import SESSION_COUNTERS
 
 from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+from lab.exporter import Rows, serving
 
 RATES = ("accepted", "sent")
 TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
@@ -85,6 +87,7 @@ def describe(sessions):
 class Printer(CounterTable):
     def __init__(self, as_json):
         super().__init__(as_json, RATES, TOTALS, HEADS, key="SESSION", rows_name="sessions")
+        self.extra = {}
 
     def header(self, tap, ifaces, direction, path):
         msg = dict(sessions_file=path, ifaces=ifaces, direction=direction, sender=tap.sender,
@@ -95,9 +98,23 @@ class Printer(CounterTable):
                       names=[s.label for s in tap.sessions])
 
     def rows(self, tap):
-        rows = {name: {k: c[k] for k in TOTALS} for name, c in tap.session_counters().items()}
-        totals = {k: sum(r[k] for r in rows.values()) for k in TOTALS}
+        """(totals, {session: counters}); the taps' counters per interface and
+        the rules' go beside them in --json and --metrics (self.extra)."""
+        rows = tap.session_counters()
+        totals = {k: sum(r[k] for r in rows.values()) for k in SESSION_COUNTERS}
+        per_iface = tap.snapshot()[1]
+        rules = {f"{label}\x1f{n}": {"matches": hits} for (label, n, _), hits in tap.rule_counters().items()}
+        self.extra = {"ifaces": per_iface, "rules": rules}
         return totals, rows
+
+    def publish(self, body):
+        body.update(self.extra)  # the JSON line shows them too
+        if self.json:  # rows keyed "session\x1frule" for --metrics, "session #rule" in JSON
+            body["rules"] = {k.replace("\x1f", " #"): v for k, v in self.extra["rules"].items()}
+            if self.exporter is not None:
+                self.exporter.publish({**body, "rules": self.extra["rules"]})
+            return
+        super().publish(body)
 
 
 def cleanup(all_runs=False):
@@ -139,9 +156,11 @@ def run(a):
     if a.ebpf:
         return show_program(tap)
     printer = Printer(a.json)
+    metrics = serving(printer, a, "vtap", rows={"sessions": Rows("session", "session_"), "ifaces": "interface",
+                                                 "rules": Rows(("session", "rule"), "rule_")})
     from lab.console import SIGNALS
     SIGNALS.check()
-    with tap:
+    with metrics, tap:
         tap.load_program()
         SIGNALS.check()
         tap.attach_many(ifaces, a.direction)

@@ -12,6 +12,7 @@ from ebpf.errors import BpfError
 
 from lab import hostcheck
 from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+from lab.exporter import serving
 
 RATES = ("seen", "matched", "cloned", "failed")
 TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", "forwarded", "not_ip", "malformed")
@@ -149,10 +150,11 @@ def run(a, watch):
         raise UsageError("; ".join(map(str, found)))
 
     printer = Printer(a.json)
+    metrics = serving(printer, a, "vtap", rows={"ifaces": "interface"})
     peers = hostcheck.PreparedPeers()
     from lab.console import SIGNALS
     SIGNALS.check()
-    with tap, contextlib.closing(peers):
+    with metrics, tap, contextlib.closing(peers):
         tap.load_program()
         SIGNALS.check()
         if a.prepare_peer and a.xdp_mode == "native":

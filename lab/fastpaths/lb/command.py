@@ -20,6 +20,7 @@ from lab import hostcheck
 from lab.hostcheck import PreparedPeers
 
 from .health import HealthChecker
+from lab.exporter import serving
 from lab.console import (SIGNALS, LiveTable, UsageError, add_run_options, add_xdp_mode, check_run_options,
                          report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
@@ -185,8 +186,10 @@ class Printer(LiveTable):
                 rows[b]["unanswered"], silent = self.replies(b, c["packets"], c["reply_packets"])
                 if silent:
                     rows[b]["hint"] = hostcheck.ReplyWatch.HINT
+        body = {**stats, "backends": rows}
+        self.publish(body)
         if self.json:
-            self.event(final, {**stats, "backends": rows})
+            self.event(final, body)
             return
         label, header = self.block(final)
         if header:
@@ -264,10 +267,12 @@ def run(a):
     if a.ebpf:
         return show_program(lb)
     printer = Printer(a.json, a.mode)
+    metrics = serving(printer, a, "lb", rows={"backends": "backend"},
+                      gauges={"active_sessions", "weight", "healthy", "unanswered"})
     mtime = Path(a.backends_file).stat().st_mtime_ns if a.backends_file else None
     SIGNALS.check()
     peers = PreparedPeers()
-    with lb, contextlib.closing(peers):
+    with metrics, lb, contextlib.closing(peers):
         lb.load_program()
         SIGNALS.check()
         lb.attach(a.iface, a.xdp_mode)

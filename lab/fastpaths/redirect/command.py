@@ -11,6 +11,7 @@ import ipaddress
 
 from lab import hostcheck
 from lab.hostcheck import PreparedPeers
+from lab.exporter import serving
 from lab.console import (SIGNALS, LiveTable, add_run_options, add_xdp_mode, check_run_options, renamed,
                          report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
@@ -153,13 +154,15 @@ class Printer(LiveTable):
         rates = {r: self.rates(c, before.get(r, {}), ("packets", "reply_packets"), dt) for r, c in rules.items()}
         watched = {r: self.replies(r, c["packets"], c["reply_packets"], "packets rewritten towards the backend")
                    for r, c in rules.items()}
+        def row(r, c):
+            unanswered, silent = watched[r]
+            extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
+            return {**c, "packets_pps": round(rates[r]["packets"], 1),
+                    "reply_packets_pps": round(rates[r]["reply_packets"], 1), "unanswered": unanswered, **extra}
+        body = {**stats, "rules": {r: row(r, c) for r, c in rules.items()}}
+        self.publish(body)
         if self.json:
-            def row(r, c):
-                unanswered, silent = watched[r]
-                extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
-                return {**c, "packets_pps": round(rates[r]["packets"], 1),
-                        "reply_packets_pps": round(rates[r]["reply_packets"], 1), "unanswered": unanswered, **extra}
-            self.event(final, {**stats, "rules": {r: row(r, c) for r, c in rules.items()}})
+            self.event(final, body)
             return
         width = max(10, *(len(r) for r in rules))
         label, header = self.block(final)
@@ -210,9 +213,10 @@ def run(a):
         return show_program(prog)
     printer = Printer(a.json)
     printer.egress = egress
+    metrics = serving(printer, a, "redirect", rows={"rules": "rule"}, gauges={"unanswered"})
     SIGNALS.check()
     peers = PreparedPeers()
-    with prog, contextlib.closing(peers), egress or contextlib.nullcontext():
+    with metrics, prog, contextlib.closing(peers), egress or contextlib.nullcontext():
         prog.load_program()
         if egress:
             egress.load_program()

@@ -262,13 +262,15 @@ def _routed(cidr, subnet):
 COLLECTOR_V4, COLLECTOR_V6 = "198.18.6.2", "2001:2:0:6::2"
 
 
-def testbed3(collector=False) -> Testbed:
+def testbed3(collector=False, collector_mtu=1500) -> Testbed:
     """The vTAP on a node that routes between sender and receiver (tapnode,
     forwarding on); its copies leave through mon0 to the monitor.
 
     collector=True adds a remote sensor two hops away, for vTAP sessions'
     tunnels: tapnode eth2 (198.18.5.254, 2001:2:0:5::fe) ---- eth0 router eth1
-    ---- eth0 collector (COLLECTOR_V4, COLLECTOR_V6), the router forwarding."""
+    ---- eth0 collector (COLLECTOR_V4, COLLECTOR_V6), the router forwarding;
+    collector_mtu on both links (a whole 1514-byte frame needs some 1570 in a
+    tunnel: the bench gives it 3000, as a cloud gives a jumbo underlay)."""
     t = Topology("testbed3")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
@@ -277,9 +279,9 @@ def testbed3(collector=False) -> Testbed:
         t.add_host("router", forwarding=True)
         t.add_host("collector")
         t.add_link("tapnode", "router", a_if="eth2", a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
-                   b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"])
+                   b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"], mtu=collector_mtu)
         t.add_link("router", "collector", a_if="eth1", a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
-                   b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"])
+                   b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"], mtu=collector_mtu)
         t.add_route("tapnode", "198.18.6.0/24", "198.18.5.1")
         t.add_route("tapnode", "2001:2:0:6::/64", "2001:2:0:5::1")
         t.add_route("collector", "198.18.5.0/24", "198.18.6.1")

@@ -62,6 +62,30 @@ def test_testbed3_runs_the_xdp_vtap_and_the_mirrors_that_route(tmp_path):
         "lab bench: error: mirror ebpf-xdp does not apply to testbed 1 (only to 3)"
 
 
+def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
+    """vTAP sessions on Testbed 3 with 1 and 16 rules, to the monitor and
+    tunnelled to the collector, whole and cut: at a modest rate every frame
+    the sender's veth took is copied and arrives where the target is, and the
+    programs' own run times (the kernel's statistics) are read per packet."""
+    df, path = vt.run([3], [1518], ["ebpf-sessions"], trials=1, duration=0.5, out=tmp_path, progress=False,
+                      rate_pps=20_000, sessions={"rules": [1, 16], "targets": ["local", "vxlan", "erspan"],
+                                                  "truncate": [0, 128]})
+    assert len(df) == 12
+    assert sorted(set(zip(df["rules"], df["target"], df["truncate"]))) == sorted(
+        (r, t, c) for r in (1, 16) for t in ("erspan", "local", "vxlan") for c in (0, 128))
+    overhead = {"local": 0, "vxlan": 50, "erspan": 50}  # outer IPv4, UDP + VXLAN or GRE+seq + ERSPAN II
+    for _, r in df.iterrows():
+        assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROPS
+        assert r["receiver_packets"] == r["sent_packets"] - r["sender_dropped"] == r["monitor_packets"]
+        assert r["vtap_cloned"] == r["monitor_packets"] and r["vtap_failed"] == 0
+        assert r["tap_runs"] == r["sender_runs"] == r["receiver_packets"] and 0 < r["tap_ns_per_run"] < 100_000
+        copy = (128 if r["truncate"] else 1514) + overhead[r["target"]]
+        assert r["monitor_mbps"] == pytest.approx((copy + 4) * 8 * r["monitor_pps"] / 1e6, rel=1e-9)
+    bad = subprocess.run([sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "3", "--peers",
+                          "ebpf-sessions", "--targets", "gre"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 1 and "unknown target 'gre'" in bad.stderr
+
+
 def test_bench_command_line(tmp_path):
     cmd = [sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "2", "--sizes", "128",
            "--peers", "tc-mirred", "--trials", "1", "--duration", "1", "--out", str(tmp_path)]
@@ -88,8 +112,8 @@ def test_bench_command_line(tmp_path):
     old = subprocess.run(cmd[:5] + ["--mirrors", "bogus"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert old.returncode == 1 and old.stderr.splitlines() == [
         "lab bench: warning: --mirrors is now --peers; the old spelling goes in the next release",
-        "lab bench: error: unknown mirror 'bogus' (choose from none, ebpf, ebpf-helper, ebpf-xdp, tc-mirred, "
-        "nft-dup, ovs)"], old.stderr
+        "lab bench: error: unknown mirror 'bogus' (choose from none, ebpf, ebpf-helper, ebpf-xdp, ebpf-sessions, "
+        "tc-mirred, nft-dup, ovs)"], old.stderr
 
 
 NOTEBOOK = ROOT / "notebooks" / "01_vtap_throughput.ipynb"

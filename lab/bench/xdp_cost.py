@@ -70,7 +70,7 @@ def run_stats(fd):
     return int(got.get("run_time_ns", 0)), int(got.get("run_cnt", 0))
 
 
-class _Stats:
+class BpfRunStats:
     """The kernel counts programs' run time only while someone holds this fd."""
 
     def __enter__(self):
@@ -109,7 +109,7 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
     bar = Progress(trials * len(sizes) * len(variants)) if progress else None
     from ebpf import XdpSink
     tb = lb_testbed(backends=1)
-    with tb, _Stats(), XdpSink("pass") as sink:
+    with tb, BpfRunStats(), XdpSink("pass") as sink:
         # the generator's frames enter the switch through the client's port: a
         # veth takes XDP frames only where an XDP program runs
         sink.attach(tb.client, netns=tb.ns(tb.switch))

@@ -8,6 +8,7 @@ interleave (see common.interleaved). One CSV row per run.
 """
 
 import argparse
+import contextlib
 import sys
 
 import pandas as pd
@@ -24,7 +25,9 @@ NAME = "vtap-throughput"
 MIRROR_ORDER = list(MIRRORS)
 COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "receiver_pps", "monitor_pps",
            "receiver_mbps", "monitor_mbps", "receiver_loss", "monitor_loss", "cpu_usr", "cpu_sys", "cpu_soft",
-           "cpu_steal", "cpu_idle", "dut_ns_per_pkt"]
+           "cpu_steal", "cpu_idle", "dut_ns_per_pkt", "rules", "target", "truncate", "tap_ns_per_run",
+           "sender_ns_per_run"]
+SESSIONS = "ebpf-sessions"  # the mirror with a session dimension: --rules x --targets x --truncate
 
 
 SUMMARY = "vTAP paper Tables 1-2: PPS, Mbps and CPU per mirror"
@@ -47,6 +50,11 @@ examples:
                                             # an equal offered load, below every mirror's ceiling
   python -m lab bench vtap-throughput --generator trafgen --sizes 64,1518
                                             # netsniff-ng's trafgen as the packet source
+  python -m lab bench vtap-throughput --testbed 3 --sizes 64 --peers ebpf-sessions --rules 1,16,64,256
+                                            # vTAP sessions: what the rules cost, per packet
+  python -m lab bench vtap-throughput --testbed 3 --sizes 1518 --peers ebpf-sessions \
+      --targets local,vxlan,erspan --truncate 0,128
+                                            # copies to the monitor or tunnelled, whole or cut at 128 B
   python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf --trials 1 --duration 1
                                             # a smoke test: 2 runs of 1 s
 """
@@ -65,6 +73,12 @@ def add_arguments(p):
     p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default %(default)s)")
     p.add_argument("--rate", type=int, metavar="PPS",
                    help="offered load in packets/s (default: the generator's ceiling)")
+    p.add_argument("--rules", default="1", help=f"{SESSIONS}: rules in its session, a list (default %(default)s); "
+                   "the load matches the last")
+    p.add_argument("--targets", default="local", help=f"{SESSIONS}: local (the monitor), vxlan, erspan (to "
+                   "Testbed 3's collector), a list (default %(default)s)")
+    p.add_argument("--truncate", default="0", help=f"{SESSIONS}: bytes a copy keeps, 0 for whole, a list "
+                   "(default %(default)s)")
 
 
 def main(a):
@@ -79,7 +93,16 @@ def main(a):
                                  f"{', '.join(map(str, MIRRORS[name].testbeds))})")
     if a.rate is not None and a.rate <= 0:
         raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
-    df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate)
+    from .peers import EbpfSessionsMirror
+    sessions = {"rules": parse_list(a.rules, int, what="rule count"),
+                "targets": parse_list(a.targets, str, EbpfSessionsMirror.TARGETS, "target"),
+                "truncate": parse_list(a.truncate, int, what="truncation")}
+    if not all(1 <= n <= 256 for n in sessions["rules"]):
+        raise ValueError("--rules: 1 to 256 rules")
+    if not all(t == 0 or 64 <= t <= 9000 for t in sessions["truncate"]):
+        raise ValueError("--truncate: 0 (whole) or 64 to 9000 bytes")
+    df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate,
+                   sessions=sessions)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
@@ -89,7 +112,8 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
     rep, counts, cpu = m["report"], m["counts"], m["cpu"]
     secs = rep.seconds
     rx = counts["receiver"] if "receiver" in counts else counts["dut"]
-    mon = counts["monitor"]
+    tunnelled = getattr(mirror, "target", "local") != "local"
+    mon = counts["collector"] if tunnelled else counts["monitor"]  # where the copies go
     core = cpu.summary().loc[dut_cpu]
     busy = float(core["busy_ns"])
     r = {
@@ -113,62 +137,110 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
     for k in ("seen", "matched", "cloned", "failed"):
         if k in m["mirrored"]:
             r[f"vtap_{k}"] = m["mirrored"][k]
+    if mirror.name == SESSIONS:
+        r.update(rules=mirror.rules, target=mirror.target, truncate=mirror.truncate)
+        for prog, (ns, runs) in m.get("bpf_stats", {}).items():
+            r[f"{prog}_ns_per_run"] = ns / runs if runs else None
+            r[f"{prog}_runs"] = runs
     return r
 
 
+def variants(mirrors, sessions):
+    """(label, mirror name, its keyword arguments): the session mirror once per
+    rules x target x truncation, every other mirror once."""
+    out = []
+    for name in mirrors:
+        if name != SESSIONS:
+            out.append((name, name, {}))
+            continue
+        for n in sessions["rules"]:
+            for target in sessions["targets"]:
+                for cut in sessions["truncate"]:
+                    out.append((f"{name} {n} {target} {cut}", name, dict(rules=n, target=target, truncate=cut)))
+    return out
+
+
 def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
-        out=None, progress=True, stream=sys.stdout, rate_pps=None):
+        out=None, progress=True, stream=sys.stdout, rate_pps=None, sessions=None):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
+    from lab.bench.xdp_cost import BpfRunStats, run_stats
+    sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0]}
     gen_cpu, dut_cpu = cpus
     rows = []
-    total = sum(trials * len(sizes) * len([m for m in mirrors if t in MIRRORS[m].testbeds]) for t in testbed_nos)
+    todo = variants(mirrors, sessions)
+    total = sum(trials * len(sizes) * len([v for v in todo if t in MIRRORS[v[1]].testbeds]) for t in testbed_nos)
     bar = Progress(total) if progress else None
     for tb_no in testbed_nos:
-        tb = testbeds.TESTBEDS[tb_no]()
-        with ThroughputRig(tb, gen_cpu, dut_cpu) as rig:
+        here = [v for v in todo if tb_no in MIRRORS[v[1]].testbeds]
+        tunnels = any(kw.get("target", "local") != "local" for _, _, kw in here)
+        # an underlay to the collector whose MTU takes whole 1518-byte copies in a tunnel
+        # (3000: still within what a veth takes natively at XDP, where the sink counts them)
+        tb = testbeds.testbed3(collector=True, collector_mtu=3000) if tb_no == 3 and tunnels \
+            else testbeds.TESTBEDS[tb_no]()
+        with ThroughputRig(tb, gen_cpu, dut_cpu) as rig, BpfRunStats() if any(n == SESSIONS for _, n, _ in here) \
+                else contextlib.nullcontext():
             dut_ns = tb.ns(tb.tap_host)
             bridge = tb.bridge
-            here = [m for m in mirrors if tb_no in MIRRORS[m].testbeds]
             peers, gens = {}, {}
             try:
-                for name in here:
-                    peers[name] = MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu)
-                for trial, size, name in interleaved(trials, sizes, here):
+                for label, name, kw in here:
+                    peers[label] = MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu,
+                                                 **kw)
+                for trial, size, label in interleaved(trials, sizes, [v[0] for v in here]):
                     if size not in gens:
                         frames = udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
                                             dport=rig.udp_port)  # the port of the receiving DUT's socket
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
-                    m = rig.run(gens[size], peers[name], seconds=duration, rate_pps=rate_pps)
-                    rows.append(row(tb_no, peers[name], size, trial, m, dut_cpu, rate_pps))
+                    peer = peers[label]
+                    fds = peer.program_fds() if hasattr(peer, "program_fds") else {}
+                    before = {k: run_stats(fd) for k, fd in fds.items()}
+                    m = rig.run(gens[size], peer, seconds=duration, rate_pps=rate_pps)
+                    m["bpf_stats"] = {k: tuple(b - a for a, b in zip(before[k], run_stats(fd)))
+                                      for k, fd in fds.items()}
+                    rows.append(row(tb_no, peer, size, trial, m, dut_cpu, rate_pps))
                     if bar:
-                        bar.step(f"tb{tb_no} {name} {size}B trial {trial}")
+                        bar.step(f"tb{tb_no} {label} {size}B trial {trial}")
             finally:
                 close_all(gens, peers)
     df = columns_first(rows, COLUMNS)
     params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
               "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
-              "dut_cpu": dut_cpu, "rate_pps": rate_pps}
+              "dut_cpu": dut_cpu, "rate_pps": rate_pps, "sessions": sessions}
     path = write_results(df, "vtap_throughput", params, out)
     return df, path
 
 
+def with_variant(df: pd.DataFrame) -> pd.DataFrame:
+    """A `variant` column: the mirror, and for sessions its rules, target and truncation."""
+    df = df.copy()
+    def name(r):
+        if r["mirror"] != SESSIONS or pd.isna(r.get("rules")):
+            return r["mirror"]
+        cut = f" cut {int(r['truncate'])}" if r.get("truncate") else ""
+        return f"sessions {int(r['rules'])}r {r['target']}{cut}"
+    df["variant"] = df.apply(name, axis=1) if len(df) else []
+    return df
+
+
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    s = summarize(df, ["testbed", "size", "mirror"],
+    df = with_variant(df)
+    s = summarize(df, ["testbed", "size", "mirror", "variant"],
                   ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
     s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
-    return s.sort_values(["testbed", "size", "order"]).drop(columns="order").reset_index(drop=True)
+    return s.sort_values(["testbed", "size", "order", "variant"]).drop(columns="order").reset_index(drop=True)
 
 
 def print_summary(df, stream=sys.stdout):
     s = summary(df)
     stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
-    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<11} {'receiver kpps':>22} {'monitor kpps':>22} "
+    width = max(11, *(len(v) for v in s["variant"])) if len(s) else 11
+    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<{width}} {'receiver kpps':>22} {'monitor kpps':>22} "
                  f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
     for _, r in s.iterrows():
         def span(col, scale=1e3, fmt="{:.0f}"):
             return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
                     fmt.format(r[f'{col}_max'] / scale) + "]")
-        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['mirror']:<11} {span('receiver_pps'):>22} "
+        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {span('receiver_pps'):>22} "
                      f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
                      f"{span('dut_ns_per_pkt', 1):>18}\n")

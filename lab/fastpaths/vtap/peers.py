@@ -10,6 +10,9 @@ all driven the same way, so experiments can swap them:
     ebpf-helper  the vTAP copying with bpf_clone_redirect() instead (`vtap --clone helper`)
     ebpf-xdp   the XDP vTAP (ebpf.XdpMirror, `vtap --hook xdp`): on a node that routes
                (Testbed 3), each watched frame to its egress and the monitor from XDP
+    ebpf-sessions  vTAP sessions (ebpf.SessionMirror, `vtap --sessions`): N ordered rules, the
+               load matching the last; copies to the monitor or tunnelled to Testbed 3's
+               collector, whole or cut (its `rules`, `target` and `truncate`)
     tc-mirred  tc u32 match-all filter with a mirred egress mirror action (pyroute2)
     nft-dup    nftables netdev-family ingress chain with `dup to` (nftables' JSON API)
     ovs        Open vSwitch port mirroring, userspace (netdev) datapath, daemons of our own
@@ -326,5 +329,70 @@ class OvsMirror(Mirror):
         return [p.pid for p in self.switch.procs if p.poll() is None]
 
 
-PEERS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, EbpfXdpMirror, TcMirred, NftDup, OvsMirror)}
+def bench_rules(n, src):
+    """n rules whose last accepts the load (UDP from src); the others, each a
+    different kind of rule the load does not match, fill the tables as a real
+    rule set would: ports, ranges, prefixes of both families, protocols."""
+    from ebpf.sessions import Rule
+    rules = []
+    for i in range(n - 1):
+        kind = i % 4
+        if kind == 0:
+            rules.append(Rule("accept", protocol="tcp", destination_ports=str(20000 + i)))
+        elif kind == 1:
+            rules.append(Rule("reject", protocol="udp", source_ports=f"{30000 + i}-{30000 + i + 7}"))
+        elif kind == 2:
+            rules.append(Rule("accept", source=f"203.0.{i % 256}.0/24"))
+        else:
+            rules.append(Rule("accept", destination=f"2001:db8:{i:x}::/48"))
+    rules.append(Rule("accept", protocol="udp", source=f"{src}/32"))
+    return rules
+
+
+class EbpfSessionsMirror(VtapMirror):
+    """vTAP sessions: one session of `rules` rules (the load matches the last),
+    to the monitor (target local) or tunnelled to Testbed 3's collector (vxlan,
+    erspan), whole or cut to `truncate` bytes. Compiled once per variant."""
+    name = "ebpf-sessions"
+    colour, marker = "#000000", "*"
+    testbeds = (3,)
+    TARGETS = ("local", "vxlan", "erspan")
+
+    def __init__(self, *a, rules=1, target="local", truncate=0, src="198.18.1.10", **kw):
+        super().__init__(*a, **kw)
+        from ebpf.sessions import Session
+        from ebpf.tc_sessions import SessionMirror
+        from lab.testbeds import COLLECTOR_V4
+        if target not in self.TARGETS:
+            raise ValueError(f"target {target!r}: one of {', '.join(self.TARGETS)}")
+        self.rules, self.target, self.truncate = rules, target, truncate
+        url = {"local": self.monitor_iface, "vxlan": f"vxlan://{COLLECTOR_V4}/100",
+               "erspan": f"erspan://{COLLECTOR_V4}/1"}[target]
+        self.tap = SessionMirror([Session(target=url, truncate=truncate, rules=bench_rules(rules, src))],
+                                 netns=self.ns)
+        self.tap.load_program()
+        self._filters = []
+
+    def attach(self):
+        self._filters = self.tap.attach(self.tap_iface, "ingress")
+        self.attached = True
+
+    def detach(self):
+        for f in self._filters:
+            self.tap.detach_tc(f)
+        self._filters = []
+        self.attached = False
+
+    def counters(self) -> dict:
+        s = next(iter(self.tap.session_counters().values()))
+        return {"mirrored": s["sent"], "mirrored_bytes": s["sent_bytes"], "seen": self.tap.counters()["seen"],
+                "matched": s["accepted"], "cloned": s["sent"], "failed": s["failed"] + s["oversize"]}
+
+    def program_fds(self) -> dict:
+        """{tap, sender: fd}: for the kernel's run-time statistics."""
+        return {"tap": self.tap.load("tap_ingress", "SCHED_CLS").fd, "sender": self.tap.load("sender", "SCHED_CLS").fd}
+
+
+PEERS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, EbpfXdpMirror, EbpfSessionsMirror, TcMirred,
+                             NftDup, OvsMirror)}
 MIRRORS = PEERS

@@ -51,6 +51,11 @@ class ThroughputRig(Rig):
         if tb.receiver != tb.tap_host:
             self._sink("receiver", "drop", tb.ns(tb.receiver), tb.receiver_iface)
         self._sink("monitor", "drop", tb.ns(tb.monitor), tb.monitor_capture_iface)
+        if "collector" in tb.topo.hosts:
+            # vTAP sessions' tunnels, counted where they leave the tap node (at the
+            # next hop, which the sink makes the last): the router's forwarding
+            # is not the DUT's work
+            self._sink("collector", "drop", tb.ns("router"), "eth0")
         if tb.receiver == tb.tap_host:
             self.udp_sink(self.dut_ns, self.udp_port)
         for link in tb.topo.links:

@@ -224,15 +224,19 @@ class Testbed(_Built):
         return Capture(self.ns(host), ifname, self.marker, direction=direction, expect=expect)
 
 
-def testbed1(mtu=1500) -> Testbed:
+def testbed1(mtu=1500, collector=False) -> Testbed:
     """The vTAP on the receiver: sender eth0 -- eth0 receiver mon0 -- eth0 monitor.
     Returns a Testbed, not yet built (build() or `with`). mtu: of every link (a
-    replayed pcap of tunnelled frames needs more than 1500)."""
+    replayed pcap of tunnelled frames needs more than 1500). collector=True: a
+    remote sensor two hops away, as in testbed3(); its links have room for a
+    whole frame in a tunnel (mtu + 100)."""
     t = Topology("testbed1")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
     t.add_link("sender", "receiver", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=RECEIVER_V4 + RECEIVER_V6, mtu=mtu)
     t.add_link("receiver", "monitor", a_if="mon0", a_addrs=[], b_addrs=[], mtu=mtu)
+    if collector:
+        _add_collector(t, "receiver", mtu + 100)
     return Testbed(t, 1, tap_host="receiver", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0")
 
 
@@ -262,6 +266,22 @@ def _routed(cidr, subnet):
 COLLECTOR_V4, COLLECTOR_V6 = "198.18.6.2", "2001:2:0:6::2"
 
 
+def _add_collector(t, tap_host, mtu):
+    """A remote sensor for vTAP sessions' tunnels, two hops from the tap host:
+    tap_host eth2 (198.18.5.254, 2001:2:0:5::fe) ---- eth0 router eth1 ---- eth0
+    collector (COLLECTOR_V4, COLLECTOR_V6), the router forwarding."""
+    t.add_host("router", forwarding=True)
+    t.add_host("collector")
+    t.add_link(tap_host, "router", a_if="eth2", a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
+               b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"], mtu=mtu)
+    t.add_link("router", "collector", a_if="eth1", a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
+               b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"], mtu=mtu)
+    t.add_route(tap_host, "198.18.6.0/24", "198.18.5.1")
+    t.add_route(tap_host, "2001:2:0:6::/64", "2001:2:0:5::1")
+    t.add_route("collector", "198.18.5.0/24", "198.18.6.1")
+    t.add_route("collector", "2001:2:0:5::/64", "2001:2:0:6::1")
+
+
 def testbed3(collector=False, collector_mtu=1500) -> Testbed:
     """The vTAP on a node that routes between sender and receiver (tapnode,
     forwarding on); its copies leave through mon0 to the monitor.
@@ -276,16 +296,7 @@ def testbed3(collector=False, collector_mtu=1500) -> Testbed:
         t.add_host(h)
     t.add_host("tapnode", forwarding=True)
     if collector:
-        t.add_host("router", forwarding=True)
-        t.add_host("collector")
-        t.add_link("tapnode", "router", a_if="eth2", a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
-                   b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"], mtu=collector_mtu)
-        t.add_link("router", "collector", a_if="eth1", a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
-                   b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"], mtu=collector_mtu)
-        t.add_route("tapnode", "198.18.6.0/24", "198.18.5.1")
-        t.add_route("tapnode", "2001:2:0:6::/64", "2001:2:0:5::1")
-        t.add_route("collector", "198.18.5.0/24", "198.18.6.1")
-        t.add_route("collector", "2001:2:0:5::/64", "2001:2:0:6::1")
+        _add_collector(t, "tapnode", collector_mtu)
     receiver = [_routed(a, "198.18.2.0/24") for a in RECEIVER_V4] + \
         [_routed(a, "2001:2:0:2::/64") for a in RECEIVER_V6]
     t.add_link("sender", "tapnode", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])

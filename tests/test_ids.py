@@ -194,6 +194,31 @@ def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
     assert set(re.findall(r"trial (\d+)", r.stderr)) == {"0"}, r.stderr
 
 
+def test_a_remote_collector_behind_vxlan_raises_exactly_the_truth(tmp_path):
+    """--at remote: the monitor's Suricata on a collector two hops away, the
+    copies in VXLAN from vTAP sessions: it reads every copy (as the outer
+    packets the tunnel carries) and raises exactly the alerts the truth says,
+    as the receiver's does."""
+    r = lab_cmd("bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "none", "--loop", "2",
+                "--seed", "5", "--at", "remote", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    df, sigs = read_bench(tmp_path)
+    gen = attacks.generate(seed=5, repetitions=2)
+    frames, truth = len(gen.frames), gen.truth
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["monitor_at"] == "remote"
+    assert row["packets_sent"] == row["mirrored"] == frames
+    # the collector's link carries a few frames of its own (the router's ARP and
+    # neighbour discovery for it): the copies are all there, and little else
+    assert row["receiver_packets"] == frames <= row["monitor_packets"] <= frames + 16
+    for who in ("receiver", "monitor"):
+        assert row[f"{who}_drops"] == 0
+        assert row[f"{who}_alerts"] == sum(truth.values()) and row[f"{who}_correct"]
+    assert set(sigs["monitor_at"]) == {"remote"}
+    assert " remote " in r.stdout
+
+
 def test_users_pcap_truth_and_watch_list(tmp_path):
     """A pcap of the user's is replayed unchanged; --truth is what is expected;
     --watch narrows what the vTAP copies to the monitor."""
@@ -257,6 +282,7 @@ def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
     (["--loop", "20000"], r"--loop 20000 would make a 2\.\d GB pcap; the most is 1\.1 GB"),
     (["--loop", "3000", "--rates", "1,10"], r"one replay at 1 Mbps would take \d+ s, more than a load run may"),
     (["--cpus", "0,7"], r"--cpus 0,7: this machine has CPUs 0\.\.\d"),
+    (["--at", "moon"], r"unknown --at place 'moon' \(choose from local, remote\)"),
 ])
 def test_bench_bad_input_is_one_line(args, message, tmp_path):
     r = lab_cmd("bench", "ids", "--trials", "1", "--out", str(tmp_path), *args, timeout=120)

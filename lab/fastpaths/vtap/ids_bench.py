@@ -4,6 +4,13 @@ traffic, and on the monitor, which gets the vTAP's copies.
 
     sender eth0 ---- eth0 receiver mon0 ---- eth0 monitor
       tcpreplay        vTAP + Suricata          Suricata
+                              eth2 ---- router ---- collector   (--at remote)
+                                                    Suricata
+
+With --at remote, the monitor's Suricata runs on a collector two hops away
+instead, the copies reaching it in VXLAN from vTAP sessions (a session taking
+what the watch-list would); local and remote runs interleave, and the CSV's
+monitor_* columns are the collector's in remote runs (monitor_at says which).
 
 Attack traffic with ground truth (lab.traffic.attacks, the project's ruleset
 lab/rules/vtap-lab.rules), or a pcap and rules of the user's, is replayed at each
@@ -52,6 +59,8 @@ examples:
   python -m lab bench ids --rates 1 --trials 1 --cpu-quota none --loop 2
                                                            # the exactness check: every alert, no drop
   python -m lab bench ids --rates 10,30,top --cpu-quota 5,10,20,none
+  python -m lab bench ids --at local,remote --rates 1,10,20,30 --cpu-quota 5
+                                                           # the monitor's IDS local, or remote behind VXLAN
   python -m lab bench ids --pcap my.pcap --rules my.rules --home-net 10.0.0.0/8 --watch 10.0.0.5/32
                                                            # your traffic and signatures, unchanged
 """
@@ -60,13 +69,14 @@ DEFAULT_QUOTAS = "5,none"
 TARGET_SECONDS = 8.0     # default repetitions: the mix lasts this long at the highest rate
 TOP_REPETITIONS = 400    # and this many repetitions when the only rate is `top`
 MAX_PCAP_BYTES = 1 << 30  # the project's traffic is at most this big; a bigger pcap of yours is not preloaded
-COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "achieved_mbps", "achieved_kpps", "packets_sent",
+AT = ("local", "remote")
+COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "monitor_at", "achieved_mbps", "achieved_kpps", "packets_sent",
            "receiver_packets", "receiver_drops", "receiver_drop_rate", "receiver_alerts",
            "monitor_packets", "monitor_drops", "monitor_drop_rate", "monitor_alerts", "expected_alerts",
            "rate", "duration_s", "mirrored", "receiver_missed", "monitor_missed", "receiver_cpu_s",
            "monitor_cpu_s", "receiver_correct", "monitor_correct", "receiver_cpu", "monitor_cpu",
            "packets_failed"]
-SIG_COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "ids", "sid", "alerts", "expected", "msg", "rate"]
+SIG_COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "monitor_at", "ids", "sid", "alerts", "expected", "msg", "rate"]
 
 
 def add_arguments(p):
@@ -91,6 +101,9 @@ def add_arguments(p):
     p.add_argument("--home-net", metavar="CIDR[,CIDR]",
                    help=f"Suricata's $HOME_NET (default {attacks.HOME_NET} for the project's traffic, any for --pcap)")
     p.add_argument("--watch", metavar="CIDR[,CIDR]", help="the vTAP's watch-list (default: mirror every frame)")
+    p.add_argument("--at", default="local", metavar="local[,remote]",
+                   help="where the monitor's Suricata runs: local (on mon0, the paper's) and/or remote (a "
+                        "collector two hops away, the copies in VXLAN from vTAP sessions) (default %(default)s)")
 
 
 # --- parsing ------------------------------------------------------------------------
@@ -251,6 +264,7 @@ class Workload:
 def main(a):
     rates = parse_rates(a.rates)
     quotas = parse_quotas(a.cpu_quota)
+    parse_list(a.at, str, AT, "--at place")
     _, cpus = checked_options(a, cpus="sender+monitor,receiver")
     df, _, path = measure(a, rates, quotas, a.trials, cpus, a.out)
     print_summary(df)
@@ -264,7 +278,8 @@ def measure(a, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
     import tempfile
     with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
         work = Workload(a, rates, tmp).prepare(rates, say=lambda m: print(m, file=sys.stderr))
-        return run(work, rates, quotas, trials, cpus, out, progress)
+        at = tuple(parse_list(getattr(a, "at", "local"), str, AT, "--at place"))
+        return run(work, rates, quotas, trials, cpus, out, progress, at=at)
 
 
 def options(**kw):
@@ -286,18 +301,60 @@ def cores(cpus, trial):
     return cpus if trial % 2 == 0 else cpus[::-1]
 
 
-def run(work, rates, quotas, trials, cpus, out=None, progress=True):
+class RemoteTap:
+    """vTAP sessions taking what the watch-list would (everything without one),
+    to the collector in VXLAN: attached for the remote runs only."""
+
+    def __init__(self, tb, watch):
+        from ebpf.sessions import Rule, Session
+        from ebpf.tc_sessions import SessionMirror
+        rules = [Rule("accept", **{side: net}) for net in watch for side in ("source", "destination")] \
+            if watch else [Rule("accept")]
+        self.tb = tb
+        self.prog = SessionMirror([Session(target=f"vxlan://{testbeds.COLLECTOR_V4}/1", rules=rules)],
+                                  netns=tb.ns(tb.tap_host))
+        self.prog.load_program()
+        self.filters = []
+
+    def attach(self):
+        self.filters = self.prog.attach(self.tb.tap_iface, "ingress")
+
+    def detach(self):
+        for f in self.filters:
+            self.prog.detach_tc(f)
+        self.filters = []
+
+    def counters(self):
+        return {"mirrored": sum(c["sent"] for c in self.prog.session_counters().values())}
+
+    def close(self):
+        self.prog.close()
+
+
+def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",)):
     rows, sig_rows = [], []
-    bar = Progress(max(1, trials * len(rates) * len(quotas))) if progress else None
-    tb = testbeds.testbed1(mtu=work.mtu)
+    variants = [(q, where) for q in quotas for where in at]
+    bar = Progress(max(1, trials * len(rates) * len(variants))) if progress else None
+    tb = testbeds.testbed1(mtu=work.mtu, collector="remote" in at)
     with tb:
-        with EbpfMirror(tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, watch=work.watch) as tap:
-            for trial, rate, quota in interleaved(trials, rates, quotas):
-                r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial))
+        local = EbpfMirror(tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, watch=work.watch)
+        remote = RemoteTap(tb, work.watch) if "remote" in at else None
+        try:
+            for trial, rate, (quota, where) in interleaved(trials, rates, variants):
+                tap = remote if where == "remote" else local
+                tap.attach()
+                try:
+                    r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial), where)
+                finally:
+                    tap.detach()
                 rows.append({"trial": trial, **r})
                 sig_rows += [{"trial": trial, **s} for s in sigs]
                 if bar:  # the trial as the CSV numbers it, from 0
-                    bar.step(f"{rate} Mbps quota {quota or 'none'} trial {trial}")
+                    bar.step(f"{rate} Mbps quota {quota or 'none'} {where} trial {trial}")
+        finally:
+            local.close()
+            if remote:
+                remote.close()
     df = columns_first(rows, COLUMNS)
     sig_df = columns_first(sig_rows, SIG_COLUMNS)
     params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus),
@@ -306,19 +363,23 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True):
               # loop count); tcpreplay_loop: what tcpreplay was told (1 for own traffic)
               "watch": work.watch, "loop": work.loop_given, "tcpreplay_loop": work.loop,
               "repetitions": work.repetitions, "seed": work.seed,
-              "pcap_frames": work.frames, "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": work.truth_source}
+              "pcap_frames": work.frames, "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": work.truth_source,
+              "at": list(at)}
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
     return df, sig_df, path
 
 
-def one_run(work, tb, tap, rate, quota, cpus):
+def one_run(work, tb, tap, rate, quota, cpus, where="local"):
     mon_cpu, rx_cpu = cpus
+    # the monitor's IDS: on the monitor, or on the collector the tunnel goes to
+    mon_ns, mon_iface = (tb.ns("collector"), "eth0") if where == "remote" else \
+        (tb.ns(tb.monitor), tb.monitor_capture_iface)
     steer_receive(tb.ns(tb.receiver), tb.receiver_iface, rx_cpu)
-    steer_receive(tb.ns(tb.monitor), tb.monitor_capture_iface, mon_cpu)
+    steer_receive(mon_ns, mon_iface, mon_cpu)
     kw = {"rules": work.rules, "home_net": work.home_net, "quota_pct": quota}
     rx = suricata.Suricata(tb.ns(tb.receiver), tb.receiver_iface, cpu=rx_cpu, **kw)
-    mon = suricata.Suricata(tb.ns(tb.monitor), tb.monitor_capture_iface, cpu=mon_cpu, **kw)
+    mon = suricata.Suricata(mon_ns, mon_iface, cpu=mon_cpu, **kw)
     try:
         rx.start()
         mon.start()
@@ -337,6 +398,7 @@ def one_run(work, tb, tap, rate, quota, cpus):
     truth = work.truth
     expected = sum(truth.values()) if truth is not None else None
     row = {"rate_mbps": None if rate == "top" else rate, "rate": str(rate), "cpu_quota_pct": quota,
+           "monitor_at": where,
            "achieved_mbps": rep.mbps, "achieved_kpps": rep.pps / 1e3, "packets_sent": rep.packets,
            "duration_s": round(rep.seconds, 3), "mirrored": mirrored, "expected_alerts": expected,
            "packets_failed": rep.extra.get("failed", 0),
@@ -349,7 +411,8 @@ def one_run(work, tb, tap, rate, quota, cpus):
                     f"{who}_missed": max(0, sent - r.kernel_packets), f"{who}_cpu_s": cpu[who],
                     f"{who}_correct": (dict(+r.alerts) == dict(+truth)) if truth is not None else None})
         for sid in sorted(set(r.alerts) | set(truth or {})):
-            sigs.append({"rate_mbps": row["rate_mbps"], "rate": row["rate"], "cpu_quota_pct": quota, "ids": who,
+            sigs.append({"rate_mbps": row["rate_mbps"], "rate": row["rate"], "cpu_quota_pct": quota,
+                         "monitor_at": where, "ids": who,
                          "sid": sid, "alerts": r.alerts.get(sid, 0),
                          "expected": truth.get(sid, 0) if truth is not None else None,
                          "msg": r.messages.get(sid) or work.messages.get(sid, "")})
@@ -364,14 +427,16 @@ def print_summary(df, stream=sys.stdout):
                      "what the IDSes saw is less than the pcap\n")
     stream.write("\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata;\n"
                  "correct = trials whose alerts equal the expected ones, signature by signature\n")
-    stream.write(f"  {'quota':>6} {'rate':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} {'correct':>7} | "
-                 f"{'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n")
+    stream.write(f"  {'quota':>6} {'rate':>6} {'at':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
+                 f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n")
     df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
-    for (q, rate), g in df.groupby(["q", "rate"], sort=False):
+    if "monitor_at" not in df:
+        df = df.assign(monitor_at="local")
+    for (q, rate, where), g in df.groupby(["q", "rate", "monitor_at"], sort=False):
         def span(col):
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
         exp = g["expected_alerts"].iloc[0]
-        stream.write(f"  {q:>6} {rate:>6} {g['achieved_mbps'].median():6.1f} | {span('receiver_alerts'):>22} "
+        stream.write(f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | {span('receiver_alerts'):>22} "
                      f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
                      f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
                      f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n")

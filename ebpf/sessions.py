@@ -254,6 +254,20 @@ class Session:
         return self.name or f"session {self.number}"
 
 
+def watching(monitor, watch=None, match="any", sample=1, name=None) -> Session:
+    """`vtap --monitor MON --watch CIDR... --match M --sample N` as one session:
+    a rule accepting each watched CIDR as a source (match src), a destination
+    (dst) or either (any); no watch-list: every IP frame. (The command itself
+    runs the simple case on TcMirror, which copies without the sender's hop,
+    and with no watch-list copies non-IP frames too.)"""
+    sides = {"src": ("source",), "dst": ("destination",), "any": ("source", "destination")}
+    if match not in sides:
+        raise InputError(f"unknown match mode {match!r} (src, dst or any)")
+    rules = [Rule("accept")] if watch is None else \
+        [Rule("accept", **{side: str(net)}) for net in watch for side in sides[match]]
+    return Session(target=monitor, rules=rules, sample=sample, name=name)
+
+
 def _rule_from(table, what):
     known = {"action", "direction", "protocol", "source", "destination", "source_ports", "destination_ports"}
     extra = set(table) - known

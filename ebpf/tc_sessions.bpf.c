@@ -42,6 +42,7 @@
 #include <uapi/linux/if_ether.h>
 #include "parsing_helpers.h"
 #include "verdict.h"
+#include "skb_helpers.h"
 #include "sessions.h"
 
 /* The kernel's four-argument form (params, plen, flags); BCC's headers may
@@ -555,7 +556,19 @@ static __always_inline int send_one(struct __sk_buff *skb, __u32 gen, __u32 slot
 	 * (and a tag), or the outer IP packet within the collector's path MTU */
 	__u32 room = s->kind == SESS_T_LOCAL ? s->mtu + ETH_HLEN + tagged
 					     : s->mtu - (s->hdr_len & (SESS_HDR_MAX - 1));
-	if (want > room) {
+	/* A GSO frame (a local sender's TCP at egress, a GRO'd one at ingress)
+	 * is many wire packets in one skb; the kernel cuts it into them where the
+	 * path needs (the tunnel's headers repeated in each): what must fit is
+	 * one segment. Cut whole (truncation), it is one short frame. */
+	__u32 size = want;
+	if (want == wire && skb->gso_segs > 1 && skb->gso_size) {
+		__be16 proto;
+		__u32 l2 = l2_len(skb, &proto);
+		__u32 hdr = l34_len(skb, l2, proto);
+		if (hdr)
+			size = tagged + l2 + hdr + skb->gso_size;
+	}
+	if (size > room) {
 		if (!(s->flags & SESS_F_FIT)) {
 			st->oversize++;
 			return TC_ACT_SHOT;

@@ -51,6 +51,8 @@ EXIT = (["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_
         ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
 XDP_MIRROR = (["tests/test_xdp_mirror.py", "-k", "fixture or counters or mode or sampled or forward or everything or match"],
               ["tests/test_xdp_mirror.py"])
+SESSIONS = (["tests/test_sessions.py"], ["tests/test_vtap_sessions.py"])
+SESSION_TABLES = (["tests/test_sessions_file.py"], ["tests/test_sessions.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 
@@ -183,6 +185,43 @@ MUTANTS = [
       'lost = c["monitor_dropped"] + c["monitor_pending"] + c["redirect_errors"]',
       'lost = c["monitor_dropped"] + c["redirect_errors"]', "copies the kernel skipped counted as cloned",
       XDP_MIRROR),
+    # --- vTAP sessions ------------------------------------------------------------------------------
+    M("sessions-every-rule-decides", "ebpf/tc_sessions.bpf.c", "\t\t\tx->w[w] &= ~s->rules.w[w];", "\t\t\t;",
+      "a session's later rules decide too (not the first match)", SESSIONS),
+    M("sessions-shared-target-twice", "ebpf/tc_sessions.bpf.c", "\t\tshadow |= s->shadow;", "\t\t;",
+      "two sessions with one target send a frame twice", SESSIONS),
+    M("sessions-fragment-protocol-lost", "ebpf/tc_sessions.bpf.c",
+      "parsed == PARSE_OK || parsed == PARSE_OTHER || parsed == PARSE_FRAGMENT ? p->l4 : -1",
+      "parsed == PARSE_OK || parsed == PARSE_OTHER ? p->l4 : -1",
+      "fragments matched as of no known protocol", SESSIONS),
+    M("sessions-cut-ignores-the-tag", "ebpf/tc_sessions.bpf.c", "bpf_skb_change_tail(skb, want - tagged, 0)",
+      "bpf_skb_change_tail(skb, want, 0)", "a tagged copy cut 4 bytes long", SESSIONS),
+    M("sessions-erspan-t-bit", "ebpf/tc_sessions.bpf.c", "\t\t\t\t\tb |= 0x04;", "\t\t\t\t\tb |= 0;",
+      "a cut ERSPAN II copy without its T bit", SESSIONS, nth=1),
+    M("sessions-udp6-pseudo-length", "ebpf/tc_sessions.bpf.c",
+      "__be32 tail[2] = {bpf_htonl(len), bpf_htonl(IPPROTO_UDP)};",
+      "__be32 tail[2] = {bpf_htonl(len + 1), bpf_htonl(IPPROTO_UDP)};",
+      "a wrong outer UDP checksum to an IPv6 collector", SESSIONS),
+    M("sessions-partial-inner-ignored", "ebpf/tc_sessions.bpf.c",
+      "__u32 fix = partial_fix(skb, ETH_HLEN + hlen + l2, cut);", "__u32 fix = 0;",
+      "the outer IPv6 UDP checksum built for an unfinished inner checksum", SESSIONS),
+    M("sessions-oversize-sent", "ebpf/tc_sessions.bpf.c", "\tif (size > room) {", "\tif (size > room + 10000) {",
+      "copies too big for the path sent (to be fragmented or dropped)", SESSIONS),
+    M("sessions-gso-by-whole-length", "ebpf/tc_sessions.bpf.c",
+      "\tif (want == wire && skb->gso_segs > 1 && skb->gso_size) {", "\tif (0) {",
+      "a GRO'd frame judged by its whole length, so counted oversize", SESSIONS),
+    M("sessions-own-copies-copied", "ebpf/tc_sessions.bpf.c",
+      "if ((skb->cb[0] & SESS_TAG_MASK) == SESS_TAG_COPY) {", "if (0) {",
+      "the program's own copies copied again", SESSIONS),
+    M("sessions-vlan-tag-dropped", "ebpf/tc_sessions.bpf.c", "\t\tl2 += 4;", "\t\t;",
+      "a tunnelled copy loses its VLAN tag", SESSIONS),
+    M("sessions-outer-ip-checksum", "ebpf/tc_sessions.bpf.c",
+      "ip.check = ~csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip, sizeof(ip), 0)) & 0xffff;",
+      "ip.check = ~csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip, sizeof(ip), 1)) & 0xffff;",
+      "a wrong outer IPv4 header checksum", SESSIONS),
+    M("session-tables-containment-reversed", "ebpf/session_tables.py", "(n is None or p.subnet_of(n))",
+      "(n is None or n.subnet_of(p))", "an address matched by the rules of prefixes inside its own",
+      SESSION_TABLES),
     # --- the XDP redirect ---------------------------------------------------------------------------
     M("redirect-v6-hop-limit-1", "ebpf/xdp_redirect.bpf.c", "if (ip6h->hop_limit <= 1) {",
       "if (ip6h->hop_limit < 1) {", "IPv6 with hop limit 1 forwarded instead of left to the kernel", REDIRECT),

@@ -9,7 +9,7 @@ import pytest
 
 from ebpf.errors import InputError
 from ebpf.session_tables import NO_PORT, UNKNOWN_PROTO, field_bits
-from ebpf.sessions import Rule, Session, load_sessions, parse_sessions, parse_target
+from ebpf.sessions import Rule, Session, load_sessions, parse_sessions, parse_target, watching
 
 GOOD = """\
 # two sessions
@@ -200,3 +200,14 @@ def test_tables_agree_with_first_match_on_random_rules():
                  sport=rnd.choice([0, 53, 80, 81, 1000, 1100, 5000, 65535]) if ported else None,
                  dport=rnd.choice([0, 53, 80, 443, 1000, 5000, 60000, 65535]) if ported else None)
         assert classify(bits, f) == first_match(sessions, f), f
+
+
+def test_monitor_and_watch_as_one_session():
+    s = watching("mon0", ["198.18.1.0/24", "2001:2::/48"], match="any", sample=4)
+    assert (s.target.ifname, s.sample) == ("mon0", 4)
+    assert [str(r) for r in s.rules] == ["accept from 198.18.1.0/24", "accept to 198.18.1.0/24",
+                                          "accept from 2001:2::/48", "accept to 2001:2::/48"]
+    assert [str(r) for r in watching("mon0", ["198.18.1.7/32"], match="dst").rules] == ["accept to 198.18.1.7/32"]
+    assert [str(r) for r in watching("mon0").rules] == ["accept"]
+    with pytest.raises(InputError, match="unknown match mode"):
+        watching("mon0", [], match="both")

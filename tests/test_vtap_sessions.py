@@ -192,3 +192,53 @@ def test_partial_checksums_of_socket_traffic_reach_an_ipv6_collector_right():
         u = bytes(p[IPv6][UDP])
         assert in6_chksum(17, p[IPv6], u[:6] + b"\0\0" + u[8:]) == p[IPv6][UDP].chksum
     assert partial > len(col.frames) // 2  # the client's frames: partial; the path was taken
+
+
+def test_gro_frames_fit_the_path_by_their_segments():
+    """The router's eth0 with GRO on (as most NICs come): its ingress hook sees
+    TCP as GSO frames of many segments, longer than any MTU. A copy is too big
+    only if a segment is (the kernel cuts the tunnelled frame into segments
+    where the path needs): with a path that takes a segment and the tunnel,
+    every copy is sent, none counted oversize, and the copies carry every byte
+    the client sent."""
+    from scapy.layers.inet import TCP
+    from scapy.layers.l2 import Ether
+    with plain_router() as t:
+        t.run("router", ["ethtool", "-K", "eth0", "gro", "on"], check=True, capture_output=True)
+        # a link to the collector with room for a whole segment and the tunnel's 50 bytes
+        t.run("router", ["ip", "link", "set", "eth2", "mtu", "1600"], check=True)
+        t.run("collector", ["ip", "link", "set", "eth0", "mtu", "1600"], check=True)
+        s = Session(target=f"vxlan://{COLLECTOR4}/9", rules=[Rule("accept", protocol="tcp", destination_ports=PORT)])
+        servers = echo_servers(t, ["server"])
+        try:
+            with SessionMirror([s], netns=t.ns("router")) as m, \
+                    Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+                m.attach("eth0", "ingress")
+                r = exchange(t, "client", SERVER4, PORT)
+                assert r["tcp"] == r["n"], r
+                c = m.session_counters()["session 1"]
+                col.wait_for(c["sent"])
+        finally:
+            stop_all(servers)
+    assert c["oversize"] == c["failed"] == 0 and c["sent"] == c["accepted"] == len(col.frames) > 0
+    inner = [Ether(decap(f).inner) for f in col.frames]
+    assert max(len(p) for p in inner) > 1514  # GRO made some: the path was taken
+    # every byte of every connection is in some copy: the client's stream
+    # (tests/echo.py: connection i sends 1 + (i * 7919) % 40000 bytes) from
+    # its SYN's sequence number on, covered by the copies' segments
+    isn, covered = {}, {}
+    for p in inner:
+        tcp = p[TCP]
+        if tcp.flags.S:
+            isn[tcp.sport] = tcp.seq
+        if len(tcp.payload):
+            covered.setdefault(tcp.sport, []).append((tcp.seq, tcp.seq + len(tcp.payload)))
+    want = sorted(1 + (i * 7919) % 40000 for i in range(r["n"]))
+    got = []
+    for sport, start in isn.items():
+        end = start + 1
+        for a, b in sorted(covered.get(sport, [])):
+            if a <= end:
+                end = max(end, b)
+        got.append(end - start - 1)
+    assert sorted(got) == want

@@ -250,6 +250,18 @@ class SessionMirror(BpfProgram):
     def sender(self):
         return self._sender[0] if self._sender else None
 
+    def missing(self) -> str | None:
+        """What was removed from outside that stops the copies: a tap filter of
+        ours, or the sender device (None when all is in place)."""
+        for f in self.tc_filters:
+            if tc.find(f) is None:
+                return f"the vTAP filter on {f.ifname} {f.direction} is gone (removed from outside)"
+        if self._sender:
+            with netdev.ipr(self.netns) as ip:
+                if not ip.link_lookup(ifname=self._sender[0]):
+                    return f"the sender device {self._sender[0]} is gone (deleted from outside)"
+        return None
+
     # --- attach ---------------------------------------------------------------------
     def load_program(self):
         self.load("tap_ingress", "SCHED_CLS")

@@ -63,16 +63,16 @@ def test_testbed3_runs_the_xdp_vtap_and_the_mirrors_that_route(tmp_path):
 
 
 def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
-    """vTAP sessions on Testbed 3 with 1 and 16 rules, to the monitor and
-    tunnelled to the collector, whole and cut: at a modest rate every frame
-    the sender's veth took is copied and arrives where the target is, and the
-    programs' own run times (the kernel's statistics) are read per packet."""
+    """vTAP sessions on Testbed 3 with 16 rules, to the monitor and tunnelled
+    to the collector, whole and cut: at a modest rate every frame the sender's
+    veth took is copied and arrives where the target is, and the programs' own
+    run times (the kernel's statistics) are read per packet."""
     df, path = vt.run([3], [1518], ["ebpf-sessions"], trials=1, duration=0.5, out=tmp_path, progress=False,
-                      rate_pps=20_000, sessions={"rules": [1, 16], "targets": ["local", "vxlan", "erspan"],
+                      rate_pps=20_000, sessions={"rules": [16], "targets": ["local", "vxlan", "erspan"],
                                                   "truncate": [0, 128]})
-    assert len(df) == 12
+    assert len(df) == 6
     assert sorted(set(zip(df["rules"], df["target"], df["truncate"]))) == sorted(
-        (r, t, c) for r in (1, 16) for t in ("erspan", "local", "vxlan") for c in (0, 128))
+        (16, t, c) for t in ("erspan", "local", "vxlan") for c in (0, 128))
     overhead = {"local": 0, "vxlan": 50, "erspan": 50}  # outer IPv4, UDP + VXLAN or GRE+seq + ERSPAN II
     for _, r in df.iterrows():
         assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROPS

@@ -93,41 +93,35 @@ def tb_dst4():
 
 
 @pytest.mark.parametrize("family", [4, 6])
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_each_tunnel_kind_reaches_the_collector_byte_exact(tb, kind, family):
-    """UDP to port 5001 (both families) is accepted, cut to 128 bytes and sent
-    through the tunnel; port 6000 is not. At the collector, each copy is the
-    frame the tap saw, cut at 128 bytes, with the session's key; the outer
-    checksums are right (IPv6 UDP has one) and ERSPAN numbers its copies."""
-    s = Session(target=collector_url(kind, family), truncate=128,
-                rules=[Rule("accept", protocol="udp", destination_ports="5001")])
-    with tap(tb, [s]) as m:
+def test_each_tunnel_kind_reaches_the_collector_byte_exact(tb, family):
+    """A session per tunnel kind (VXLAN, GENEVE, GRE with and without a key,
+    ERSPAN II and III), all to the collector: UDP to port 5001 (both families)
+    is accepted, cut to 128 bytes and sent through every tunnel; port 6000 is
+    not. At the collector, each kind's copies are the frames the tap saw, cut
+    at 128 bytes, each once, with the session's key; IPv6 UDP has a checksum,
+    ERSPAN numbers its copies without a gap and sets its T bit."""
+    ss = [Session(target=collector_url(kind, family), truncate=128, name=kind,
+                  rules=[Rule("accept", protocol="udp", destination_ports="5001")]) for kind in KINDS]
+    with tap(tb, ss) as m:
         sent, rx, _, got = send(tb, flows(), collector=True)
-        c, sc, rc = m.counters(), m.session_counters()["session 1"], m.rule_counters()
+        c, sc, rc = m.counters(), m.session_counters(), m.rule_counters()
     assert rx == {"u4": 20, "u6": 20, "other4": 20}
-    assert len(got) == 40
-    want_kind = kind.split("-")[0]
-    ident_of = {id(d): None for d in got}
-    seqs = []
-    for d in got:
-        assert d.kind == want_kind and d.key == KEYS[kind]
-        frame = next(f for f in sent.values() if f[:128] == d.inner)
-        assert len(frame) == 300 and d.inner == frame[:128]
-        if d.truncated is not None:
-            assert d.truncated
-        if d.seq is not None:
-            seqs.append(d.seq)
-        if family == 6 and d.udp_checksum is not None:
-            assert d.udp_checksum != 0
-        ident_of[id(d)] = frame
-    if want_kind.startswith("erspan"):
-        assert sorted(seqs) == list(range(min(seqs), min(seqs) + 40))
-    assert len({f for f in ident_of.values()}) == 40  # 40 different frames, each once
+    assert len(got) == 40 * len(KINDS)
+    cut = sorted(f[:128] for (flow, _), f in sent.items() if flow in ("u4", "u6"))  # port 5001's
+    assert len(cut) == 40 and all(len(f) == 300 for f in sent.values())
+    for kind in KINDS:
+        mine = [d for d in got if (d.kind, d.key) == (kind.split("-")[0], KEYS[kind])]
+        assert sorted(d.inner for d in mine) == cut, kind  # the 40 frames, each once, cut at 128
+        if kind.startswith("erspan"):
+            seqs = sorted(d.seq for d in mine)
+            assert seqs == list(range(seqs[0], seqs[0] + 40)) and all(d.truncated for d in mine), kind
+        if family == 6 and kind in ("vxlan", "geneve"):
+            assert all(d.udp_checksum for d in mine), kind
+        row = sc[kind]
+        assert (row["accepted"], row["handed"], row["sent"], row["truncated"]) == (40, 40, 40, 40), kind
+        assert row["frame_bytes"] == 40 * 300 and row["oversize"] == row["failed"] == row["sampled_out"] == 0
     assert (c["seen"], c["mirrored"], c["unmatched"]) == (60, 40, 20)
-    assert (sc["accepted"], sc["handed"], sc["sent"], sc["truncated"]) == (40, 40, 40, 40)
-    assert sc["frame_bytes"] == 40 * 300
-    assert sc["oversize"] == sc["failed"] == sc["sampled_out"] == 0
-    assert list(rc.values()) == [40]
+    assert list(rc.values()) == [40] * len(KINDS)
 
 
 def test_outer_checksums_are_right(tb):
@@ -149,12 +143,13 @@ def test_outer_checksums_are_right(tb):
     assert len(raw_frames) == 10
     for f in raw_frames:
         p = Ether(f)
-        if IP in p and p[IP].proto == 17:
+        if p.type == 0x0800:  # the outer packet's (the inner frame is IPv4 in both)
             again = Ether(f)
             del again[IP].chksum
             assert Ether(bytes(again))[IP].chksum == p[IP].chksum
-            assert p[UDP].chksum == 0  # RFC 7348 over IPv4
+            assert p[IP][UDP].chksum == 0  # RFC 7348 over IPv4
         else:
+            assert p.type == 0x86DD
             again = Ether(f)
             del again[IPv6][UDP].chksum
             assert Ether(bytes(again))[IPv6][UDP].chksum == p[IPv6][UDP].chksum != 0
@@ -394,10 +389,10 @@ def test_ipv6_fragments_match_as_frames_without_ports(tb):
     assert sc["session 1"]["accepted"] == 0 and sc["session 2"]["sent"] == n
 
 
-@pytest.mark.parametrize("kind", ["vxlan", "geneve", "gre", "erspan", "erspan3"])
-def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, kind, tmp_path):
-    """What a sensor makes of the copies as they arrive: Suricata (af-packet on
-    the collector's interface) alerts on the inner packets, once per copy, and
+def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, tmp_path):
+    """What a sensor makes of the copies as they arrive, a session per tunnel
+    kind, each frame copied to all of them: Suricata (af-packet on the
+    collector's interface) alerts on the inner packets, once per copy, and
     tcpdump prints each copy's inner flow (as far as each decodes the format)."""
     import subprocess
     from lab.daemons.suricata import Suricata
@@ -408,35 +403,33 @@ def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, kind, tmp_
     # header matches only is checked once per flow, not per packet
     rules.write_text('alert udp 198.18.1.10 any -> 198.18.2.2 5001 (msg:"a copied frame"; content:"VTL"; '
                      'sid:9001; rev:1;)\n')
-    n = 20
-    s = Session(target=collector_url(kind, 4), rules=[Rule("accept", protocol="udp")])
+    n, kinds = 20, ["vxlan", "geneve", "gre", "erspan", "erspan3"]
+    ss = [Session(target=collector_url(k, 4), name=k, rules=[Rule("accept", protocol="udp")]) for k in kinds]
     ids = Suricata(tb.ns("collector"), "eth0", rules)
     dump = subprocess.Popen(["ip", "netns", "exec", tb.ns("collector"), "tcpdump", "-i", "eth0", "-n", "-l",
-                             "-c", str(n), "udp or proto 47"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "-c", str(n * len(kinds)), "udp or proto 47"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         ids.start()
-        with tap(tb, [s]) as m:
+        with tap(tb, ss) as m:
             send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=n, size=240)])
-            sent = m.session_counters()["session 1"]["sent"]
+            sent = {k: c["sent"] for k, c in m.session_counters().items()}
         out, _ = dump.communicate(timeout=30)
-        ids.wait_idle(sent)
+        ids.wait_idle(n * len(kinds))
         res = ids.stop()
     finally:
         dump.kill()
         ids.close()
-    assert sent == n and res.kernel_packets >= n
+    assert sent == {k: n for k in kinds} and res.kernel_packets >= n * len(kinds)
     # Suricata 7 decodes ERSPAN types I and II (GRE 0x88be), not III (0x22eb):
     # type III copies reach it, and it takes them for GRE of an unknown payload
-    if kind != "erspan3":
-        assert res.total_alerts == n and dict(res.alerts) == {9001: n}
-    # tcpdump -c n: n packets, each decoded down to the copied frame's flow;
-    # Debian's tcpdump (4.99) prints ERSPAN as GRE of its protocol number
-    # without going in, so there: n GRE packets of that protocol, numbered
-    if kind.startswith("erspan"):
-        proto = "0x88be" if kind == "erspan" else "0x22eb"
+    assert dict(res.alerts) == {9001: n * 4}
+    # tcpdump: the inner flow of each VXLAN, GENEVE and GRE copy; Debian's
+    # tcpdump (4.99) prints ERSPAN as GRE of its protocol number without going
+    # in, so there: n packets of each, numbered without a gap
+    assert out.count("198.18.1.10.40000 > 198.18.2.2.5001: UDP") == 3 * n, out
+    for word in ("VXLAN", "Geneve", "GREv0, key=0x9"):
+        assert out.count(word) == n, (word, out)
+    for proto in ("0x88be", "0x22eb"):
         seqs = [int(x) for x in re.findall(rf"GREv0, seq (\d+), length \d+: gre-proto-{proto}", out)]
         assert len(seqs) == n and seqs == list(range(seqs[0], seqs[0] + n)), out
-    else:
-        assert out.count("198.18.1.10.40000 > 198.18.2.2.5001: UDP") == n, out
-        assert out.count({"vxlan": "VXLAN", "geneve": "Geneve", "gre": "GRE"}[kind]) >= n, out

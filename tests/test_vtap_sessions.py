@@ -242,3 +242,22 @@ def test_gro_frames_fit_the_path_by_their_segments():
                 end = max(end, b)
         got.append(end - start - 1)
     assert sorted(got) == want
+
+
+def test_what_is_removed_from_outside_stops_the_tool(tmp_path):
+    """The sender device deleted from outside: copies would fail silently, so
+    the tool stops, says why in one line and exits 1."""
+    with plain_router() as t:
+        ns = t.ns("router")
+        f = tmp_path / "s.toml"
+        session_file(f, 5001)
+        tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0", interval=0.2)
+        try:
+            t.run("router", ["ip", "link", "del", tool.attached["sender"]], check=True)
+            assert tool.p.wait(timeout=20) == 1
+            err = [ln for ln in iter(tool.err.q.get, None)]
+        finally:
+            tool.kill()
+        assert err[-1].strip() == f"vtap: error: stopped: the sender device {tool.attached['sender']} is gone " \
+            "(deleted from outside)", err
+        assert not tc_entries(ns, "eth0")

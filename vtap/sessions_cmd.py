@@ -13,7 +13,7 @@ is said in one line (file and line) and the sessions in force stay.
 import hashlib
 import os
 
-from ebpf.errors import InputError
+from ebpf.errors import BpfError, InputError
 from ebpf.tc_sessions import SESSION_COUNTERS
 
 from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
@@ -168,13 +168,21 @@ def run(a):
         printer.header(tap, ifaces, a.direction, a.sessions)
         printer.sample(*printer.rows(tap))
 
+        said = {"path": None}
+
         def tick():
+            gone = tap.missing()
+            if gone:
+                raise BpfError(f"stopped: {gone}")
             source.changed(tap)
             try:
                 if tap.refresh():
                     warn("a target's route or MTU changed: the sessions follow it")
+                said["path"] = None
             except InputError as e:
-                warn(f"{e}; the sessions keep their last path")
+                if str(e) != said["path"]:  # said once, until it changes or mends
+                    warn(f"{e}; the sessions keep their last path")
+                    said["path"] = str(e)
             printer.sample(*printer.rows(tap))
         run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(*printer.rows(tap), final=True))
     return 0

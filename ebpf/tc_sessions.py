@@ -253,13 +253,13 @@ class SessionMirror(BpfProgram):
     def missing(self) -> str | None:
         """What was removed from outside that stops the copies: a tap filter of
         ours, or the sender device (None when all is in place)."""
-        for f in self.tc_filters:
-            if tc.find(f) is None:
-                return f"the vTAP filter on {f.ifname} {f.direction} is gone (removed from outside)"
-        if self._sender:
+        if self._sender:  # first: its own filter goes with it
             with netdev.ipr(self.netns) as ip:
                 if not ip.link_lookup(ifname=self._sender[0]):
                     return f"the sender device {self._sender[0]} is gone (deleted from outside)"
+        for f in self.tc_filters:
+            if tc.find(f) is None:
+                return f"the vTAP filter on {f.ifname} {f.direction} is gone (removed from outside)"
         return None
 
     # --- attach ---------------------------------------------------------------------

@@ -1,17 +1,21 @@
 # eBPF vTAP Lab: the three commands a newcomer needs (run as root).
 #   make demo   set up, then build Testbed 1 and watch the vTAP mirror traffic
-#   make test   set up, then run the whole test suite against the real kernel
+#   make test   set up, lint, then run the whole test suite against the real kernel
 #   make lab    set up, then open JupyterLab on the notebooks (127.0.0.1 only; PORT=8890 to start elsewhere)
 PY := .venv/bin/python
 
-.PHONY: setup demo test lab mutants cleanup
+.PHONY: setup demo lint test lab mutants cleanup
 setup:
 	@scripts/setup.sh
 
 demo: setup
 	$(PY) -m lab demo
 
-test: setup
+# The linter (ruff, configured in pyproject.toml) first: CI runs exactly this.
+lint: setup
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lab: setup

@@ -1,32 +1,50 @@
-"""Kernel programs as Python classes: one class per program, its C beside it.
+"""Kernel programs as Python classes: one package per program family, its C beside its class.
 
-    TcMirror      tc_mirror.bpf.c   the vTAP: clone watched traffic to a monitor (TC clsact)
-    XdpMirror     xdp_mirror.bpf.c  the XDP vTAP: on a router, watched frames out of their egress and a monitor
-    XdpSink       xdp_sink.bpf.c    count every frame at XDP, then drop, pass, tx or redirect it
-    XdpGen        xdp_gen.bpf.c     the lab's generator program (XDP_TX via BPF_PROG_TEST_RUN)
-    XdpRedirect   xdp_redirect.bpf.c  rewrite datagrams to a service so they reach a backend, and back
-    TcRedirect    tc_redirect.bpf.c   the same rules at the TC (clsact) ingress hook, for comparison
-    XdpLoadBalancer xdp_lb.bpf.c      a layer-4 load balancer: Maglev, connection tracking, NAT or DSR
-    XdpPeerPass   xdp_peer_pass.bpf.c pass everything: on a veth peer, so that XDP frames sent into it arrive
-    SessionMirror tc_sessions.bpf.c   vTAP sessions: ordered L4 rules, truncation, sampling, copies to an
-                                      interface or tunnelled to a collector (Session, Rule: sessions.py)
+The top of the package is what every program shares: the loader (program.py),
+TC and XDP attachment (tc.py, xdp.py), netdev and netlink, test runs, tracepoints,
+who holds a hook (holders.py), the ABI reader (abi.py), errors, privileges and
+include/ (the parsing, checksum, rewriting headers and the one exit, verdict.h).
+
+    vtap/          TcMirror (tc_mirror.bpf.c): clone watched traffic to a monitor (TC clsact);
+                   XdpMirror (xdp_mirror.bpf.c): on a router, watched frames to their egress and a monitor
+    vtap/sessions/ SessionMirror (tc_sessions.bpf.c): ordered L4 rules, truncation, sampling, copies to
+                   an interface or tunnelled to a collector (Session, Rule: config.py)
+    redirect/      XdpRedirect (xdp_redirect.bpf.c), TcRedirect (tc_redirect.bpf.c): rewrite a
+                   service's datagrams to a backend, and back, at XDP or at TC
+    lb/            XdpLoadBalancer (xdp_lb.bpf.c): a layer-4 load balancer: Maglev, connection
+                   tracking, NAT or DSR
+    port_filter/   XdpPortFilter (xdp_port_filter.bpf.c): drop TCP/UDP frames to listed ports
+    instruments/   the lab's own: XdpSink (count, then drop/pass/tx/redirect), XdpGen (the
+                   generator), XdpPeerPass (pass everything on a veth peer, so XDP frames arrive)
 
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
 """
 from importlib import import_module
 
-from .errors import (AttachError, BpfError, CompileError, InputError, NoSuchInterface, NoSuchNamespace,
-                     PrivilegeError, VerifierError)
+from .errors import (
+    AttachError,
+    BpfError,
+    CompileError,
+    InputError,
+    NoSuchInterface,
+    NoSuchNamespace,
+    PrivilegeError,
+    VerifierError,
+)
 
-_LAZY = {"BpfProgram": ".program", "TcMirror": ".tc_mirror", "XdpSink": ".xdp_sink", "XdpGen": ".xdp_gen",
-         "XdpRedirect": ".xdp_redirect", "TcRedirect": ".tc_redirect", "XdpLoadBalancer": ".xdp_lb",
-         "XdpPeerPass": ".xdp_peer_pass", "XdpMirror": ".xdp_mirror", "SessionMirror": ".tc_sessions",
-         "Session": ".sessions", "Rule": ".sessions", "load_sessions": ".sessions"}
+_LAZY = {"BpfProgram": ".program", "TcMirror": ".vtap.tc_mirror", "XdpMirror": ".vtap.xdp_mirror",
+         "SessionMirror": ".vtap.sessions.tc_sessions", "Session": ".vtap.sessions.config",
+         "Rule": ".vtap.sessions.config", "load_sessions": ".vtap.sessions.config",
+         "XdpRedirect": ".redirect.xdp_redirect", "TcRedirect": ".redirect.tc_redirect",
+         "XdpLoadBalancer": ".lb.xdp_lb", "XdpPortFilter": ".port_filter.xdp_port_filter",
+         "XdpSink": ".instruments.xdp_sink", "XdpGen": ".instruments.xdp_gen",
+         "XdpPeerPass": ".instruments.xdp_peer_pass"}
 
 __all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
-           "NoSuchNamespace", "PrivilegeError", "Rule", "Session", "SessionMirror", "TcMirror", "TcRedirect", "VerifierError", "XdpGen", "XdpLoadBalancer",
-           "XdpMirror", "XdpPeerPass", "load_sessions", "XdpRedirect", "XdpSink"]
+           "NoSuchNamespace", "PrivilegeError", "Rule", "Session", "SessionMirror", "TcMirror", "TcRedirect",
+           "VerifierError", "XdpGen", "XdpLoadBalancer", "XdpMirror", "XdpPeerPass", "XdpPortFilter",
+           "XdpRedirect", "XdpSink", "load_sessions"]
 
 
 def __getattr__(name):

@@ -2,7 +2,7 @@
 sides include, so each is defined once (in C). Standard library only: the
 command line reads these before it imports anything heavier.
 
-    >>> defines("vtap.h")["VTAP_IF_SLOTS"]
+    >>> defines("vtap/vtap.h")["VTAP_IF_SLOTS"]
     256
 """
 

@@ -14,7 +14,7 @@ are read, checked and refused in the same words. Standard library only.
 import ipaddress
 import re
 
-from .errors import InputError
+from ebpf.errors import InputError
 
 PROTOS = ("udp", "tcp")
 ENDPOINT = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)"  # a regex: ADDR and PORT, IPv6 in brackets

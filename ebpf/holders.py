@@ -11,6 +11,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from ebpf.testrun import libbpf
+
 
 def prog_id(fd: int) -> int:
     """The kernel's id of the BPF program behind one of our file descriptors."""
@@ -84,7 +86,6 @@ def prog_name(prog_id: int) -> str | None:
     characters), or None when no such program is loaded. Asked through libbpf:
     bpf_prog_get_fd_by_id(), then bpf_obj_get_info_by_fd(); struct
     bpf_prog_info keeps the name at offset 64."""
-    from .testrun import libbpf
     lib = libbpf()
     fd = lib.bpf_prog_get_fd_by_id(ctypes.c_uint32(prog_id))
     if fd < 0:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import BpfError, NoSuchInterface, NoSuchNamespace, PrivilegeError
-from .netlink_thread import Netlink
+from ebpf.errors import BpfError, NoSuchInterface, NoSuchNamespace, PrivilegeError
+from ebpf.netlink_thread import Netlink
 
 NETNS_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000

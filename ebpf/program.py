@@ -19,9 +19,10 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .abi import defines
-from .errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
-from . import interrupts, netdev, privileges, tc, xdp
+from ebpf import interrupts, netdev, privileges, tc, xdp
+from ebpf.abi import defines
+from ebpf.display import Shown
+from ebpf.errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
 
 HERE = Path(__file__).resolve().parent
 # BCC's compiler (clang/LLVM inside libbcc) is not thread-safe, and the verifier's
@@ -44,8 +45,8 @@ REASONS = _names("R_")   # why: not_ip, malformed, fragment, unmatched, ...
 
 def import_bcc():
     """Import BCC, or fail with a message that says how to get it."""
-    try:
-        from bcc import BPF  # Debian's python3-bpfcc, not PyPI's "bcc"
+    try:  # Debian's python3-bpfcc, not PyPI's "bcc"
+        from bcc import BPF  # noqa: PLC0415 -- heavy and maybe absent; deferred so the error says how to get it
     except ImportError as e:
         raise BpfError(
             f"BCC is not importable ({e}); run `make setup` as root, then use .venv/bin/python "
@@ -78,14 +79,16 @@ def _stderr_to(buffer: list):
             buffer.append(tmp.read().decode(errors="replace"))
 
 
-def _notice_leftovers():
-    """A program starting says what dead runs of the lab left (lab.leftovers),
-    when the lab is installed beside this package."""
-    try:
-        from lab.leftovers import notice
-    except ImportError:
-        return
-    notice()
+def _inline(text, source, header, header_text) -> str:
+    """`text` with its line `#include "header"` replaced by the header's text
+    (see BpfProgram.INLINE)."""
+    lines = text.split("\n")
+    at = [i for i, ln in enumerate(lines) if ln.startswith(f'#include "{header}"')]
+    if len(at) != 1:
+        raise BpfError(f"{source} must include {header} once, on a line of its own (it includes it {len(at)} times)")
+    i = at[0]
+    lines[i:i + 1] = [f'#line 1 "{header}"', header_text.rstrip("\n"), f'#line {i + 2} "{source}"']
+    return "\n".join(lines)
 
 
 def _verifier_summary(log: str) -> str:
@@ -108,7 +111,7 @@ def _exits(fps) -> dict:
             "dropped": {n: sum(f.dropped[i] for f in fps) for i, n in enumerate(REASONS)}}
 
 
-class BpfProgram:
+class BpfProgram(Shown):
     """Base class: compile, load, attach, read counters, detach.
 
     Subclasses set SOURCE (a file name beside the subclass's module, wherever
@@ -127,6 +130,13 @@ class BpfProgram:
     VERDICTS: tuple = ()
     REASONS: tuple = ()
     DROPS: tuple = ()
+    # Headers beside the class that share code using BCC's map syntax
+    # (`map.lookup()`): BCC turns that into a helper call only in the text it
+    # compiles, not in an included file (there it stays an indirect call, which
+    # BPF has not: the verifier's "unknown opcode 8d"). So their text is pasted
+    # where the source includes them, with #line marks that keep compiler
+    # errors pointing at the header's own lines.
+    INLINE: tuple = ()
 
     def __init__(self, cflags=(), source=None):
         here = Path(inspect.getfile(type(self))).resolve().parent
@@ -140,10 +150,23 @@ class BpfProgram:
 
     # --- building -----------------------------------------------------------
     def c_text(self) -> str:
+        """The C text as BCC compiles it: the source, with each header of INLINE
+        pasted where the source includes it."""
         try:
-            return self.source_path.read_text()
+            text = self.source_path.read_text()
+            for name in self.INLINE:
+                text = _inline(text, self.source_path.name, name, self._inline_path(name).read_text())
         except OSError as e:
-            raise BpfError(f"cannot read {self.source_path}: {e.strerror}") from None
+            raise BpfError(f"cannot read {e.filename}: {e.strerror}") from None
+        return text
+
+    def _inline_path(self, name) -> Path:
+        """An INLINE header lives beside the class that names it (a subclass
+        elsewhere, or `source=`, still finds it)."""
+        for cls in type(self).__mro__:
+            if name in vars(cls).get("INLINE", ()):
+                return Path(inspect.getfile(cls)).resolve().parent / name
+        raise BpfError(f"{name} is named by no INLINE of {type(self).__name__}")
 
     def compile(self):
         """Compile the C text with BCC (maps are created here, programs not yet
@@ -152,7 +175,6 @@ class BpfProgram:
             return self.bpf
         BPF = import_bcc()
         text = self.c_text()
-        _notice_leftovers()
         lacking = privileges.message()
         if lacking:  # else BCC fails later, on some map, with an error about that map
             raise PrivilegeError(lacking)
@@ -222,6 +244,40 @@ class BpfProgram:
                 raise InputError(f"{type(self).__name__} is already attached to {ifname} {f.direction}"
                                  f"{' in netns ' + netns if netns else ''}: attaching again would run it twice "
                                  "on every frame; nothing changed (detach or close() it first)")
+
+    # Subclasses that attach per interface override these two; attach_many() is theirs too.
+    netns = None  # the namespace the object attaches in (None: this one)
+
+    def check_iface(self, ifname, *how):
+        """Raise a one-line error when `ifname` cannot be attached to (the base:
+        it does not exist), before anything is attached."""
+        with netdev.ipr(self.netns) as ip:
+            netdev.ifindex_of(ip, ifname, self.netns)
+
+    def attach(self, ifname, *how):
+        raise NotImplementedError(f"{type(self).__name__} attaches with its own methods")
+
+    def attach_many(self, ifnames, *how):
+        """Attach to several interfaces, all or nothing: every name is checked
+        (check_iface) before anything is attached, and on any failure, an
+        interrupt included, what this call attached is detached again before
+        the error is raised. `how`: attach()'s other arguments (a direction, an
+        XDP mode). Returns the hooks attached."""
+        for ifname in ifnames:
+            self.check_iface(ifname, *how)
+        done = []
+        try:
+            for ifname in ifnames:
+                got = self.attach(ifname, *how)
+                done += got if isinstance(got, list) else [got]
+        except BaseException:
+            for hook in reversed(done):
+                if hook in self._tc_filters:
+                    self.detach_tc(hook)
+                elif hook in self._xdp:
+                    self.detach_xdp(hook)
+            raise
+        return done
 
     def detach_tc(self, f):
         with interrupts.held():
@@ -338,19 +394,11 @@ class BpfProgram:
         rule, ... as the program counts them); the base has one row, "total"."""
         return {"total": self.counters()}
 
-    def counters_frame(self):
-        """counter_rows() as a pandas DataFrame: a row per ROWS, a column per counter."""
-        import pandas as pd
-        rows = self.counter_rows()
-        frame = pd.DataFrame.from_dict(rows, orient="index")
-        frame.index.name = self.ROWS
-        return frame
-
     def zero_percpu(self, map_name: str, index: int = 0):
         table = self.table(map_name)
         table[table.Key(index)] = table.Leaf()  # the per-CPU array type, all zero
 
-    # --- what a notebook shows ------------------------------------------------
+    # --- what it says ----------------------------------------------------------
     def warn(self, msg):
         """Say something the caller should know, in one line on stderr (a
         notebook shows it under the cell). A command line points this at its own."""
@@ -360,47 +408,6 @@ class BpfProgram:
         """Where this object is attached, one string per hook."""
         out = [f"{f.ifname} {f.direction} (tc){' in netns ' + f.netns if f.netns else ''}" for f in self._tc_filters]
         return out + [a.where for a in self._xdp]
-
-    def describe(self) -> dict:
-        """What repr() shows: the source, where attached, settings (subclasses add
-        theirs) and, once loaded, the main counters."""
-        d = {"source": self.source_path.name,
-             "attached": ", ".join(self.hooks()) or ("nowhere (compiled)" if self.bpf else "nowhere (not loaded yet)")}
-        return d
-
-    def _shown_counters(self):
-        if self.bpf is None:  # reading would compile: a repr must not
-            return {}
-        try:
-            c = self.counters()
-        except Exception:
-            return {}
-        keys = self.MAIN_COUNTERS or tuple(c)
-        return {k: c[k] for k in keys if k in c}
-
-    def __repr__(self):
-        try:
-            d = self.describe()
-            shown = self._shown_counters()
-        except Exception as e:  # a repr never raises
-            return f"<{type(self).__name__} ({e})>"
-        parts = [f"{k} {v}" for k, v in d.items()]
-        if shown:
-            parts.append("counters " + " ".join(f"{k}={v:,}" for k, v in shown.items()))
-        return f"<{type(self).__name__}: " + "; ".join(parts) + ">"
-
-    def _repr_html_(self):
-        from html import escape
-        try:
-            d, shown = self.describe(), self._shown_counters()
-        except Exception as e:
-            return f"<b>{type(self).__name__}</b> ({escape(str(e))})"
-        rows = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
-                       f"{escape(str(v))}</td></tr>" for k, v in d.items())
-        if shown:
-            rows += ("<tr><th style='text-align:left'>counters</th><td style='text-align:left'>"
-                     + ", ".join(f"{escape(k)} {v:,}" for k, v in shown.items()) + "</td></tr>")
-        return f"<b>{escape(type(self).__name__)}</b><table>{rows}</table>"
 
     # --- lifecycle ----------------------------------------------------------
     def close(self):

@@ -28,9 +28,10 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWTFILTER
 from pyroute2.netlink.rtnl.tcmsg import sched_bpf, tcmsg
 
-from .errors import AttachError, NoSuchNamespace
-from .holders import holders, prog_id as program_id
-from .netdev import EGRESS, INGRESS, ifindex_of, ipr, netlink_reason
+from ebpf.errors import AttachError, NoSuchNamespace
+from ebpf.holders import holders
+from ebpf.holders import prog_id as program_id
+from ebpf.netdev import EGRESS, INGRESS, ifindex_of, ipr, netlink_reason
 
 DIRECTIONS = (INGRESS, EGRESS)
 PARENTS = {INGRESS: 0xFFFFFFF2, EGRESS: 0xFFFFFFF3}  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_{INGRESS,EGRESS})

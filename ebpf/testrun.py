@@ -20,7 +20,7 @@ import ctypes.util
 import os
 from dataclasses import dataclass
 
-from .errors import BpfError
+from ebpf.errors import BpfError
 
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
 BPF_F_TEST_SKB_CHECKSUM_COMPLETE = 1 << 2  # 6.11+

@@ -18,7 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .errors import AttachError, BpfError
+from ebpf.errors import AttachError, BpfError
 
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 PERF_TYPE_TRACEPOINT = 2

@@ -22,14 +22,17 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import AttachError, InputError, NoSuchNamespace
-from .holders import prog_id
-from . import netdev
+from ebpf import netdev
+from ebpf.errors import AttachError, InputError, NoSuchNamespace
+from ebpf.holders import holders, prog_id
+from ebpf.holders import prog_name as name_of
+from ebpf.testrun import libbpf
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_REPLACE = 1 << 4  # with IFLA_XDP_EXPECTED_FD: change the hook only if that program is on it (5.7+)
 MODES = {"generic": 1 << 1, "native": 1 << 2, "offload": 1 << 3}
-ATTACHED_MODE = {"native": "xdp", "generic": "xdpgeneric", "offload": "xdpoffload"}  # IFLA_XDP_ATTACHED, pyroute2's names
+# IFLA_XDP_ATTACHED, pyroute2's names
+ATTACHED_MODE = {"native": "xdp", "generic": "xdpgeneric", "offload": "xdpoffload"}
 PROG_ID_ATTR = {"native": "IFLA_XDP_DRV_PROG_ID", "generic": "IFLA_XDP_SKB_PROG_ID", "offload": "IFLA_XDP_HW_PROG_ID"}
 OFFLOAD_NEEDS = "offload needs a NIC that runs BPF, such as Netronome nfp"
 
@@ -152,8 +155,6 @@ def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str
     them with spare_live=False. Removal is by program id (XDP_FLAGS_REPLACE with
     an fd of that very program), so nothing else is touched. Returns (what was
     removed, what was spared because a process still holds it)."""
-    from .holders import holders, prog_name as name_of
-    from .testrun import libbpf
     mine = [a for a in attached(netns) if name_of(a[3]) == prog_name]
     live = holders(a[3] for a in mine)
     removed, spared = [], []

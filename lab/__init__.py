@@ -21,7 +21,7 @@ _LAZY = {
     "Flow": ".traffic", "Marker": ".traffic", "build": ".traffic", "send_frames": ".traffic",
     "Capture": ".traffic", "SendReport": ".traffic",
     "Sampler": ".sampler", "sample": ".sampler", "live": ".sampler",
-    "dead_runs": ".leftovers", "remove_leftovers": ".leftovers",
+    "dead_runs": ".runs", "remove_leftovers": ".cleanup",
 }
 
 __all__ = sorted(_LAZY)

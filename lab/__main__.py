@@ -13,12 +13,19 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ebpf.errors import BpfError
-from lab.console import ArgumentParser
+from lab.console import ArgumentParser, quiet_stdout
 
+from . import jupyter, mutants
+from .bench import benches as find_benches
+from .cleanup import cleanup
+from .fastpath import fastpaths
+from .fastpaths.vtap.demo import run as run_demo
 from .netns import LabError
-
+from .runs import live_runs
 
 _MAIN_PID = os.getpid()
 
@@ -58,7 +65,6 @@ def main(argv=None):
         sys.stdout.flush()  # here, not in the interpreter's exit, where EPIPE is a traceback
         return status
     except BrokenPipeError:
-        from lab.console import quiet_stdout
         quiet_stdout()
         return 0
     except KeyboardInterrupt:  # Ctrl-C: every `with` block has torn its part down on the way here
@@ -66,9 +72,99 @@ def main(argv=None):
         return 130
 
 
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of `python -m lab`: its name, its one-line help, how its
+    parser names it in errors, its options and its main(args) -> exit status.
+    `as_root`: the lab checks for root and makes SIGTERM unwind like Ctrl-C
+    before main() (a fast path's command does both itself, in lab.console)."""
+    name: str
+    help: str
+    add_arguments: Callable
+    main: Callable
+    error_name: str = "lab"
+    as_root: bool = True
+    description: str = ""
+    epilog: str = ""
+    parser_of: Callable = None  # args -> the parser that says an error of theirs (a subcommand's own)
+
+
+def _demo_arguments(p):
+    p.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
+    p.add_argument("--rate", type=int, default=20000,
+                   help="packets per second, all flows together (default %(default)s)")
+
+
+def _demo(args):
+    if not 1 <= args.count <= 100_000:
+        print("lab: error: --count must be between 1 and 100000", file=sys.stderr)
+        return 2
+    return run_demo(count=args.count, rate_pps=args.rate)
+
+
+def _cleanup_arguments(p):
+    p.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
+
+
+def _cleanup(args):
+    spared = []
+    removed = cleanup(all_runs=args.all, spared=spared)
+    for what in removed:
+        print(f"lab: removed {what}")
+    for rid in live_runs():
+        print(f"lab: left run {rid} alone: its owner is still running (use --all to remove it)")
+    for what in spared:
+        print(f"lab: left {what} (use --all to remove it)")
+    if not removed:
+        print("lab: nothing to clean up")
+    return 0
+
+
+def _bench_command(benches):
+    parsers = {}
+
+    def add_arguments(p):
+        sub = p.add_subparsers(dest="bench", required=True, title="benches")
+        for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
+            parsers[bench.NAME] = sub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench")
+            bench.add_arguments(parsers[bench.NAME])
+
+    def main(args):
+        others = live_runs()
+        if others:  # two benches at once ran, and each measured the other's load (40 us/pkt instead of 0.5)
+            print(f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
+                  "so the measurements will include its load", file=sys.stderr)
+        try:
+            return next(m for m in benches if m.NAME == args.bench).main(args)
+        except (ValueError, LabError, BpfError) as e:
+            print(f"lab bench: error: {e}", file=sys.stderr)
+            return 1
+
+    return Command("bench", "benchmarks that write CSV + sidecar to datasets/results", add_arguments, main,
+                   error_name="lab bench",
+                   description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
+                               "datasets/results or --out, and prints a table of medians.",
+                   epilog="run python -m lab bench NAME --help for a bench's options and examples",
+                   parser_of=lambda args: parsers[args.bench])
+
+
+def commands(fps, benches) -> list[Command]:
+    """Every subcommand: each fast path's (from the registry), then the lab's own."""
+    return [*(Command(fp.name, fp.title, fp.command_module().add_arguments, fp.command_module().main,
+                      error_name=f"python -m lab {fp.name}", as_root=False) for fp in fps),
+            Command("demo", "Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
+                    _demo_arguments, _demo),
+            _bench_command(benches),
+            # the notebooks' code needs root, and says so; JupyterLab itself does not
+            Command("jupyter", "JupyterLab with the notebooks and the project's kernel, on 127.0.0.1 only",
+                    jupyter.add_arguments, jupyter.main, error_name="lab jupyter", as_root=False),
+            Command("mutants", "one-line mutants of the programs: which test kills each (not part of make test)",
+                    mutants.add_arguments, mutants.main, error_name="lab mutants", as_root=False),
+            Command("cleanup", "remove what crashed runs left: lab namespaces, daemons' files, and each fast "
+                    "path's programs in this namespace", _cleanup_arguments, _cleanup)]
+
+
 def _main(argv=None):
-    from .bench import benches as find_benches
-    from .fastpath import fastpaths
     benches, fps = find_benches(), fastpaths()
     # error_name: argparse's errors (one line, exit 2) name each command as its other errors do
     p = ArgumentParser(prog="python -m lab", error_name="lab",
@@ -76,80 +172,26 @@ def _main(argv=None):
                        epilog=_fastpaths_help(fps) + "\n" + _benches_help(benches) + "\n" + EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, title="commands")
-    commands, parsers = {}, {}  # parsers: each command's own, which names it in its errors
-    for fp in fps:  # a tool in the conventions of lab.console: its own checks, signals and exit statuses
-        commands[fp.name] = fp.command_module()
-        parsers[fp.name] = sub.add_parser(fp.name, help=fp.title, error_name=f"python -m lab {fp.name}")
-        commands[fp.name].add_arguments(parsers[fp.name])
-    d = sub.add_parser("demo", help="Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
-                       error_name="lab")
-    d.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
-    d.add_argument("--rate", type=int, default=20000,
-                   help="packets per second, all flows together (default %(default)s)")
-    b = sub.add_parser("bench", help="benchmarks that write CSV + sidecar to datasets/results",
-                       description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
-                                   "datasets/results or --out, and prints a table of medians.",
-                       epilog="run python -m lab bench NAME --help for a bench's options and examples",
-                       error_name="lab bench")
-    bsub = b.add_subparsers(dest="bench", required=True, title="benches")
-    for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
-        parsers["bench", bench.NAME] = bsub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench")
-        bench.add_arguments(parsers["bench", bench.NAME])
-    from . import jupyter, mutants
-    jupyter.add_arguments(sub.add_parser("jupyter", help="JupyterLab with the notebooks and the project's kernel, "
-                                         "on 127.0.0.1 only", error_name="lab jupyter"))
-    mutants.add_arguments(sub.add_parser("mutants", help="one-line mutants of the programs: which test kills "
-                                         "each (not part of make test)", error_name="lab mutants"))
-    c = sub.add_parser("cleanup", help="remove what crashed runs left: lab namespaces, daemons' files, and each "
-                       "fast path's programs in this namespace", error_name="lab")
-    c.add_argument("--all", action="store_true", help="also remove runs whose owner process is still alive")
-    a, extra = p.parse_known_args(argv)
+    known = {c.name: c for c in commands(fps, benches)}
+    parsers = {}  # each command's own, which names it in its errors
+    for c in known.values():
+        parsers[c.name] = sub.add_parser(c.name, help=c.help, error_name=c.error_name,
+                                         **({"description": c.description} if c.description else {}),
+                                         **({"epilog": c.epilog} if c.epilog else {}))
+        c.add_arguments(parsers[c.name])
+    args, extra = p.parse_known_args(argv)
     if extra:  # said by the command they were given to, as its other errors are
-        parsers.get(a.cmd if a.cmd != "bench" else ("bench", a.bench), p).error(
-            f"unrecognized arguments: {' '.join(extra)}")
-    if a.cmd in commands:
-        return commands[a.cmd].main(a)
-    if a.cmd == "jupyter":  # needs no root: the notebooks' code does, and says so
-        return jupyter.main(a)
-    if a.cmd == "mutants":
-        return mutants.main(a)
-
-    if os.geteuid() != 0:
-        print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)
-        return 2
-    # SIGTERM unwinds like Ctrl-C, so every `with` block tears its testbed down.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
-    if a.cmd == "cleanup":
-        from .cleanup import cleanup, live_runs
-        spared = []
-        removed = cleanup(all_runs=a.all, spared=spared)
-        for what in removed:
-            print(f"lab: removed {what}")
-        for rid in live_runs():
-            print(f"lab: left run {rid} alone: its owner is still running (use --all to remove it)")
-        for what in spared:
-            print(f"lab: left {what} (use --all to remove it)")
-        if not removed:
-            print("lab: nothing to clean up")
-        return 0
-    if a.cmd == "bench":
-        from .cleanup import live_runs
-        others = live_runs()
-        if others:  # two benches at once ran, and each measured the other's load (40 us/pkt instead of 0.5)
-            print(f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
-                  "so the measurements will include its load", file=sys.stderr)
-        try:
-            return next(m for m in benches if m.NAME == a.bench).main(a)
-        except (ValueError, LabError, BpfError) as e:
-            print(f"lab bench: error: {e}", file=sys.stderr)
-            return 1
-    if a.cmd == "demo":
-        from .fastpaths.vtap.demo import run
-        if not 1 <= a.count <= 100_000:
-            p.error("--count must be between 1 and 100000")
-        return run(count=a.count, rate_pps=a.rate)
-    return 2
+        command = known[args.cmd]
+        named = command.parser_of(args) if command.parser_of else parsers[args.cmd]
+        named.error(f"unrecognized arguments: {' '.join(extra)}")
+    command = known[args.cmd]
+    if command.as_root:
+        if os.geteuid() != 0:
+            print("lab: error: must run as root (network namespaces and BPF need CAP_SYS_ADMIN)", file=sys.stderr)
+            return 2
+        # SIGTERM unwinds like Ctrl-C, so every `with` block tears its testbed down.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return command.main(args)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,10 @@ A run whose owning process is still alive is left alone unless all_runs=True, so
 
 import os
 
-from . import daemons, netns
-from .fastpath import fastpaths
-from .leftovers import owner_alive
-from .topology import RUN_DIR
-from .traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
-
-
-def _owner_alive(run_id):
-    return owner_alive(run_id)
+from ebpf.instruments.xdp_peer_pass import XdpPeerPass
+from lab import daemons, netns, runs
+from lab.fastpath import fastpaths
+from lab.traffic.filetransfer import SPOOL_DIR, SPOOL_PREFIX
 
 
 def cleanup(all_runs=False, spared=None) -> list[str]:
@@ -31,21 +26,16 @@ def cleanup(all_runs=False, spared=None) -> list[str]:
         removed += [f"{fp.name}: {what}" for what in done]
         if spared is not None:
             spared += [f"{fp.name}: {what}" for what in left]
-    runs = {}
-    for name in netns.lab_namespaces():
-        run_id = name[len(netns.PREFIX):].split("-", 1)[0]
-        runs.setdefault(run_id, []).append(name)
-    for run_id, names in sorted(runs.items()):
-        if not all_runs and _owner_alive(run_id):
+    found = runs.runs()
+    for run_id, names in sorted(found.items()):
+        if not all_runs and runs.owner_alive(run_id):
             continue
         for name in names:
             netns.remove(name)
             removed.append(f"namespace {name}")
-        (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
-    if RUN_DIR.exists():
-        for pidfile in RUN_DIR.glob("*.pid"):
-            if pidfile.stem not in runs and not _owner_alive(pidfile.stem):
-                pidfile.unlink(missing_ok=True)
+        runs.ended(run_id)
+    for pidfile in runs.stale_run_files(found):
+        pidfile.unlink(missing_ok=True)
     removed += daemons.cleanup()  # every daemon's files of namespaces that are gone
     # pass programs a killed `lab lb/redirect --prepare-peer` left on veth peers, in any namespace
     removed += _peer_programs()
@@ -59,7 +49,6 @@ def cleanup(all_runs=False, spared=None) -> list[str]:
 
 
 def _peer_programs() -> list[str]:
-    from ebpf.xdp_peer_pass import XdpPeerPass
     done, _ = XdpPeerPass.cleanup(None)  # this namespace (a user's veth peer may be here)
     removed = [f"{what} (this namespace)" for what in done]
     for name in sorted(os.listdir(netns.NETNS_DIR)) if os.path.isdir(netns.NETNS_DIR) else []:
@@ -71,9 +60,7 @@ def _peer_programs() -> list[str]:
     return removed
 
 
-def live_runs(others=True) -> list[str]:
-    """Run ids whose owner is still alive (what cleanup skipped); others: not
-    those of this process."""
-    from .topology import LIVE_RUNS
-    run_ids = {n[len(netns.PREFIX):].split("-", 1)[0] for n in netns.lab_namespaces()}
-    return sorted(i for i in run_ids if _owner_alive(i) and not (others and i in LIVE_RUNS))
+def remove_leftovers() -> list[str]:
+    """Remove what dead lab runs left (as `python -m lab cleanup` does; live runs
+    are left alone). Returns what was removed, one string per item."""
+    return cleanup(all_runs=False)

@@ -10,11 +10,17 @@ tried and failed.
 
 import argparse
 import json
+import math
 import os
 import select
 import signal
 import sys
 import time
+
+from ebpf import privileges
+from ebpf.errors import BpfError, InputError
+
+from .exporter import parse_listen
 
 
 class UsageError(Exception):
@@ -96,12 +102,20 @@ def say(line, out=None):
         raise OutputClosed() from None
 
 
-NAME = "vtap"  # how the running command calls itself in errors and warnings (run_command sets it)
+class RunningCommand:
+    """How the running command calls itself in errors and warnings: `name`,
+    which run_command sets when it starts a command."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+RUNNING = RunningCommand("vtap")
 
 
 def warn(msg):
     try:
-        print(f"{NAME}: warning: {msg}", file=sys.stderr, flush=True)
+        print(f"{RUNNING.name}: warning: {msg}", file=sys.stderr, flush=True)
     except (BrokenPipeError, ValueError):
         pass
 
@@ -189,7 +203,6 @@ def require(a, **needed):
 
 def check_run_options(a):
     """Checks of add_run_options' values (UsageError: exit 2)."""
-    import math
     if a.all and not a.cleanup:
         raise UsageError("--all goes with --cleanup")
     if a.cleanup:  # it removes leftovers and reads no other option: one given was meant for a run
@@ -202,7 +215,6 @@ def check_run_options(a):
     if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
         raise UsageError(f"--duration must be a number of seconds > 0, not {a.duration}")
     if getattr(a, "metrics", None):
-        from .exporter import parse_listen
         parse_listen(a.metrics)  # InputError: exit 2
 
 
@@ -261,7 +273,7 @@ class LiveTable:
     def replies(self, name, sent, answered, what="packets sent"):
         """(packets sent since the last reply, whether that has gone on long enough
         to say so); warns once when `name` turns silent and once when it answers again."""
-        from lab.hostcheck import ReplyWatch
+        from lab.hostcheck import ReplyWatch  # noqa: PLC0415 -- hostcheck pulls pyroute2; --help imports console
         if self._replies is None:
             self._replies = ReplyWatch()
         unanswered, silent = self._replies.update(name, sent, answered, time.monotonic())
@@ -360,17 +372,16 @@ def run_command(name, check, body):
     run its body, and turn how that ended into one line on stderr and an exit
     status (see the module docstring). Input first: a bad option is said even to
     a user who may not run the command."""
-    from ebpf.errors import BpfError, InputError
-    global NAME
-    NAME = name
+    RUNNING.name = name
     try:
         check()
-        from ebpf import privileges
         lacking = privileges.message()
         if lacking:
             raise UsageError(lacking)
-        from ebpf.program import import_bcc
+        from ebpf.program import import_bcc  # noqa: PLC0415 -- pulls pyroute2; its ImportError is said below
         import_bcc()
+        from lab import runs  # noqa: PLC0415 -- pulls pyroute2 (lab.netns); its ImportError is said below
+        runs.notice()  # what dead runs left, said once, before this run adds its own
         return body()
     except (UsageError, InputError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)

@@ -14,6 +14,7 @@ as gauges, without `_total`. Rates are left out: Prometheus computes them
     $ curl -s 127.0.0.1:9464/metrics | grep vtap_session_sent_total
 """
 
+import contextlib
 import ipaddress
 import threading
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ class Exporter:
     left out: it is the rows' sum, Prometheus's to compute."""
 
     def __init__(self, tool, listen, rows=None, gauges=(), skip=()):
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 -- slow; only --metrics needs it
         self.tool = tool
         self.host, self.port = parse_listen(listen)
         self.rows = {k: v if isinstance(v, Rows) else Rows(v) for k, v in (rows or {}).items()}
@@ -121,7 +122,7 @@ class Exporter:
         self._server = None
 
     def start(self):
-        from prometheus_client import start_http_server
+        from prometheus_client import start_http_server  # noqa: PLC0415 -- slow; only --metrics needs it
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         except OSError as e:
@@ -147,7 +148,7 @@ class Exporter:
 
     # --- prometheus_client's Collector interface --------------------------------------
     def _family(self, families, name, prefix, labels):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415 -- for --metrics only
         full = f"{self.tool}_{prefix}{name}"
         if full not in families:
             kind = GaugeMetricFamily if name in self.gauges else CounterMetricFamily
@@ -182,7 +183,6 @@ def serving(table, a, tool, **kw):
     """Start what --metrics asks for (if anything) and give it the live table's
     samples; returns a context manager that stops it. Called before anything
     is attached: a port that cannot be had stops the command with nothing done."""
-    import contextlib
     listen = getattr(a, "metrics", None)
     if not listen:
         return contextlib.nullcontext()

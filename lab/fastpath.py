@@ -9,7 +9,7 @@ palette and the README's table of tools all read this registry, so adding a
 fast path is adding a folder (docs/adding-a-fast-path.md walks through one).
 
     >>> [fp.name for fp in fastpaths()]
-    ['vtap', 'redirect', 'lb']
+    ['vtap', 'redirect', 'lb', 'port-filter']
 
 Declarations name modules as strings: reading the registry imports nothing
 heavier than the bundles' __init__.py files (no BCC, no pyroute2).
@@ -20,11 +20,17 @@ The protocol of the modules a FastPath names:
             leftovers of killed runs in this namespace, as lines
   benches   NAME, SUMMARY, add_arguments(parser), main(args) -> exit status
   peers     PEERS: {name: class}, each a lab.peer.Peer
+  checks    EXITS: [ExitCheck], how the suite's one-exit check (tests/test_one_exit.py)
+            runs each of its kernel programs; MUTANTS: [lab.mutants.Mutant], its
+            one-line bugs that `make mutants` seeds (each with the tests that
+            must catch it)
 """
 
 import importlib
 import pkgutil
 from dataclasses import dataclass
+
+from . import fastpaths as package
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class FastPath:
     order: int = 100          # where it stands in lists (--help, the README)
     variants: tuple = ()      # "module:Class" of its other kernel programs: the same job at another
                               # hook (the vTAP's XDP twin), under the same command and peers
+    checks: str = ""          # module with EXITS and MUTANTS (see the protocol above)
 
     def module(self, dotted):
         return importlib.import_module(dotted)
@@ -67,10 +74,37 @@ class FastPath:
     def bench_modules(self) -> list:
         return [self.module(b) for b in self.benches]
 
+    def exit_checks(self) -> list:
+        return list(self.module(self.checks).EXITS) if self.checks else []
+
+    def mutants(self) -> list:
+        return list(self.module(self.checks).MUTANTS) if self.checks else []
+
+
+@dataclass(frozen=True)
+class ExitCheck:
+    """How the one-exit check runs one kernel program of a bundle through
+    BPF_PROG_TEST_RUN on frames that are no rule's, service's or watch-list's
+    (198.18.9.9, 2001:2:0:9::9): not IP, cut short, fragments, other protocols.
+    Every program must count them in one verdict (pass) and the reason every
+    program gives them, as far as it looks into a frame."""
+    program: str              # "module:Class" of the program it runs (as FastPath.program names it)
+    kwargs: dict = None       # its arguments (plain data: the declaration stays light)
+    hook: str = "xdp"         # which test run: "xdp", or "tc" (an skb: some cut-short frames are refused)
+    function: str = ""        # the function to load ("" : the class's load_program())
+    slot: int = 0             # the counters' index (per interface programs: 1, the test run's lo)
+    sees: str = "l4"          # how far it looks: "l4" (to the ports: every reason as parse_l4() names it),
+                              # "ip" (the IP header whole: not_ip and malformed, the rest unmatched),
+                              # "l3" (to the addresses: not_ip, the rest unmatched)
+    make: str = ""            # "module:function" that builds it, where kwargs cannot (default: the class)
+
+    def build(self):
+        mod, _, name = (self.make or self.program).partition(":")
+        return getattr(importlib.import_module(mod), name)(**(self.kwargs or {}))
+
 
 def fastpaths() -> list[FastPath]:
     """Every bundle of lab/fastpaths/, in their order."""
-    from . import fastpaths as package
     found = []
     for info in pkgutil.iter_modules(package.__path__):
         mod = importlib.import_module(f"{package.__name__}.{info.name}")

@@ -21,14 +21,19 @@ work), so a topology built with plain `ip` commands fails loudly, not silently.
 """
 
 import contextlib
+import ipaddress
 import os
+import socket
+import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import netdev
+from ebpf.instruments.xdp_peer_pass import XdpPeerPass
 
 NETNS_DIR = "/run/netns"
 
@@ -204,7 +209,6 @@ class PreparedPeers:
 
     def prepare(self, ifname, netns=None) -> VethPeer | None:
         """Attach to ifname's veth peer if it needs it; the peer, or None if not."""
-        from ebpf.xdp_peer_pass import XdpPeerPass
         peer = veth_peer(ifname, netns)
         if peer is None or peer.native_xdp or peer.netns is None:
             return None
@@ -226,7 +230,6 @@ class PreparedPeers:
 def cleanup_peer_programs(netns=None) -> list[str]:
     """Peer pass programs no process holds, on the veth peers of this
     namespace's interfaces (the ones a killed tool prepared)."""
-    from ebpf.xdp_peer_pass import XdpPeerPass
     removed, seen = [], set()
     with netdev.ipr(netns) as ip:
         names = [d.name for d in netdev.devices(ip).values()]
@@ -249,9 +252,6 @@ NUD_VALID = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80  # reachable, stale, delay, 
 def _echo_request(addr, source=None):
     """One ICMP echo request: the kernel resolves the next hop's MAC to send it.
     (bpf_fib_lookup() only reads the neighbour table; it never asks.)"""
-    import ipaddress
-    import socket
-    import struct
     ip = ipaddress.ip_address(addr)
     if ip.version == 6:
         s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)  # the kernel sums ICMPv6
@@ -286,7 +286,6 @@ def resolve_neighbours(addrs, sources=None, netns=None, seconds=2.0) -> list:
     """Make the kernel resolve the MAC of each address's next hop (an echo
     request to it), and wait until every entry is usable or `seconds` pass.
     Returns the addresses still unresolved."""
-    import time
     sources = sources or {}
     with netdev.entered(netns) if netns else contextlib.nullcontext(), netdev.ipr(None) as ip:
         hops = next_hops(ip, addrs)

@@ -48,7 +48,7 @@ def ensure_kernel(prefix=sys.prefix) -> bool:
             return False
     except (OSError, ValueError):
         pass  # missing or unreadable: write it again
-    from ipykernel.kernelspec import install
+    from ipykernel.kernelspec import install  # noqa: PLC0415 -- slow (~0.2 s); python -m lab imports this module
     install(kernel_name=KERNEL_NAME, display_name=KERNEL_DISPLAY_NAME, prefix=str(prefix))
     return True
 

@@ -65,7 +65,7 @@ def read_proc_stat(path="/proc/stat") -> dict:
             vals = [int(v) for v in vals[:len(_STAT_FIELDS)]]
             vals += [0] * (len(_STAT_FIELDS) - len(vals))
             key = "all" if name == "cpu" else int(name[3:])
-            cpus[key] = dict(zip(_STAT_FIELDS, vals))
+            cpus[key] = dict(zip(_STAT_FIELDS, vals, strict=True))  # vals: cut or padded to the fields
     return cpus
 
 
@@ -151,7 +151,7 @@ class CpuSampler:
 
     def samples(self) -> pd.DataFrame:
         rows = []
-        for (t0, a), (t1, b) in zip(self._readings, self._readings[1:]):
+        for (t0, a), (t1, b) in zip(self._readings, self._readings[1:], strict=False):  # consecutive pairs
             rows += [{"t": round(t1 - self._readings[0][0], 3), **r} for r in self._between(t0, a, t1, b)]
         return pd.DataFrame(rows)
 

@@ -30,30 +30,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.fastpath import fastpaths
+
 ROOT = Path(__file__).resolve().parents[1]
 BACKUP = ".mutant-orig"
 TIMEOUT = 1200  # seconds per test command: a mutant that hangs a test is killed (by the timeout)
 
 # Which tests cover what: fast (golden fixtures through BPF_PROG_TEST_RUN, pure
 # Python) and functional (real traffic through namespaces). Each a pytest argument list.
-VTAP = (["tests/test_parsing.py", "tests/test_one_exit.py"], ["tests/test_tc_mirror.py", "tests/test_copy_path.py", "tests/test_hooks_and_errors.py"])
-HEADERS = (["tests/test_kernel_headers.py", "tests/test_one_exit.py", "tests/test_redirect_fixtures.py", "tests/test_partial_csum.py",
-            "tests/test_xdp_lb_fixtures.py", "tests/test_parsing.py"],
+HEADERS = (["tests/test_kernel_headers.py", "tests/test_one_exit.py", "tests/test_redirect_fixtures.py",
+            "tests/test_partial_csum.py", "tests/test_xdp_lb_fixtures.py", "tests/test_parsing.py"],
            ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
-REDIRECT = (["tests/test_redirect_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
-            ["tests/test_redirect.py", "tests/test_user_topologies.py", "tests/test_redirects.py"])
-TC_REDIRECT = (["tests/test_tc_redirect.py"], ["tests/test_redirects.py"])
-LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
-      ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"])
-LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
-HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
 EXIT = (["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_redirect_fixtures.py"],
         ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
-XDP_MIRROR = (["tests/test_xdp_mirror.py", "-k", "fixture or counters or mode or sampled or forward or everything or match"],
-              ["tests/test_xdp_mirror.py"])
-SESSIONS = (["tests/test_sessions.py"], ["tests/test_vtap_sessions.py"])
-SESSION_TABLES = (["tests/test_sessions_file.py"], ["tests/test_sessions.py"])
-WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 
 @dataclass
@@ -91,31 +80,11 @@ def M(id, path, find, replace, why, tests, nth=None):
     return Mutant(id, path, find, replace, why, tests, nth)
 
 
-MUTANTS = [
-    # --- the vTAP ------------------------------------------------------------------------------
-    M("vtap-v4-src-as-dst", "ebpf/tc_mirror.bpf.c", "key.addr = saddr;", "key.addr = daddr;",
-      "--match src watches destinations", VTAP),
-    M("vtap-v6-src-as-dst", "ebpf/tc_mirror.bpf.c", "__builtin_memcpy(key.addr, &ip6->saddr",
-      "__builtin_memcpy(key.addr, &ip6->daddr", "IPv6 --match src watches destinations", VTAP),
-    M("vtap-v6-prefix-64", "ebpf/tc_mirror.bpf.c", "struct watch_v6_key key = {.prefixlen = 128};",
-      "struct watch_v6_key key = {.prefixlen = 64};", "an IPv6 address is looked up by its /64 only", VTAP),
-    M("vtap-v4-dst-skipped", "ebpf/tc_mirror.bpf.c", "\tkey.addr = daddr;\n\tif (watch_v4.lookup(&key))",
-      "\tkey.addr = saddr;\n\tif (watch_v4.lookup(&key))", "--match dst never matches IPv4", VTAP),
-    M("vtap-sampled-out-uncounted", "ebpf/tc_mirror.bpf.c", "V_PASS, R_SAMPLED_OUT, VERDICT_PASS", "V_PASS, R_UNMATCHED, VERDICT_PASS",
-      "sampled-out frames counted as unwatched", VTAP),
-    M("vtap-non-ip-as-malformed", "ebpf/tc_mirror.bpf.c", "\t\treturn R_NOT_IP;", "\t\treturn R_MALFORMED;",
-      "ARP counted as malformed", VTAP),
-    M("vtap-cloned-bytes-l2", "ebpf/tc_mirror.bpf.c", "st->cloned_bytes += skb->len;",
-      "st->cloned_bytes += skb->len - ETH_HLEN;", "cloned bytes without the Ethernet header", VTAP, nth=1),
-    M("vtap-segs-one", "ebpf/tc_mirror.bpf.c", "st->cloned_segs += segs > 1 ? segs : 1;",
-      "st->cloned_segs += 1;", "a GSO copy counted as one segment", VTAP, nth=1),
-    M("vtap-oversize-boundary", "ebpf/tc_mirror.bpf.c", "return skb->len - l2 > mtu;",
-      "return skb->len - l2 >= mtu;", "a copy exactly at the monitor's MTU called oversize", VTAP),
-    M("vtap-mirror-all-read-once", "ebpf/tc_mirror.bpf.c", "if (why >= 0 && !mirror_all(cfg))",
-      "if (why >= 0)", "a frame missed while the watch-list changes to mirror-all", VTAP),
-    M("vtap-helper-failure-uncounted", "ebpf/tc_mirror.bpf.c", "V_PASS, R_CLONE_FAILED, VERDICT_PASS",
-      "V_PASS, R_SAMPLED_OUT, VERDICT_PASS", "--clone helper: a refused copy is not counted as failed", VTAP),
-    # --- the shared parsing -----------------------------------------------------------------------
+# The shared C headers' (parsing, checksums, rewrites, the one exit) and the
+# tests' own helpers'; each fast path's own are in its bundle (FastPath.checks).
+SHARED = [
+    M("vtap-non-ip-as-malformed", "ebpf/include/verdict.h", "\t\treturn R_NOT_IP;", "\t\treturn R_MALFORMED;",
+      "ARP counted as malformed", EXIT),
     M("parse-one-vlan", "ebpf/include/parsing_helpers.h", "for (int i = 0; i < VLAN_MAX_DEPTH; i++) {",
       "for (int i = 0; i < 1; i++) {", "QinQ frames not parsed past the outer tag", HEADERS),
     M("parse-v4-version", "ebpf/include/parsing_helpers.h", "if (iph->version != 4 || iph->ihl < 5)",
@@ -130,7 +99,6 @@ MUTANTS = [
       "len = bpf_ntohs(h->len);", "UDP payload length 8 bytes long", HEADERS),
     M("parse-tcp-options", "ebpf/include/parsing_helpers.h", "len = h->doff * 4;", "len = sizeof(*h);",
       "TCP options taken for payload", HEADERS),
-    # --- checksums -----------------------------------------------------------------------------------
     M("csum-fold-once", "ebpf/include/csum_helpers.h", "for (int i = 0; i < 4; i++)\n\t\tsum = (sum & 0xffff)",
       "for (int i = 0; i < 1; i++)\n\t\tsum = (sum & 0xffff)", "a sum folded once: carries lost", HEADERS),
     M("csum-replace4-low", "ebpf/include/csum_helpers.h", "\ts += to & 0xffff;\n", "\ts += to >> 16;\n",
@@ -146,7 +114,6 @@ MUTANTS = [
       "the IPv6 pseudo-header's next header in host order", HEADERS),
     M("csum-tail-byte", "ebpf/include/csum_helpers.h", "sum += (__u32)b[1] << 8;", "sum += b[1];",
       "a segment ending 2 or 3 bytes into a word summed wrong", HEADERS),
-    # --- rewrites ------------------------------------------------------------------------------------
     M("rewrite-partial-never", "ebpf/include/rewrite_helpers.h",
       "c->partial = *field == (__sum16)csum_fold16(pseudo);", "c->partial = 0;",
       "a partial checksum (TX offload) taken for a whole one", HEADERS),
@@ -159,120 +126,9 @@ MUTANTS = [
       "a partial checksum left unfinished on XDP_REDIRECT", HEADERS),
     M("rewrite-macs-swapped", "ebpf/include/rewrite_helpers.h", "__builtin_memcpy(eth->h_source, src, ETH_ALEN);",
       "__builtin_memcpy(eth->h_source, dst, ETH_ALEN);", "forwarded frames leave with the wrong source MAC",
-      REDIRECT),
-    # --- the XDP vTAP -------------------------------------------------------------------------------
-    M("xdp-mirror-mirror-all-read-once", "ebpf/xdp_mirror.bpf.c",
-      " &&\n\t\t    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))\n\t\t\tcopy = 0;", ")\n\t\t\tcopy = 0;",
-      "a frame missed while the watch-list changes to mirror-all", XDP_MIRROR),
-    M("xdp-mirror-ttl-kept", "ebpf/xdp_mirror.bpf.c", "\t\tip_decrease_ttl(p.iph);", "\t\t;",
-      "IPv4 sent on without its TTL decremented", XDP_MIRROR),
-    M("xdp-mirror-hop-limit-1", "ebpf/xdp_mirror.bpf.c", "if (p->ip6h->hop_limit <= 1)",
-      "if (p->ip6h->hop_limit < 1)", "IPv6 with hop limit 1 sent on instead of to the kernel", XDP_MIRROR),
-    M("xdp-mirror-no-copy", "ebpf/xdp_mirror.bpf.c", "bpf_redirect_map(pair, 0, BPF_F_BROADCAST | BPF_F_EXCLUDE_INGRESS)",
-      "bpf_redirect_map(pair, 0, 0)", "watched frames sent to their egress alone, never to the monitor", XDP_MIRROR),
-    M("xdp-mirror-partial-kept", "ebpf/xdp_mirror.bpf.c", "l4csum_exit(ctx, &c, XDP_REDIRECT, skb,",
-      "l4csum_exit(ctx, &c, XDP_REDIRECT, 1,", "a partial checksum left unfinished in native mode", XDP_MIRROR),
-    M("xdp-mirror-monitor-mtu", "ebpf/xdp_mirror.bpf.c", "cfg->monitor_mtu + ETH_HLEN)",
-      "cfg->monitor_mtu + ETH_HLEN + 100)", "copies longer than the monitor's MTU sent to it", XDP_MIRROR),
-    M("xdp-mirror-vlan-routed", "ebpf/xdp_mirror.bpf.c", "if (proto_is_vlan(p.eth->h_proto))", "if (0)",
-      "VLAN-tagged frames routed by the program", XDP_MIRROR),
-    M("xdp-mirror-hop-by-hop-routed", "ebpf/xdp_mirror.bpf.c", "p.ip6h->nexthdr == IPPROTO_HOPOPTS", "0",
-      "IPv6 hop-by-hop headers not left to the router", XDP_MIRROR),
-    # (the tracepoint's check of VTAP_F_MONITOR_NO_XDP removed is equivalent in every test: with the
-    # flag on, the program adds nothing pending for the monitor, so a report finds nothing to take;
-    # the check keeps copies that were pending when the flag went on from another node's reports)
-    M("xdp-mirror-skipped-copies-uncounted", "ebpf/xdp_mirror.py",
-      'lost = c["monitor_dropped"] + c["monitor_pending"] + c["redirect_errors"]',
-      'lost = c["monitor_dropped"] + c["redirect_errors"]', "copies the kernel skipped counted as cloned",
-      XDP_MIRROR),
-    # --- vTAP sessions ------------------------------------------------------------------------------
-    M("sessions-every-rule-decides", "ebpf/tc_sessions.bpf.c", "\t\t\tx->w[w] &= ~s->rules.w[w];", "\t\t\t;",
-      "a session's later rules decide too (not the first match)", SESSIONS),
-    M("sessions-shared-target-twice", "ebpf/tc_sessions.bpf.c", "\t\tshadow |= s->shadow;", "\t\t;",
-      "two sessions with one target send a frame twice", SESSIONS),
-    M("sessions-fragment-protocol-lost", "ebpf/tc_sessions.bpf.c",
-      "parsed == PARSE_OK || parsed == PARSE_OTHER || parsed == PARSE_FRAGMENT ? p->l4 : -1",
-      "parsed == PARSE_OK || parsed == PARSE_OTHER ? p->l4 : -1",
-      "fragments matched as of no known protocol", SESSIONS),
-    M("sessions-cut-ignores-the-tag", "ebpf/tc_sessions.bpf.c", "bpf_skb_change_tail(skb, want - tagged, 0)",
-      "bpf_skb_change_tail(skb, want, 0)", "a tagged copy cut 4 bytes long", SESSIONS),
-    M("sessions-erspan-t-bit", "ebpf/tc_sessions.bpf.c", "\t\t\t\t\tb |= 0x04;", "\t\t\t\t\tb |= 0;",
-      "a cut ERSPAN II copy without its T bit", SESSIONS, nth=1),
-    M("sessions-udp6-pseudo-length", "ebpf/tc_sessions.bpf.c",
-      "__be32 tail[2] = {bpf_htonl(len), bpf_htonl(IPPROTO_UDP)};",
-      "__be32 tail[2] = {bpf_htonl(len + 1), bpf_htonl(IPPROTO_UDP)};",
-      "a wrong outer UDP checksum to an IPv6 collector", SESSIONS),
-    M("sessions-partial-inner-ignored", "ebpf/tc_sessions.bpf.c",
-      "__u32 fix = partial_fix(skb, ETH_HLEN + hlen + l2, cut);", "__u32 fix = 0;",
-      "the outer IPv6 UDP checksum built for an unfinished inner checksum", SESSIONS),
-    M("sessions-oversize-sent", "ebpf/tc_sessions.bpf.c", "\tif (size > room) {", "\tif (size > room + 10000) {",
-      "copies too big for the path sent (to be fragmented or dropped)", SESSIONS),
-    M("sessions-gso-by-whole-length", "ebpf/tc_sessions.bpf.c",
-      "\tif (want == wire && skb->gso_segs > 1 && skb->gso_size) {", "\tif (0) {",
-      "a GRO'd frame judged by its whole length, so counted oversize", SESSIONS),
-    M("sessions-own-copies-copied", "ebpf/tc_sessions.bpf.c",
-      "if ((skb->cb[0] & SESS_TAG_MASK) == SESS_TAG_COPY) {", "if (0) {",
-      "the program's own copies copied again", SESSIONS),
-    M("sessions-vlan-tag-dropped", "ebpf/tc_sessions.bpf.c", "\t\tl2 += 4;", "\t\t;",
-      "a tunnelled copy loses its VLAN tag", SESSIONS),
-    M("sessions-outer-ip-checksum", "ebpf/tc_sessions.bpf.c",
-      "ip.check = ~csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip, sizeof(ip), 0)) & 0xffff;",
-      "ip.check = ~csum_fold32((__u32)bpf_csum_diff(0, 0, (void *)&ip, sizeof(ip), 1)) & 0xffff;",
-      "a wrong outer IPv4 header checksum", SESSIONS),
-    M("encap-gre-key-flag-lost", "ebpf/encap.py", "struct.pack(\"!HHI\", 0x2000, GRE_PROTO[kind], target.key)",
-      "struct.pack(\"!HHI\", 0, GRE_PROTO[kind], target.key)", "a GRE key sent without its K bit (the key read as data)",
-      SESSIONS),
-    M("session-tables-containment-reversed", "ebpf/session_tables.py", "(n is None or p.subnet_of(n))",
-      "(n is None or n.subnet_of(p))", "an address matched by the rules of prefixes inside its own",
-      SESSION_TABLES),
-    # --- the XDP redirect ---------------------------------------------------------------------------
-    M("redirect-v6-hop-limit-1", "ebpf/xdp_redirect.bpf.c", "if (ip6h->hop_limit <= 1) {",
-      "if (ip6h->hop_limit < 1) {", "IPv6 with hop limit 1 forwarded instead of left to the kernel", REDIRECT),
-    M("redirect-v6-hop-limit-kept", "ebpf/xdp_redirect.bpf.c", "\t\tip6h->hop_limit--;", "\t\t;",
-      "IPv6 forwarded without decrementing the hop limit", REDIRECT),
-    M("redirect-v4-ttl-1", "ebpf/xdp_redirect.bpf.c", "if (iph->ttl <= 1) {", "if (iph->ttl < 1) {",
-      "IPv4 with TTL 1 forwarded instead of left to the kernel", REDIRECT),
-    M("redirect-reply-port", "ebpf/xdp_redirect.bpf.c", "rewrite_port(p.sport, to->port, &c);",
-      "rewrite_port(p.dport, to->port, &c);", "replies keep the backend's port", REDIRECT),
-    M("redirect-v6-mtu", "ebpf/xdp_redirect.bpf.c",
-      "fib.tot_len = bpf_ntohs(ip6h->payload_len) + sizeof(*ip6h);", "fib.tot_len = bpf_ntohs(ip6h->payload_len);",
-      "IPv6 packets 40 bytes over the egress MTU forwarded", REDIRECT),
-    M("redirect-reply-key-port", "ebpf/redirect_match.h", "key->port = *p->sport;", "key->port = *p->dport;",
-      "replies looked up by the wrong port", REDIRECT),
-    M("redirect-fragment-uncounted", "ebpf/redirect_match.h", "\t\treturn R_FRAGMENT;", "\t\treturn R_MALFORMED;",
-      "fragments counted as malformed", REDIRECT),
-    M("redirect-v6-rule-on-source", "ebpf/redirect_match.h",
-      "__builtin_memcpy(key->addr, &p->ip6h->daddr, sizeof(key->addr));",
-      "__builtin_memcpy(key->addr, &p->ip6h->saddr, sizeof(key->addr));",
-      "IPv6 rules matched on the source",
-      (["tests/test_redirect_fixtures.py", "tests/test_tc_redirect.py"], ["tests/test_redirect.py"])),
-    # --- the load balancer --------------------------------------------------------------------------
-    M("lb-synack-as-syn", "ebpf/xdp_lb.bpf.c", "(flags & (F_SYN | F_ACK)) == F_SYN;", "(flags & F_SYN);",
-      "a SYN-ACK from outside opens a session", LB),
-    M("lb-ring-ignores-service", "ebpf/xdp_lb.bpf.c", "slot = service * LB_RING_SIZE + h % LB_RING_SIZE;",
-      "slot = h % LB_RING_SIZE;", "every service uses the first service's backends", LB),
-    M("lb-reverse-leak", "ebpf/xdp_lb.bpf.c", "\t\treverse.delete(&rk);", "\t\t;",
-      "an ended NAT session keeps its LB port", LB),
-    M("lb-reply-ports-swapped", "ebpf/xdp_lb.bpf.c", "rewrite_ports(p, svc->port, fk.cport);",
-      "rewrite_ports(p, fk.cport, svc->port);", "replies go back with the ports swapped", LB),
-    M("lb-fin-one-side", "ebpf/xdp_lb.bpf.c",
-      "(s->state & (LB_FIN_CLIENT | LB_FIN_BACKEND)) == (LB_FIN_CLIENT | LB_FIN_BACKEND)) {",
-      "(s->state & LB_FIN_CLIENT)) {", "a session ends after the client's FIN alone", LB),
-    M("lb-timeout-doubled", "ebpf/xdp_lb.bpf.c", "now - s->last_seen > cf->timeout_ns[to & 3]",
-      "now - s->last_seen > 2 * cf->timeout_ns[to & 3]", "sessions live twice their timeout", LB),
-    M("lb-options-ignored", "ebpf/include/parsing_helpers.h", "p->options = p->iph->ihl != 5;",
-      "p->options = p->iph->ihl > 6;", "a service's packets with short IPv4 options forwarded", LB),
-    # (`<` made `<=` here, a reply to the port after the range looked up too, is equivalent: no session
-    # can hold a port outside the range, so the lookup finds none and the frame passes as before)
-    M("lb-port-range-last", "ebpf/xdp_lb.bpf.c", "port - cf->port_min < cf->port_count)",
-      "port - cf->port_min < cf->port_count - 1)", "a reply to the range's last LB port not taken for one", LB),
-    M("lb-port-range-first", "ebpf/xdp_lb.bpf.c", "port >= cf->port_min &&", "port > cf->port_min &&",
-      "a reply to the range's first LB port not taken for one", LB),
-    M("lb-reply-mac", "ebpf/xdp_lb.bpf.c", "__builtin_memcpy(p->h.eth->h_dest, s->client_mac, ETH_ALEN);",
-      "__builtin_memcpy(p->h.eth->h_dest, s->backend_mac, ETH_ALEN);", "replies sent back to the backend's MAC", LB),
-    M("lb-frag-passes", "ebpf/xdp_lb.bpf.c", "\t\t*verdict = XDP_DROP;", "\t\t*verdict = XDP_PASS;",
-      "a fragment (or a cut-short header) to a VIP passed to the stack", LB),
-    # --- the one exit and the one parse every program shares ----------------------------------------
+      HEADERS),
+    M("redirect-fragment-uncounted", "ebpf/include/verdict.h", "\t\treturn R_FRAGMENT;", "\t\treturn R_MALFORMED;",
+      "fragments counted as malformed", EXIT),
     M("exit-reason-uncounted", "ebpf/include/verdict.h", "\tfp->reason[r]++;", "\t;",
       "frames counted in no reason", EXIT),
     M("exit-dropped-uncounted", "ebpf/include/verdict.h", "\t\tfp->dropped[r]++;", "\t\t;",
@@ -283,35 +139,14 @@ MUTANTS = [
       "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_SHORT_L4;",
       "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_OTHER;",
       "a TCP header cut short taken for another protocol", EXIT),
-    # --- the Python the data plane depends on --------------------------------------------------------
-    M("maglev-weights-ignored", "ebpf/maglev.py", "credit[i] += w", "credit[i] += 1",
-      "backends' weights ignored", LB_PY),
-    M("maglev-order-dependent", "ebpf/maglev.py", "live = sorted((n, w) for n, w in weights.items() if w > 0)",
-      "live = [(n, w) for n, w in weights.items() if w > 0]", "the table depends on the backends' order", LB_PY),
-    M("lb-nat-ports-overlap", "ebpf/xdp_lb.py", "below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)",
-      "below, above = (1024, hi - 1024), (hi + 1, 65535 - hi)",
-      "NAT ports that overlap the host's own ephemeral ports", LB_PY),
-    M("lb-sweep-keeps-idle", "ebpf/xdp_lb.py", "if now - v.last_seen / 1e9 <= self._timeout(v.state):",
-      "if now - v.last_seen / 1e9 <= 2 * self._timeout(v.state):", "idle sessions swept at twice their timeout",
-      LB_PY),
-    M("health-rise-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
-      "if self._streak[b] >= (1 if ok else self.fall):", "a backend back after one good probe, not --rise",
-      HEALTH),
-    M("health-fall-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
-      "if self._streak[b] >= (self.rise if ok else 1):", "a backend out after one failed probe, not --fall", HEALTH),
-    M("health-timeout-passes", "lab/fastpaths/lb/health.py", "        except OSError:\n            return False",
-      "        except socket.timeout:\n            return True\n        except OSError:\n            return False",
-      "a backend that fails silently (probes time out) counted healthy", HEALTH),
-    M("health-not-applied", "lab/fastpaths/lb/command.py", "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
-      "the command line's health results never reach the LB's table", HEALTH),
-    M("lb-cli-timeouts-ignored", "lab/fastpaths/lb/command.py", "mode=a.mode, timeouts=read_timeouts(a))", "mode=a.mode, timeouts=None)",
-      "--timeout accepted and ignored", (["tests/test_lb_health.py"], [])),
-    M("watch-host-bits", "ebpf/watchlist.py", "net = ipaddress.ip_network(text.strip(), strict=True)",
-      "net = ipaddress.ip_network(text.strip(), strict=False)", "a CIDR with host bits set accepted silently",
-      WATCH_PY),
     M("partial-fold", "lab/traffic/partial.py", "s = (s & 0xFFFF) + (s >> 16)", "s = s & 0xFFFF",
       "the tests' own partial checksums computed wrong (their frames)", (["tests/test_partial_csum.py"], [])),
 ]
+
+
+def all_mutants() -> list:
+    """The shared mutants, then each fast path's, in the registry's order."""
+    return SHARED + [m for fp in fastpaths() for m in fp.mutants()]
 
 
 # --- the tree, kept whole -------------------------------------------------------------------
@@ -447,7 +282,7 @@ def confirmed_run(args, edited, root=ROOT, tries=3):
 
 def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
     """Every mutant in turn; the table as CSV in out_dir, returned."""
-    from .bench.common import Progress
+    from .bench.common import Progress  # noqa: PLC0415 -- bench.common pulls pandas and pyroute2
     put_back = restore_all(root)
     for p in put_back:
         print(f"lab mutants: put back {p}, left edited by a killed run", file=sys.stderr)
@@ -510,14 +345,15 @@ def main(a) -> int:
         for f in restore_all():
             print(f"lab mutants: put back {f}")
         return 0
-    chosen = MUTANTS
+    every = all_mutants()
+    chosen = every
     if a.only:
         wanted = a.only.split(",")
-        unknown = [w for w in wanted if w not in {m.id for m in MUTANTS}]
+        unknown = [w for w in wanted if w not in {m.id for m in every}]
         if unknown:
             print(f"lab mutants: error: unknown mutant {unknown[0]!r} (--list shows them)", file=sys.stderr)
             return 2
-        chosen = [m for m in MUTANTS if m.id in wanted]
+        chosen = [m for m in every if m.id in wanted]
     if a.list:
         for m in chosen:
             print(f"{m.id:32} {m.path}:{m.line((ROOT / m.path).read_text()):<5} {m.why}")

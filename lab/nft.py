@@ -8,6 +8,8 @@ namespace's connection tracking, which nftables' NAT rules use.
 
 import socket
 
+from pyroute2 import Conntrack
+
 from ebpf import netdev
 
 from . import netns
@@ -19,7 +21,7 @@ NETLINK_NETFILTER = 12  # linux/netlink.h
 def run(ns, commands) -> dict:
     """Run JSON commands in namespace `ns`; the answer (for list commands)."""
     try:
-        import nftables
+        import nftables  # noqa: PLC0415 -- optional (python3-nftables, Debian): its absence is said
     except ImportError:
         raise LabError("python3-nftables is missing (Debian package; run `make setup`)") from None
     with netns.entered(ns):  # libnftables talks netlink in this thread's namespace
@@ -58,7 +60,6 @@ def conntrack(ns):
     Conntrack() itself opens its socket lazily, at its first call: made in an
     entered namespace and used after leaving it, it flushed the root
     namespace's table. Close it after use."""
-    from pyroute2 import Conntrack
     with netns.entered(ns):
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_NETFILTER)
     return netdev.wrap_socket(sock, lambda fd: Conntrack(fileno=fd, nfgen_family=socket.AF_UNSPEC))  # both IP versions

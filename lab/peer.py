@@ -31,6 +31,8 @@ The peers of every fast path are its bundle's PEERS (lab.fastpath); peers()
 reads them all.
 """
 
+from .fastpath import fastpaths
+
 
 class Peer:
     name = "none"
@@ -86,7 +88,6 @@ class Peer:
 
 def peers(fastpath=None) -> dict:
     """{name: Peer class} of one fast path, or of all of them."""
-    from .fastpath import fastpaths
     found = {}
     for fp in fastpaths():
         if fastpath in (None, fp.name):

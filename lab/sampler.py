@@ -15,6 +15,12 @@ usable whatever happens to the sampler, an Interrupt included.
 
 import threading
 import time
+from html import escape
+from itertools import pairwise
+
+import pandas as pd
+
+from .awaitable import in_thread
 
 MAX_SECONDS = 600.0   # no sampling runs longer than this
 MIN_INTERVAL = 0.05
@@ -105,7 +111,6 @@ class Sampler:
     async def arun(self, seconds):
         """run() without blocking the caller's event loop: `await` it in a
         notebook cell, or beside traffic in asyncio.gather()."""
-        from .awaitable import in_thread
         self._stop.clear()
         await in_thread(self._run, seconds, stop=self._stop)
         return self.rates
@@ -143,7 +148,6 @@ class Sampler:
     @property
     def counts(self):
         """The counters as read: one row per read, one column per (row) counter."""
-        import pandas as pd
         frame = pd.DataFrame([{self._label(*k): v for k, v in r.items()} for r in self.reads],
                              index=pd.Index(self.times, name="seconds"))
         return frame
@@ -153,12 +157,12 @@ class Sampler:
         """Per second between reads: pps per counter, Mbps for byte counters.
         Columns that stayed at zero throughout are left out (all of them are
         kept when nothing moved)."""
-        import pandas as pd
         if len(self.reads) < 2:
             return pd.DataFrame(index=pd.Index([], name="seconds"))
         keys = list(self.reads[0])
         rows = []
-        for (t0, r0), (t1, r1) in zip(zip(self.times, self.reads), zip(self.times[1:], self.reads[1:])):
+        # consecutive reads; times and reads grow together (sample_once)
+        for (t0, r0), (t1, r1) in pairwise(zip(self.times, self.reads, strict=True)):
             dt = t1 - t0
             row = {}
             for row_name, counter in keys:
@@ -181,7 +185,6 @@ def sample(source, seconds, interval=0.5, by_row=False, counters=None):
 
 
 def _table_html(sampler):
-    from html import escape
     last = sampler.reads[-1] if sampler.reads else {}
     rates = sampler.rates
     rate_row = rates.iloc[-1] if len(rates) else {}
@@ -215,8 +218,8 @@ def live(source, seconds=30, interval=1.0, by_row=False, counters=None):
     rates cover the whole view)."""
     sampler = Sampler(source, interval, by_row, counters)
     try:
-        from IPython import get_ipython
-        from IPython.display import HTML, display
+        from IPython import get_ipython  # noqa: PLC0415 -- optional: only a notebook kernel has it
+        from IPython.display import HTML, display  # noqa: PLC0415 -- optional: only a notebook kernel has it
         shell = get_ipython()
     except ImportError:
         shell = None

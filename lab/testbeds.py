@@ -25,9 +25,16 @@ its own .1/::1 the sender holds .10/::10 and .20/::20 so that tests can send fro
 watched and an unwatched source; the receiver holds .2/::2 and .3/::3 likewise.
 """
 
-from dataclasses import dataclass
+import ipaddress
+import threading
+from dataclasses import dataclass, fields
+from html import escape
 
+from ebpf.instruments.xdp_sink import XdpSink
+
+from .awaitable import in_thread
 from .topology import Topology
+from .traffic import MAX_SECONDS, Capture, Marker, build, send_frames
 
 SENDER_V4 = ["198.18.1.1/24", "198.18.1.10/24", "198.18.1.20/24"]
 SENDER_V6 = ["2001:2:0:1::1/64", "2001:2:0:1::10/64", "2001:2:0:1::20/64"]
@@ -44,8 +51,6 @@ class _Shown:
     host), its addresses, its settings, then its topology."""
 
     def _parts(self):
-        import ipaddress
-        from dataclasses import fields
         roles, addrs, settings = {}, {}, {}
         hosts = self.topo.hosts if self.topo is not None else {}
         for f in fields(self):
@@ -54,7 +59,7 @@ class _Shown:
                 continue
             if isinstance(v, str) and v in hosts and f.name != v:
                 roles[f.name] = v
-            elif isinstance(v, str) and _is_address(v, ipaddress):
+            elif isinstance(v, str) and _is_address(v):
                 addrs[f.name] = v
             elif isinstance(v, (str, int, bool, list, tuple)) and f.name not in hosts and v != f.name:
                 settings[f.name] = v
@@ -72,7 +77,6 @@ class _Shown:
         return "\n".join(lines)
 
     def _repr_html_(self):
-        from html import escape
         roles, addrs, settings = self._parts()
 
         def row(k, v):
@@ -83,7 +87,7 @@ class _Shown:
         return f"<b>{escape(type(self).__name__)}</b><table>{head}</table>{self.topo._repr_html_()}"
 
 
-def _is_address(text, ipaddress):
+def _is_address(text):
     try:
         ipaddress.ip_address(text)
         return True
@@ -186,7 +190,6 @@ class Testbed(_Built):
         """The Marker that tags this testbed's frames (send()) and tells them
         apart on arrival (capture())."""
         if getattr(self, "_marker", None) is None:
-            from .traffic import Marker
             self._marker = Marker()
         return self._marker
 
@@ -195,7 +198,6 @@ class Testbed(_Built):
         marked (capture() counts them by flow name); paced to rate_pps when
         given, bounded in packets and seconds. Returns a SendReport (packets,
         bytes, seconds, pps). `stop`: a threading.Event that ends it early."""
-        from .traffic import MAX_SECONDS, build, send_frames
         flows = [flows] if not isinstance(flows, (list, tuple)) else list(flows)
         frames = build(flows, self.marker, self.sender_mac, self.next_hop_mac)
         return send_frames(self.ns(self.sender), self.sender_iface, frames, rate_pps=rate_pps,
@@ -204,8 +206,6 @@ class Testbed(_Built):
     async def asend(self, flows, rate_pps=None, max_seconds=None):
         """send() without blocking the caller's event loop (a notebook's top-level
         `await`, e.g. beside `await Sampler(tap).arun(3)` in asyncio.gather)."""
-        import threading
-        from .awaitable import in_thread
         stop = threading.Event()  # set when the cell is interrupted: the send ends too
         return await in_thread(self.send, flows, rate_pps, max_seconds, stop, stop=stop)
 
@@ -216,7 +216,6 @@ class Testbed(_Built):
         interface's frames have all been counted; with `expect` ({flow: count}),
         first once the counts reach it (frames still queued on another host
         are otherwise not waited for)."""
-        from .traffic import Capture
         host = host or self.monitor
         if ifname is None:
             ifname = {self.monitor: self.monitor_capture_iface, self.receiver: self.receiver_iface,
@@ -256,7 +255,6 @@ def testbed2() -> Testbed:
 
 def _routed(cidr, subnet):
     """The same host number on another subnet: 198.18.1.2/24 -> 198.18.2.2/24."""
-    import ipaddress
     iface = ipaddress.ip_interface(cidr)
     net = ipaddress.ip_network(subnet)
     host = int(iface.ip) - int(iface.network.network_address)
@@ -307,7 +305,8 @@ def testbed3(collector=False, collector_mtu=1500) -> Testbed:
     t.add_route("sender", "2001:2:0:2::/64", "2001:2:0:1::fe")
     t.add_route("receiver", "198.18.1.0/24", "198.18.2.254")
     t.add_route("receiver", "2001:2:0:1::/64", "2001:2:0:2::fe")
-    dst = {k: _ip(a) for k, a in zip(("dst4", "alt_dst4", "dst6", "alt_dst6"), receiver[:2] + receiver[2:])}
+    dst = {k: _ip(a) for k, a in zip(("dst4", "alt_dst4", "dst6", "alt_dst6"), receiver[:2] + receiver[2:],
+                                     strict=True)}
     return Testbed(t, 3, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
                    gateway=("tapnode", "eth0"), **dst)
 
@@ -373,7 +372,6 @@ class RouterTestbed(_Built):
         return [self.client, self.server]
 
     def prepare(self):
-        from ebpf.xdp_sink import XdpSink
         for host in (self.client, self.server):
             sink = XdpSink("pass")
             self.sinks[host] = sink

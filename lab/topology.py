@@ -17,21 +17,20 @@ address on the same L2 segment, so no ARP/ND traffic disturbs packet counts.
 import atexit
 import ipaddress
 import os
-import secrets
+import time
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import netdev
 
-from . import netns
+from . import netns, runs
 from .netns import LabError
 
-LIVE_RUNS: set[str] = set()  # run ids this process has built and not torn down (lab.leftovers)
 V4_POOL = ipaddress.ip_network("198.18.0.0/15")
 V6_POOL = ipaddress.ip_network("2001:2::/48")
-RUN_DIR = Path("/run/vtap-lab")
 HOST_SYSCTLS = {
     # Quiet IPv6: no DAD delay before addresses work, no router solicitations.
     "net.ipv6.conf.default.accept_dad": 0,
@@ -51,14 +50,6 @@ HOST_SYSCTLS = {
     "net.ipv6.conf.default.force_mld_version": 1,
 }
 MAF_TIMER_RUNNING = 0x01  # a group of /proc/net/igmp6 whose report is still to be sent
-
-
-def orphaned_run_dirs(suffix) -> list[Path]:
-    """RUN_DIR/<namespace>.<...><suffix> directories (a daemon's run files) whose
-    namespace is gone: the daemon died with it, and only its files are left."""
-    if not RUN_DIR.exists():
-        return []
-    return [d for d in RUN_DIR.glob(f"*{suffix}") if not netns.exists(d.name.split(".", 1)[0])]
 
 
 @dataclass
@@ -93,13 +84,6 @@ class Bridge:
     ports: list
 
 
-def _new_run_id():
-    while True:
-        rid = secrets.token_hex(3)
-        if not any(n.startswith(f"{netns.PREFIX}{rid}-") for n in netns.lab_namespaces()):
-            return rid
-
-
 class Topology:
     """Hosts (namespaces), veth links, bridges, addresses and routes, built on
     build() (or `with`) and torn down on teardown().
@@ -115,7 +99,7 @@ class Topology:
     def __init__(self, name="lab", kernel_defaults=False):
         self.name = name
         self.kernel_defaults = kernel_defaults
-        self.run_id = _new_run_id()
+        self.run_id = runs.new_run_id()
         self.prefix = f"{netns.PREFIX}{self.run_id}-"
         self.hosts: dict[str, Host] = {}
         self.links: list[Link] = []
@@ -185,12 +169,9 @@ class Topology:
     def build(self):
         if self._built:
             return self
-        from .leftovers import notice
-        notice()  # before our own namespaces exist: a dead run's are said once, never ours
+        runs.notice()  # before our own namespaces exist: a dead run's are said once, never ours
         self._built = True
-        LIVE_RUNS.add(self.run_id)
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        (RUN_DIR / f"{self.run_id}.pid").write_text(f"{os.getpid()}\n")
+        runs.started(self.run_id)
         self._owner_pid = os.getpid()
         atexit.register(self._teardown_at_exit)
         try:
@@ -246,7 +227,6 @@ class Topology:
     def _wait_for_mld(self, seconds=5.0):
         """Until no host has an MLD report still to send (HOST_SYSCTLS says why):
         on the kernel's state, each group's report timer, not on a quiet spell."""
-        import time
         deadline = time.monotonic() + seconds
         while True:
             pending = []
@@ -264,7 +244,6 @@ class Topology:
     def _wait_for_dad(self, seconds=10.0):
         """Until no IPv6 address is tentative (a route via one cannot be added
         before), as a user waits a second or two after `ip addr add`."""
-        import time
         deadline = time.monotonic() + seconds
         while True:
             tentative = []
@@ -369,8 +348,7 @@ class Topology:
                 netns.remove(h.ns)
             except (LabError, OSError, NetlinkError) as e:
                 errors.append(f"{h.ns}: {netdev.reason(e)}")
-        (RUN_DIR / f"{self.run_id}.pid").unlink(missing_ok=True)
-        LIVE_RUNS.discard(self.run_id)
+        runs.ended(self.run_id)
         atexit.unregister(self._teardown_at_exit)
         if errors:
             raise LabError("teardown left: " + "; ".join(errors))
@@ -402,7 +380,6 @@ class Topology:
         return "\n".join(lines)
 
     def _repr_html_(self):
-        from html import escape
         rows = []
         for host, ns, ifaces in self._rows():
             for i, (name, what, addrs) in enumerate(ifaces or [("", "", "")]):

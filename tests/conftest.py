@@ -12,10 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import cgroups, daemons, netns  # noqa: E402
+from lab import cgroups, daemons, netns, runs  # noqa: E402
+from lab.cleanup import remove_leftovers  # noqa: E402
 from lab.fastpaths.lb import peers as balancers  # noqa: E402,F401 (its daemons register their run directories)
-from lab.leftovers import dead_runs  # noqa: E402
-from lab.topology import RUN_DIR  # noqa: E402
+from lab.runs import RUN_DIR, dead_runs  # noqa: E402
 from lab.testbeds import testbed1, testbed2, testbed3  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -38,11 +38,10 @@ def pytest_sessionstart(session):
     if os.geteuid() != 0:
         pytest.exit("the test suite runs real namespaces and BPF programs: run it as root (make test)", returncode=4)
     # What dead lab runs left (a killed demo, a crashed notebook kernel) is said by
-    # every program and testbed that starts, and `lab cleanup` in the tests removes
+    # every testbed and command that starts, and `lab cleanup` in the tests removes
     # it: either would fail tests that have nothing to do with it (a CI run did,
     # after two killed runs of Testbed 1). Removed first, as `make cleanup` would;
     # live runs (a second suite, a bench, a notebook) are left alone.
-    from lab.leftovers import remove_leftovers
     removed = remove_leftovers()
     if removed:
         print(f"\ntests: removed what dead lab runs left before starting: {', '.join(removed)}", flush=True)
@@ -57,12 +56,8 @@ def _daemon_leftovers():
 
 
 def _another_live_owner(name):
-    run_id = name[len(netns.PREFIX):].split("-", 1)[0]
-    try:
-        pid = int((RUN_DIR / f"{run_id}.pid").read_text())
-    except (FileNotFoundError, ValueError):
-        return False
-    return pid != os.getpid() and netns.alive(pid)
+    run_id = runs.run_of(name)
+    return run_id not in runs.LIVE_RUNS and runs.owner_alive(run_id)
 
 
 @pytest.fixture(autouse=True)

@@ -2,22 +2,26 @@
 code where the kernel refuses it."""
 
 import contextlib
-from collections import Counter
 import ctypes
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-from lab import netns
-from lab.testbeds import Testbed
+from ebpf.instruments.xdp_sink import XdpSink
+from lab import netns, nft
+from lab.daemons.nginx import NginxServer
+from lab.metrics import iface_counters
+from lab.testbeds import Testbed, lb_testbed
 from lab.traffic import Capture, Marker, build, send_frames
 
 # The testbeds' addresses (the same in both), named for what the tests do with them.
@@ -72,7 +76,6 @@ def frames_in(ns, ifname):
     """How many frames interface `ifname` of namespace `ns` receives from now on,
     by the kernel's own count (every frame, not only a run's marked ones): a
     function that reads it. At a monitor, that is every copy that arrived."""
-    from lab.metrics import iface_counters
     base = iface_counters(ns, ifname)["rx_packets"]
     return lambda: iface_counters(ns, ifname)["rx_packets"] - base
 
@@ -130,7 +133,6 @@ def in_a_thread_without_net_admin(fn):
 def unchecked_copy(source, ctx_data, tmp_path):
     """A copy of a program's C file that reads a byte of the frame without proving
     it is there (its `st->fp.seen++;` becomes such a read): the verifier must refuse it."""
-    from pathlib import Path
     src = Path(source).read_text()
     count = "\tst->fp.seen++;\n"
     assert count in src, f"{source} has no `st->fp.seen++;` line to break"
@@ -142,7 +144,6 @@ def unchecked_copy(source, ctx_data, tmp_path):
 def nft_udp_counter(ns, port):
     """An nftables counter of UDP datagrams to `port` arriving in namespace `ns`
     (prerouting, before any socket, IPv4 and IPv6): returns a function that reads it."""
-    from lab import nft
     t = {"family": "inet", "table": "vtl_count"}
     nft.run(ns, [{"add": {"table": {"family": "inet", "name": "vtl_count"}}},
                  {"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting", "prio": -400,
@@ -197,9 +198,6 @@ def lb_bed(backends=2, attacker=False, log=True):
     """lab.testbeds.lb_testbed with an nginx on each backend (port 8080, its
     page says "served by beN") and the pass program on the switch's port to the
     LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
-    from ebpf.xdp_sink import XdpSink
-    from lab.testbeds import lb_testbed
-    from lab.daemons.nginx import NginxServer
     tb = lb_testbed(backends=backends, attacker=attacker)
     with tb:
         webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
@@ -222,8 +220,6 @@ class Lines:
     already read into the buffer)."""
 
     def __init__(self, stream):
-        import queue
-        import threading
         self.q = queue.Queue()
         self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)],
                                   daemon=True)
@@ -239,7 +235,6 @@ class Lines:
 
     def next(self, timeout=20.0, what="line"):
         """The next line, or None once the stream has ended."""
-        import queue
         try:
             return self.q.get(timeout=timeout)
         except queue.Empty:
@@ -308,10 +303,6 @@ def start_until(argv, ready, timeout=120, **kw):
     """Start a command of the lab (in a process group of its own, so that a
     test can signal all of it) and return it once `ready()` is true; killed,
     with the group, if it exits first or the deadline passes."""
-    import os
-    import signal
-    import subprocess
-    import time
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, **kw)
     try:

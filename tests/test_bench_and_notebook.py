@@ -7,14 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import nbformat
 import pandas as pd
 import pytest
-
-from lab.fastpaths.vtap import bench as vt
-from lab.metrics import CPU_COLUMNS
-
 from helpers import assert_every_figure_shown_once, execute_notebook
+from matplotlib.colors import same_color
+from matplotlib.container import BarContainer
+
+from lab.bench import generators
+from lab.fastpaths.vtap import bench as vt
+from lab.fastpaths.vtap import peers as mirrors
+from lab.fastpaths.vtap import plots
+from lab.metrics import CPU_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a sender's veth may refuse at 20 kpps (test_bench_command_line says why): 1 % of a run's
@@ -71,7 +76,7 @@ def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
                       rate_pps=20_000, sessions={"rules": [16], "targets": ["local", "vxlan", "erspan"],
                                                   "truncate": [0, 128]})
     assert len(df) == 6
-    assert sorted(set(zip(df["rules"], df["target"], df["truncate"]))) == sorted(
+    assert sorted(set(zip(df["rules"], df["target"], df["truncate"], strict=True))) == sorted(
         (16, t, c) for t in ("erspan", "local", "vxlan") for c in (0, 128))
     overhead = {"local": 0, "vxlan": 50, "erspan": 50}  # outer IPv4, UDP + VXLAN or GRE+seq + ERSPAN II
     for _, r in df.iterrows():
@@ -146,11 +151,6 @@ def test_committed_notebook_holds_its_figures():
 
 
 def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outside():
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import same_color
-    from matplotlib.container import BarContainer
-
-    from lab.fastpaths.vtap import peers as mirrors, plots
     assert set(mirrors.MIRRORS) <= set(plots.MIRROR_COLORS)
     assert len(set(plots.MIRROR_COLORS.values())) == len(plots.MIRROR_COLORS)
     df = pd.read_csv(ROOT / REFERENCE_CSV)
@@ -168,7 +168,7 @@ def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outsid
                 if bars:  # one bar per mirror, named on the x axis (the CPU chart: its sys segment)
                     names = [t.get_text() for t in ax.get_xticklabels()]
                     assert len(names) == len(bars[0]) > 1
-                    for bar, m in zip(bars[0], names):
+                    for bar, m in zip(bars[0], names, strict=True):
                         assert same_color(bar.get_facecolor(), plots.MIRROR_COLORS[m])
                 for legend in fig.legends:
                     assert not legend.get_window_extent().overlaps(ax.get_window_extent())
@@ -186,7 +186,6 @@ def _lab_help(*args):
 
 
 def test_bench_help_shows_every_default_and_examples():
-    from lab.bench import generators
     benches = {vt.NAME: vt.SUMMARY, generators.NAME: generators.SUMMARY}
     for text in (_lab_help(), _lab_help("bench")):  # each bench on one line, with what it does
         for name, summary in benches.items():

@@ -2,16 +2,16 @@
 peer, a tunnel's underlay, a bridge's ports) are refused or skipped, and copies
 that do not fit the monitor are counted. Real devices, real VXLAN, real packets."""
 
+import json
 import subprocess
 import sys
 
 import pytest
+from helpers import frames_in, invariant, wait_for
 
-from ebpf import InputError, TcMirror
-from ebpf import tc
+from ebpf import InputError, TcMirror, tc
 from lab.topology import Topology
 from lab.traffic import Capture, Flow, Marker, build, send_frames
-from helpers import frames_in, invariant, wait_for
 
 N = 300
 
@@ -91,7 +91,6 @@ def test_default_selection_skips_the_underlay_and_the_copies_arrive_once(tun):
     proc = tun.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "vx0", "--direction", "both",
                                  "--json", "--interval", "0.2"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import json
     first = json.loads(proc.stdout.readline())
     assert first["event"] == "attached" and sorted(first["ifaces"]) == ["br1", "eth0"]
     with Capture(tun.ns("collector"), "vx0", marker) as coll:
@@ -189,7 +188,6 @@ def test_gso_copies_count_their_wire_packets():
     the wire: the monitor host bridges the copies on to a port without TSO or GSO,
     where the kernel cuts them into real segments, and an nftables counter at the
     far end counts those."""
-    import json
     t = Topology("gso")
     for h in ("client", "server", "monitor", "sink"):
         t.add_host(h)

@@ -7,15 +7,18 @@ import threading
 import time
 
 import pytest
-
-from ebpf.xdp_sink import XdpSink
-from lab import netns
-from lab.bench.common import udp_frames
-from lab import testbeds  # the module: pytest would collect test*-named functions
-from lab.traffic import GENERATORS, Capture, Marker, XdpGenerator, flow_frames, Flow
-from lab.traffic.report import MAX_LOAD_PACKETS
 from conftest import require_tool
 from helpers import wait_for
+
+from ebpf.instruments.xdp_sink import XdpSink
+from lab import (
+    netns,
+    testbeds,  # the module: pytest would collect test*-named functions
+)
+from lab.bench.common import udp_frames
+from lab.traffic import GENERATORS, Capture, Flow, Marker, XdpGenerator, flow_frames
+from lab.traffic.report import MAX_LOAD_PACKETS
+from lab.traffic.xdpgen import PACED_GRACE
 
 
 @pytest.fixture
@@ -47,7 +50,8 @@ def test_paced_send_is_counted_exactly_at_the_sink(pair, name):
             took = time.monotonic() - started
         assert report.packets == 8000 and report.dropped == 0
         assert report.bytes == 8000 * 128
-        if name == "xdp":  # paced: never ahead of the rate (trafgen paces loosely on short runs: it fills its ring first)
+        # paced: never ahead of the rate (trafgen paces loosely on short runs: it fills its ring first)
+        if name == "xdp":
             assert took >= 7999 / 40_000 and report.seconds >= 7999 / 40_000
         assert sum(cap.counts.values()) == 8000
         assert cap.kernel_drops == 0
@@ -69,7 +73,6 @@ def test_a_paced_run_held_up_across_its_end_still_sends_its_count(pair):
     CPU, as when the hypervisor takes the vCPU) sends its last bursts late,
     within PACED_GRACE, instead of stopping short (a bench's 10,000 came out
     9,980 once: a 1-ms delay at the end cut the last burst)."""
-    from lab.traffic.xdpgen import PACED_GRACE
     require_tool("chrt")
     cpu = os.cpu_count() - 1
     _, frames = marked_frames(pair, 1)

@@ -1,13 +1,12 @@
 """Attaching never disturbs what was there; build failures are one clear line."""
 
 import pytest
+from helpers import RX4, WATCHED_SRC4, frames_in, invariant
 from pyroute2 import IPRoute
 
-from ebpf import BpfProgram, CompileError, TcMirror, VerifierError
-from ebpf import tc
+from ebpf import BpfError, BpfProgram, CompileError, TcMirror, VerifierError, tc
 from lab import netns
 from lab.traffic import Capture, Flow, Marker, build, send_frames
-from helpers import RX4, WATCHED_SRC4, frames_in, invariant
 
 SIZE = 333  # a frame length nothing else on the link has, so the other filter counts exactly ours
 
@@ -127,7 +126,6 @@ def test_compile_error_names_the_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("cidr", ["198.18.0.300/24", "198.18.0.1/33", "2001:2::/129", "nonsense", "198.18.1.1/24"])
 def test_bad_cidr_rejected_before_anything_is_loaded(tb1, cidr):
-    from ebpf import BpfError
     ns = tb1.ns("receiver")
     before = tc.hook_snapshot(ns)
     with pytest.raises(BpfError, match="bad CIDR"):
@@ -136,7 +134,6 @@ def test_bad_cidr_rejected_before_anything_is_loaded(tb1, cidr):
 
 
 def test_attach_many_is_all_or_nothing(tb2):
-    from ebpf import BpfError
     ns = tb2.ns("tapnode")
     before = tc.hook_snapshot(ns)
     with TcMirror(monitor="mon0", netns=ns) as tap:

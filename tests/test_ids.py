@@ -8,20 +8,22 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import nbformat
 import pandas as pd
 import pytest
-
+from conftest import ROOT, require_tool
 from helpers import assert_every_figure_shown_once, execute_notebook, start_until
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import Ether
+from scapy.layers.vxlan import VXLAN
+
 from lab import cgroups, netns
 from lab.daemons import suricata as ids
+from lab.runs import RUN_DIR
 from lab.testbeds import pair
-from lab.topology import RUN_DIR
 from lab.traffic import attacks
-from conftest import ROOT, require_tool
 
 PY = sys.executable
 
@@ -73,8 +75,6 @@ def test_generator_is_deterministic_and_repetitions_multiply_the_truth(tmp_path)
 
 @pytest.mark.generator_only
 def test_derived_repetitions_keep_each_checksum_right_or_wrong_as_crafted():
-    from scapy.layers.inet import IP, TCP, UDP
-    from scapy.layers.l2 import Ether
     t = attacks.generate(seed=2, repetitions=attacks.CRAFTED + 1)
     n = len(attacks.generate(seed=2, repetitions=1).frames)  # repetition 0, the same with the same seed
     crafted, derived = t.frames[:n], t.frames[-n:]   # the last repetition is derived from repetition 0
@@ -96,7 +96,7 @@ def test_derived_repetitions_keep_each_checksum_right_or_wrong_as_crafted():
         return out
 
     checked = Counter()
-    for c, d in zip(crafted, derived):
+    for c, d in zip(crafted, derived, strict=True):
         vc, vd = valid(c), valid(d)
         assert vc == vd, (Ether(c).summary(), vc, vd)
         for k, v in vc.items():
@@ -234,8 +234,6 @@ def test_users_pcap_truth_and_watch_list(tmp_path):
     assert r.returncode == 0, r.stderr
     df, sigs = read_bench(out)
     row = df.iloc[0]
-    from scapy.layers.inet import IP
-    from scapy.layers.l2 import Ether
     watched = sum(1 for f in t.frames if victim in (Ether(f)[IP].src, Ether(f)[IP].dst))
     assert 0 < watched < len(t.frames)
     assert row["packets_sent"] == len(t.frames) and row["receiver_packets"] == len(t.frames)
@@ -247,9 +245,6 @@ def test_users_pcap_truth_and_watch_list(tmp_path):
 def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
     """A user's pcap of tunnelled traffic (VXLAN, as between two hypervisors):
     the vTAP copies the outer frames, and both IDSes look inside them."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.layers.vxlan import VXLAN
     t = attacks.generate(seed=9, repetitions=1)
     outer = [bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src="198.18.9.1", dst="198.18.9.2")
                    / UDP(sport=40000 + i % 512, dport=4789) / VXLAN(vni=42) / Ether(f)) for i, f in enumerate(t.frames)]

@@ -7,11 +7,11 @@ import signal
 import subprocess
 import sys
 
-from ebpf import TcMirror
-from ebpf import netdev, tc
+from helpers import RX4, WATCHED_SRC4, run_flows
+
+from ebpf import TcMirror, netdev, tc
 from lab.fastpaths.vtap.demo import start_vtap
 from lab.traffic import Flow
-from helpers import RX4, WATCHED_SRC4, run_flows
 
 N = 400
 

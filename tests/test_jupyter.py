@@ -4,10 +4,12 @@ project's kernel registered, started and stopped as a user does."""
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -15,9 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from lab import jupyter
-from conftest import ROOT
 
 PY = sys.executable
 URL_LINE = "lab jupyter: open this URL: "
@@ -109,8 +111,6 @@ def test_kernel_registration_is_idempotent(tmp_path):
 def test_allow_root_only_as_root():
     """Jupyter refuses root without --allow-root; a user gets no such flag. The
     module is run from a copy any user can read (a clone may be root's alone)."""
-    import shutil
-    import tempfile
     tmp_path = Path(tempfile.mkdtemp(prefix="vtl-jupyter-"))
     tmp_path.chmod(0o755)
     shutil.copy(ROOT / "lab" / "jupyter.py", tmp_path / "labjupyter.py")

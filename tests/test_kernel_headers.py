@@ -2,14 +2,16 @@
 a small XDP program run on frames built with scapy (BPF_PROG_TEST_RUN). Every
 rewritten frame must carry the checksums scapy computes from scratch."""
 
+import ipaddress
+import struct
+
 import pytest
 from scapy.layers.inet import IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop
 from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
 from scapy.packet import Raw
 
-from ebpf import BpfProgram
-from ebpf import testrun
+from ebpf import BpfProgram, testrun
 
 NEW4, NEW6, NEW_PORT = "198.18.7.7", "2001:2:0:7::7", 8083
 
@@ -82,8 +84,6 @@ int rewrite(struct xdp_md *ctx)
 
 class Rewrite(BpfProgram):
     def __init__(self, source):
-        import ipaddress
-        import struct
         v6 = struct.unpack("<4I", ipaddress.ip_address(NEW6).packed)  # network order, as the C reads it
         v4 = struct.unpack("<I", ipaddress.ip_address(NEW4).packed)[0]
         super().__init__([f"-DNEW4={v4}", f"-DNEW_PORT={NEW_PORT}"] +
@@ -144,7 +144,8 @@ REWRITTEN = [
 def test_rewrite_keeps_every_checksum(prog, name, frame, version):
     r = testrun.run(prog, bytes(frame))
     assert r.verdict == "XDP_TX"
-    assert r.data == expected(frame, version), (Ether(r.data).show2(dump=True), Ether(expected(frame, version)).show2(dump=True))
+    assert r.data == expected(frame, version), (Ether(r.data).show2(dump=True),
+                                                Ether(expected(frame, version)).show2(dump=True))
 
 
 def test_udp_checksum_that_comes_out_zero_is_sent_as_ffff(prog):
@@ -175,7 +176,6 @@ def _swap(w):
 def _replace4_sum(check_be, old_addr, new_addr):
     """The unfolded sum csum_replace4() makes for a UDP checksum `check_be`
     (as on the wire) when an IPv4 address changes."""
-    import ipaddress
     old = int.from_bytes(ipaddress.ip_address(old_addr).packed, "little")
     new = int.from_bytes(ipaddress.ip_address(new_addr).packed, "little")
     return ((~_swap(check_be)) & 0xFFFF) + ((~(old >> 16)) & 0xFFFF) + ((~(old & 0xFFFF)) & 0xFFFF) + \

@@ -4,6 +4,7 @@ the bench's command line and notebook 04."""
 
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -13,14 +14,15 @@ import time
 import nbformat
 import pandas as pd
 import pytest
+from conftest import ROOT, require_tool
+from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, start_until, wait_for
 
 from ebpf import xdp
 from lab import daemons, netns, nft
-from lab.fastpaths.lb.peers import BALANCERS
 from lab.fastpaths.lb import bench
+from lab.fastpaths.lb.peers import BALANCERS
+from lab.fastpaths.lb.plots import latency_path
 from lab.traffic.http import QUANTILES, Connections, HttpResult, closed_loop, merge, open_loop
-from conftest import ROOT, require_tool
-from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, start_until, wait_for
 
 
 def require_tools(*names):
@@ -145,7 +147,7 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
             with Connections(tb.ns(tb.client), addr, port, 40) as c:
                 served += c.request()
     assert set(served) == {"served by be1", "served by be2"}         # every request answered, both used
-    clients = {c for w, n in zip(webs, seen) for c in w.clients()[n:]}
+    clients = {c for w, n in zip(webs, seen, strict=True) for c in w.clients()[n:]}
     assert clients == ({tb.client4} if name == "direct" else {tb.lb4})   # through the LB, from its address
     # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
     assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"*{s}")]
@@ -178,7 +180,6 @@ class Accounting:
 
     @staticmethod
     def _children():
-        import resource
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         return ru.ru_utime + ru.ru_stime
 
@@ -251,7 +252,6 @@ def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):
 
 
 def bench_latency(csv):
-    from lab.fastpaths.lb.plots import latency_path
     return latency_path(csv)
 
 

@@ -19,12 +19,13 @@ LB's own address) and DSR over IPv4; tests/test_user_topologies.py runs both
 modes over both families without failures."""
 
 import json
+import queue
 import time
 
 import pytest
+from helpers import PORT, Tool, assert_run_averages, echo_servers, exchange, stop_all
 
 from ebpf import xdp
-from helpers import PORT, Tool, assert_run_averages, echo_servers, exchange, stop_all
 from lab import netns
 from lab.testbeds import user_segment
 
@@ -44,7 +45,6 @@ def accepted(count_dir, host):
 def fresh(tool, timeout=20.0):
     """The tool's counters sampled after this call: queued lines are dropped,
     and so is the first one after them (it may have been sampled before)."""
-    import queue
     while True:
         try:
             line = tool.out.q.get_nowait()
@@ -126,7 +126,7 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             for b in tb.backends:
                 t.run("switch", ["ip", "link", "set", b, "up"])
             tool.err.wait_for("every backend is healthy", timeout=30)
-            probes = [accepted(tmp_path, b) - o for b, o in zip(tb.backends, opens)]
+            probes = [accepted(tmp_path, b) - o for b, o in zip(tb.backends, opens, strict=True)]
             assert min(probes) >= RISE, probes
             before = fresh(tool)
             assert before["backends"][be1]["healthy"] and before["backends"][be2]["healthy"]

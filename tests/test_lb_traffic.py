@@ -7,19 +7,26 @@ Connections are lab.traffic.http.Connections: keep-alive HTTP from the
 client's namespace, each request answered by the backend's page ("served by
 beN"), so every connection says where the LB sent it."""
 
+import hashlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
+from conftest import ROOT, require_tool
+from helpers import lb_bed
 
-from ebpf.xdp_lb import Backend, XdpLoadBalancer
+from ebpf.instruments.xdp_sink import XdpSink
+from ebpf.lb.xdp_lb import Backend, XdpLoadBalancer
+from lab import netns
+from lab.daemons.nginx import NginxServer
 from lab.fastpaths.lb.health import HealthChecker
+from lab.topology import Topology
 from lab.traffic.frames import send_frames, syn_flood
 from lab.traffic.http import Connections
-from conftest import require_tool
-from helpers import lb_bed
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +82,9 @@ def tables_empty(lb, limit=30.0):
 
 def paper_maglev(names, size=65537):
     """Maglev's lookup table as the paper (Eisenbud et al., NSDI 2016, section
-    3.4) populates it, equal weights, written apart from ebpf/maglev.py and with
+    3.4) populates it, equal weights, written apart from ebpf/lb/maglev.py and with
     other hashes: each backend's preference list is offset + j * skip modulo the
     prime size, and backends take turns claiming their next free slot."""
-    import hashlib
-
     def h(name, salt):
         return int.from_bytes(hashlib.sha256(salt + name.encode()).digest()[:8], "big")
 
@@ -118,7 +123,7 @@ def test_removing_a_backend_moves_its_flows_and_few_others(bed, lb):
     """The same 300 connections (same source ports) before and after be3 leaves:
     be3's flows go elsewhere; the others stay where they were, but for about the
     share of slots that change owner between the two tables in Maglev as the
-    paper describes it (computed here, not by ebpf/maglev.py)."""
+    paper describes it (computed here, not by ebpf/lb/maglev.py)."""
     tb, _ = bed
     lb, svc = lb
     three = {be(tb, i): 1 for i in range(3)}
@@ -138,11 +143,11 @@ def test_removing_a_backend_moves_its_flows_and_few_others(bed, lb):
     lb.set_backends(svc, {be(tb, 0): 1, be(tb, 1): 1})
     after = round_()
     assert "served by be3" not in after
-    kept = [(a, b) for a, b in zip(before, after) if a != "served by be3"]
+    kept = [(a, b) for a, b in zip(before, after, strict=True) if a != "served by be3"]
     moved = sum(a != b for a, b in kept)
     # expected: the share of the others' slots that change owner in the paper's Maglev (a few in 10,000)
     t0, t1 = paper_maglev(list(three)), paper_maglev([be(tb, 0), be(tb, 1)])
-    changed = sum(a != b for a, b in zip(t0, t1) if a != be(tb, 2)) / sum(a != be(tb, 2) for a in t0)
+    changed = sum(a != b for a, b in zip(t0, t1, strict=True) if a != be(tb, 2)) / sum(a != be(tb, 2) for a in t0)
     assert moved <= 2 + 3 * changed * len(kept), (moved, len(kept), changed)
 
 
@@ -185,7 +190,7 @@ def test_killed_backend_leaves_after_its_fall_probes_and_only_its_connections_br
             assert health.changes == [(victim, False, fall)]   # after exactly `fall` failed probes
             lb.set_backends(svc, {b: int(health.healthy[b]) for b in weights})   # as python -m lab lb does
             second = c.request()
-            for a, b in zip(first, second):
+            for a, b in zip(first, second, strict=True):
                 assert b == (a if a == "served by be1" else None), (a, b)   # only be2's connections broke
             with client(tb, 20) as fresh:
                 assert set(fresh.request()) == {"served by be1"}
@@ -238,13 +243,6 @@ def test_backends_behind_a_router_and_a_second_instance_refused():
     bpf_fib_lookup resolves the gateway's MAC for them (found using the tool on
     a topology of our own). A second `python -m lab lb` on the same interface
     is refused in one line and the first goes on serving."""
-    import subprocess
-    import sys
-    from lab import netns
-    from lab.topology import Topology
-    from lab.daemons.nginx import NginxServer
-    from ebpf.xdp_sink import XdpSink
-    from conftest import ROOT
     require_tool("nginx")
     t = Topology("lbrt")
     for h in ("sw", "client", "be1", "be2"):

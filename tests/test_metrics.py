@@ -10,15 +10,23 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
+from helpers import snmp, wait_for
 
-from lab.metrics import (CPU_COLUMNS, CpuSampler, IfaceCounters, cpu_percent, read_proc_stat,
-                         read_results, write_results)
 from lab import testbeds
 from lab.bench.common import udp_frames
 from lab.fastpaths.vtap.peers import NoMirror
 from lab.fastpaths.vtap.rig import ThroughputRig
+from lab.metrics import (
+    CPU_COLUMNS,
+    USER_HZ,
+    CpuSampler,
+    IfaceCounters,
+    cpu_percent,
+    read_proc_stat,
+    read_results,
+    write_results,
+)
 from lab.traffic import Flow, Marker, XdpGenerator, build, send_frames
-from helpers import snmp, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +125,6 @@ def test_busy_time_is_wall_time_minus_idle(tmp_path):
     """The tick may miss bursty work; idle is measured exactly. Over 1 s with 50
     ticks idle and only 10 sampled busy, the core was busy 0.5 s, split as the
     tick saw it."""
-    from lab.metrics import USER_HZ
     a = tmp_path / "a"
     b = tmp_path / "b"
     a.write_text("cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\nintr 1\n")

@@ -5,6 +5,8 @@ import importlib.util
 import os
 
 import pytest
+from conftest import require, require_tool
+from helpers import RATE, in_a_thread_without_net_admin, run_flows
 
 from ebpf import tc, xdp
 from lab import netns
@@ -12,8 +14,6 @@ from lab.fastpaths.vtap.peers import MIRRORS, NftDup, OvsMirror, TcMirred
 from lab.netns import LabError
 from lab.topology import Topology
 from lab.traffic import Flow
-from conftest import require, require_tool
-from helpers import RATE, in_a_thread_without_net_admin, run_flows
 
 N = 2000
 

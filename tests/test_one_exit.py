@@ -8,16 +8,15 @@ Frames run through BPF_PROG_TEST_RUN; the expected reasons come from what the
 frames are (scapy builds them), not from the programs."""
 
 import pytest
+from fixtures.lb import Rig, lb_fixture_net
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from ebpf import TcMirror, TcRedirect, XdpRedirect, testrun
-from ebpf.xdp_mirror import XdpMirror
+from ebpf import testrun
 from ebpf.program import REASONS, VERDICTS
-from fixtures import redirect as fx
-from fixtures.lb import Rig, lb_fixture_net
+from lab.fastpath import fastpaths
 
 ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 OTHER4, OTHER6 = "198.18.9.9", "2001:2:0:9::9"  # no rule, service or watch-list entry has these
@@ -68,67 +67,48 @@ def one_by_one(run, exits, frames):
     return out
 
 
+EXIT_CHECKS = [(fp.name, check) for fp in fastpaths() for check in fp.exit_checks()]
+
+
+def expected(sees, reason):
+    """The reason a program gives a frame, from the reason parse_l4() gives it
+    and how far the program looks (ExitCheck.sees)."""
+    if sees == "l4" or reason == "not_ip" or (sees == "ip" and reason == "malformed"):
+        return reason
+    return "unmatched"
+
+
+@pytest.mark.parametrize("check", [c for _, c in EXIT_CHECKS],
+                         ids=[f"{name}:{c.program.rpartition(':')[2]}" for name, c in EXIT_CHECKS])
+def test_every_program_gives_a_frame_the_same_reason(check):
+    """Every kernel program a bundle declares (FastPath.checks' EXITS) counts
+    each odd frame under the reason every program gives it, as far as it looks
+    (an IPv4 header cut short is `malformed` in the redirect and the load
+    balancer alike; the LB once called it pass_not_ip), and passes it on
+    untouched: none of it is any program's."""
+    frames = FRAMES if check.hook == "xdp" else [f for f in FRAMES if f[3]]  # a TC test run refuses some
+    with check.build() as prog:
+        fd = (prog.load(check.function, "SCHED_CLS" if check.hook == "tc" else "XDP") if check.function
+              else prog.load_program()).fd
+        got = one_by_one(lambda b: testrun.run(fd, b, xdp=check.hook == "xdp"),
+                         lambda: prog.exits(index=check.slot), frames)
+        tally(prog, index=check.slot)
+    assert {w: r for w, (r, _) in got.items()} == {w: expected(check.sees, r) for w, _, r, _ in frames}
+    assert {v for _, v in got.values()} == {"pass"}
+
+
+def test_every_program_of_every_bundle_is_checked():
+    """A bundle's kernel programs (its program and variants) each have their
+    one-exit run: a new fast path that declares none fails here, by name."""
+    for fp in fastpaths():
+        missing = {fp.program, *fp.variants} - {c.program for c in fp.exit_checks()}
+        assert not missing, f"{fp.name}: no ExitCheck for {', '.join(sorted(missing))} (its checks module's EXITS)"
+
+
 @pytest.fixture(scope="module")
 def lb_net():
     with lb_fixture_net() as net:
         yield net
-
-
-def test_every_program_gives_a_frame_the_same_reason(lb_net):
-    """The issue's own example: an IPv4 header cut short is `malformed` in the
-    redirect and the load balancer alike (the LB called it pass_not_ip), and
-    what the vTAP and the TC redirect can be run on, they count the same."""
-    want = {what: reason for what, _, reason, _ in FRAMES}
-    tc_frames = [f for f in FRAMES if f[3]]
-    got = {}
-    with XdpRedirect(fx.RULES, action="pass") as prog:
-        fd = prog.load_program().fd
-        got["xdp redirect"] = one_by_one(lambda b: testrun.run(fd, b), prog.exits, FRAMES)
-        tally(prog)
-    with TcRedirect(fx.RULES, action="forward") as prog:
-        fd = prog.load_program().fd
-        got["tc redirect"] = one_by_one(lambda b: testrun.run(fd, b, xdp=False), prog.exits, tc_frames)
-        tally(prog)
-    rig = Rig(lb_net)
-    try:
-        got["load balancer"] = one_by_one(rig.run, rig.lb.exits, FRAMES)
-        tally(rig.lb)
-    finally:
-        rig.close()
-    # the vTAP matches addresses only (its parse stops at the IP header): what
-    # it is not told to watch is unmatched, whatever lies past the addresses
-    with TcMirror(monitor="lo", watch=["198.18.1.0/24"]) as tap:
-        fd = tap.load_program().fd
-        slot = 1  # a test run's skb comes in on lo, ifindex 1: that counter slot
-        vtap = one_by_one(lambda b: testrun.run(fd, b, xdp=False), lambda: tap.exits(index=slot), tc_frames)
-        tally(tap, index=slot)
-    for prog, reasons in got.items():
-        assert {w: r for w, (r, _) in reasons.items()} == {w: want[w] for w in reasons}, prog
-        # none of it is theirs: every one goes on to the kernel, untouched
-        assert {v for _, v in reasons.values()} == {"pass"}, prog
-    assert {w: r for w, (r, _) in vtap.items()} == {w: "not_ip" if w == "arp" else "unmatched" for w in vtap}
-    assert {v for _, v in vtap.values()} == {"pass"}
-    # the XDP vTAP sees every frame whole (no skb has been built): what the others
-    # call malformed it does too; what it is not told to watch is unmatched
-    with XdpMirror(monitor="lo", watch=["198.18.1.0/24"]) as tap:
-        fd = tap.load_program().fd
-        xvtap = one_by_one(lambda b: testrun.run(fd, b), lambda: tap.exits(index=1), FRAMES)  # lo: slot 1
-        tally(tap, index=1)
-    assert {w: r for w, (r, _) in xvtap.items()} == {
-        w: r if r in ("not_ip", "malformed") else "unmatched" for w, r in want.items()}
-    assert {v for _, v in xvtap.values()} == {"pass"}
-    # vTAP sessions parse to the ports: what the others call malformed they do
-    # too (a TCP header cut short included); a fragment is matched as a frame
-    # without ports, so here, like the rest, unmatched
-    from ebpf.sessions import Rule, Session
-    from ebpf.tc_sessions import SessionMirror
-    with SessionMirror([Session(target="lo", rules=[Rule("accept", source="198.18.1.0/24")])]) as tap:
-        fd = tap.load("tap_ingress", "SCHED_CLS").fd
-        svtap = one_by_one(lambda b: testrun.run(fd, b, xdp=False), lambda: tap.exits(index=1), tc_frames)
-        tally(tap, index=1)
-    assert {w: r for w, (r, _) in svtap.items()} == {
-        w: r if r in ("not_ip", "malformed") else "unmatched" for w, r in want.items() if w in svtap}
-    assert {v for _, v in svtap.values()} == {"pass"}
 
 
 def test_a_service_frame_the_lb_cannot_forward_is_dropped_under_the_same_reason(lb_net):
@@ -139,7 +119,7 @@ def test_a_service_frame_the_lb_cannot_forward_is_dropped_under_the_same_reason(
         short = Raw(bytes(rig.from_client(TCP(sport=1, dport=80)))[:14 + 20 + 10])
         frag = rig.from_client(UDP(sport=1, dport=80) / (b"f" * 24))
         frag[IP].flags = "MF"
-        for frame, reason in ((short, "malformed"), (frag, "fragment")):
+        for frame, _reason in ((short, "malformed"), (frag, "fragment")):
             assert rig.run(frame).verdict == "XDP_DROP"
         c = rig.lb.counters()
         assert (c["malformed"], c["dropped_malformed"], c["fragment"], c["dropped_fragment"]) == (1, 1, 1, 1)

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -24,8 +25,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import require
+from helpers import Lines, frames_in, wait_for
+
+from lab.topology import Topology
+from lab.traffic import Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ebpf", "vtap", "lab")
@@ -85,10 +89,9 @@ def test_wheel_holds_every_package_and_the_c_sources(installed):
     names = set(zipfile.ZipFile(wheel).namelist())
     for pkg in _repo_packages():
         assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} is not in the wheel"
-    c_files = sorted(p.name for p in (ROOT / "ebpf").iterdir() if p.suffix in (".c", ".h"))
-    assert c_files and all(f"ebpf/{n}" in names for n in c_files)
-    headers = sorted(p.name for p in (ROOT / "ebpf" / "include").glob("*.h"))
-    assert headers and all(f"ebpf/include/{n}" in names for n in headers)   # what the programs #include
+    c_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ebpf").rglob("*") if p.suffix in (".c", ".h"))
+    assert c_files and all(n in names for n in c_files)        # each family's C beside its class
+    assert [n for n in c_files if n.startswith("ebpf/include/")]   # what the programs #include
     rules = sorted(p.name for p in (ROOT / "lab" / "rules").glob("*.rules"))
     assert rules and all(f"lab/rules/{n}" in names for n in rules)   # the IDS bench's default ruleset
     assert "lab/traffic/openloop.c" in names                           # the LB bench's open-loop generator
@@ -102,7 +105,8 @@ def test_the_build_warns_about_nothing(built):
     _, said = built
     absent = re.findall(r"Package '[\w.]+' is absent from the `packages` configuration", said)
     assert not absent, absent
-    warnings = sorted(set(re.findall(r"\w+Warning: .*", said)))   # BuildBackendWarning, SetuptoolsDeprecationWarning, ...
+    # BuildBackendWarning, SetuptoolsDeprecationWarning, ...
+    warnings = sorted(set(re.findall(r"\w+Warning: .*", said)))
     assert not warnings, "\n".join(warnings)
 
 
@@ -112,8 +116,8 @@ def test_installed_wheel_imports_and_compiles_from_outside_the_repo(installed):
 import json, sys
 import lab.fastpaths.vtap.bench, lab.traffic.filetransfer, ebpf, vtap
 from ebpf import TcMirror
-from ebpf.xdp_gen import XdpGen
-from ebpf.xdp_sink import XdpSink
+from ebpf.instruments.xdp_gen import XdpGen
+from ebpf.instruments.xdp_sink import XdpSink
 sources = []
 for prog in (TcMirror("lo"), XdpSink(), XdpGen()):   # lo: a monitor every namespace has
     prog.compile()                                    # clang finds the C and its headers, installed
@@ -125,20 +129,15 @@ print(json.dumps({"files": [sys.modules[m].__file__ for m in mods], "sources": s
     out = json.loads(_run([python, "-I", "-c", probe], cwd=cwd).stdout.strip().splitlines()[-1])
     for f in out["files"] + out["sources"]:
         assert Path(f).is_relative_to(site) and not Path(f).resolve().is_relative_to(ROOT), f
-    ebpf_dir = site / "ebpf"
-    for p in (ROOT / "ebpf").iterdir():
+    for p in (ROOT / "ebpf").rglob("*"):
         if p.suffix in (".c", ".h"):
-            assert (ebpf_dir / p.name).is_file(), f"{p.name} is not installed beside the module"
+            assert (site / p.relative_to(ROOT)).is_file(), f"{p.relative_to(ROOT)} is not installed beside its module"
 
 
 def test_vtap_console_script_runs(installed):
     """The installed `vtap` command, run for real from outside the repository:
     it compiles the installed C, taps a lab host's eth0, and every frame sent
     there is copied and arrives at the monitor; bad input is one line, exit 2."""
-    import signal
-    from lab.topology import Topology
-    from lab.traffic import Flow, Marker, build, send_frames
-    from helpers import Lines, frames_in, wait_for
     _, python, _, cwd = installed
     vtap = str(python.parent / "vtap")
     assert _run([vtap, "--help"], cwd=cwd).stdout.startswith("usage: vtap")

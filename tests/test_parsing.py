@@ -3,9 +3,12 @@ mirrored; IPv4 options and fragments of a watched host are all mirrored."""
 
 import struct
 
+from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, frames_in, invariant
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+
 from ebpf import TcMirror
 from lab.traffic import Capture, ExactFrames, Flow, Marker, flow_frames, send_frames
-from helpers import RX4, UNWATCHED_SRC4, WATCHED_SRC4, frames_in, invariant
 
 
 def _eth(dst, src, ethertype):
@@ -15,8 +18,6 @@ def _eth(dst, src, ethertype):
 
 def malformed_frames(dst, src):
     """Each broken in one way; every address field that exists is a watched one."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.inet6 import IPv6
     good4 = bytes(IP(src=WATCHED_SRC4, dst=RX4) / UDP() / (b"m" * 30))
     good6 = bytes(IPv6(src="2001:2:0:1::10", dst="2001:2:0:1::2") / UDP() / (b"m" * 30))
     bad_ihl = bytearray(good4)

@@ -9,18 +9,23 @@ which computes them from the RFCs with plain integers. Real traffic on default
 offloads, judged by the receivers' kernels: tests/test_user_topologies.py.
 """
 
+import pandas as pd
 import pytest
+from fixtures import redirect as rfx
+from fixtures.lb import BE1, BE6, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
+from fixtures.partial import as_partial, complete, field, is_partial, l4_valid, ones_sum, segment, with_field
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from ebpf import XdpRedirect, testrun
+from ebpf.errors import InputError
+from ebpf.lb.xdp_lb import XdpLoadBalancer
 from lab import netns
+from lab.bench import xdp_cost
 from lab.topology import Topology
-from fixtures import redirect as rfx
-from fixtures.lb import BE1, BE6, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
-from fixtures.partial import as_partial, complete, field, is_partial, l4_valid, ones_sum, segment, with_field
+from lab.traffic.partial import partial
 
 SIZES = [0, 1, 2, 3, 4, 5, 511, 512, 513, 1023, 1400]  # payload bytes: every tail a block can end in
 
@@ -45,7 +50,6 @@ def test_the_benches_make_partial_frames_as_the_rfcs_say(name, size):
     TX checksum offload (--sender-csum partial, xdp-cost): its field must be
     the pseudo-header's sum as computed here from the RFCs, with the carries
     folded back in (every one of these sums carries)."""
-    from lab.traffic.partial import partial
     l3 = IP(src="198.18.255.254", dst="198.19.255.250") if name[-1] == "4" else \
         IPv6(src="fdff:ffff:ffff::fffe", dst="fdff:ffff:ffff::fffa")   # high words: the sums carry
     l4 = UDP(sport=40000, dport=8080) if name.startswith("udp") else TCP(sport=40000, dport=80, flags="PA")
@@ -226,8 +230,6 @@ def test_lb_leaves_a_whole_checksum_whole(lbnet):
 
 
 def test_a_program_attached_in_one_mode_refuses_the_other(lbnet):
-    from ebpf.errors import InputError
-    from ebpf.xdp_lb import XdpLoadBalancer
     lb = XdpLoadBalancer(self4=SELF4, self6=SELF6, netns=lbnet.ns("lb"))
     try:
         lb.add_service(f"tcp:{VIP}:80")
@@ -243,8 +245,6 @@ def test_a_program_attached_in_one_mode_refuses_the_other(lbnet):
 def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
     """python -m lab bench xdp-cost: the kernel's run count of each program is
     exactly what the generator sent it, whole and partial alike."""
-    import pandas as pd
-    from lab.bench import xdp_cost
     df, path = xdp_cost.run(["lb-nat", "xdp-forward"], [64], ["whole", "partial"], trials=1, duration=0.5,
                             rate=20000, out=tmp_path, progress=False)
     assert len(df) == 4 and set(df["sender_csum"]) == {"whole", "partial"}

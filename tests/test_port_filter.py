@@ -12,17 +12,21 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import ROOT, require_tool
+from helpers import wait_for
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
-from conftest import ROOT, require_tool
 from ebpf import InputError, testrun, xdp
-from ebpf.xdp_port_filter import XdpPortFilter
-from helpers import wait_for
+from ebpf.port_filter.xdp_port_filter import XdpPortFilter
 from lab import netns
+from lab.fastpath import fastpath, tool_table
+from lab.fastpaths.port_filter import bench
+from lab.fastpaths.port_filter.peers import NftFilter
 from lab.testbeds import pair
+from lab.traffic import Flow, Marker, build, send_frames
 
 ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 A4, B4, A6, B6 = "198.18.1.1", "198.18.1.2", "2001:2:0:1::1", "2001:2:0:1::2"
@@ -105,7 +109,6 @@ def receiver(ns, port):
 
 
 def send_udp(tb, port, n):
-    from lab.traffic import Flow, Marker, build, send_frames
     frames = build([Flow(f"p{port}", tb.addr("a", "eth0"), tb.addr("b", "eth0"), "udp", dport=port, count=n)],
                    Marker(), tb.mac("a", "eth0"), tb.mac("b", "eth0"))
     return send_frames(tb.ns("a"), "eth0", frames, rate_pps=5000)
@@ -117,7 +120,6 @@ def test_real_traffic_is_dropped_exactly_and_the_rest_arrives(peer):
     namespace: the filter counts N dropped, and the receiver's socket on the
     other port gets all N; through the command line, and through the nftables
     rule the bench compares it with."""
-    from lab.fastpaths.port_filter.peers import NftFilter
     n = 300
     with pair("a", "b", "pfreal") as tb:
         s9, got9 = receiver(tb.ns("b"), 9)
@@ -176,7 +178,6 @@ def test_a_tiny_bench_run(tmp_path):
     """Every peer once: the CSV has the documented columns, what was sent
     arrived, and each filter dropped exactly what arrived (none dropped none)."""
     require_tool("nft")
-    from lab.fastpaths.port_filter import bench
     df, path = bench.run(["none", "xdp", "nft"], ["native"], [64], 1, 0.5, 20000, out=tmp_path, progress=False)
     assert list(df.columns[:len(bench.COLUMNS)]) == bench.COLUMNS
     assert sorted(df["peer"]) == ["nft", "none", "xdp"]
@@ -191,7 +192,6 @@ def test_a_tiny_bench_run(tmp_path):
 def test_it_is_in_the_registry_and_every_listing_that_reads_it():
     """Added as a folder, and nothing else: the command line, the benches and
     the README's table of tools know it from the registry."""
-    from lab.fastpath import fastpath, tool_table
     fp = fastpath("port-filter")
     assert fp.program_class() is XdpPortFilter and set(fp.peer_classes()) == {"none", "xdp", "nft"}
     lab_help = subprocess.run([sys.executable, "-m", "lab", "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -217,10 +217,14 @@ def test_the_guide_stands_on_the_code(tmp_path):
         path = ROOT / head.lstrip("/# ").strip()
         assert "\n".join(lines) in path.read_text(), f"{head}: the excerpt no longer stands in the file"
     listed = set(re.findall(r"^\| `([\w/.]+)` \|", text, re.M))
-    example = {str(p.relative_to(ROOT)) for p in [*(ROOT / "ebpf").glob("xdp_port_filter*"),
+    example = {str(p.relative_to(ROOT)) for p in [*(ROOT / "ebpf/port_filter").glob("*.[pc]*"),
                                                 *(ROOT / "lab/fastpaths/port_filter").glob("*.py"),
                                                 ROOT / "tests/test_port_filter.py"]}
     assert listed == example
+    count = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+             .split()[len(example)])
+    assert re.search(rf"^{count.capitalize()} files and this page, and one line in a shared file", text, re.M), \
+        f"the guide's count is not the {count} files the example has"
     (cmd,) = [b.strip() for lang, b in blocks if lang == "sh"]
     r = subprocess.run([sys.executable, *cmd.split()[1:], "--out", str(tmp_path)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)

@@ -6,19 +6,22 @@ printed for the same interval (which the other tests check against the
 programs' own)."""
 
 import json
+import queue
 import subprocess
 import sys
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, require_tool
-from ebpf import netdev
 from helpers import PORT, N, Tool, echo_servers, exchange, run_flows, stop_all
-from lab import netns
-from lab.testbeds import user_segment
-from lab.traffic import Flow
+from prometheus_client.parser import text_string_to_metric_families
+from test_user_topologies import redirect_args
 from test_vtap_sessions import CLIENT4, SERVER4, plain_router, send, session_file
+
+from ebpf import netdev, tc
+from lab import netns
+from lab.testbeds import user_router, user_segment
+from lab.traffic import Flow
 
 LISTEN = "127.0.0.1:9464"
 
@@ -40,7 +43,6 @@ def promtool(text):
 
 def samples(text):
     """{(name, ((label, value), ...)): value} of an exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -51,7 +53,6 @@ def samples(text):
 def settled(tool, ns):
     """The next --json sample once traffic has stopped, and a scrape taken
     after it (the same counters: nothing moves any more)."""
-    import queue
     while True:  # the lines printed so far are of before
         try:
             tool.out.q.get_nowait()
@@ -154,7 +155,6 @@ def test_bad_metrics_addresses_are_refused_with_nothing_attached(tb1):
         holder.kill()
         holder.wait()
     assert r.returncode == 2 and "cannot listen: Address already in use" in r.stderr, r.stderr
-    from ebpf import tc
     with netdev.ipr(ns) as ip:
         idx = netdev.ifindex_of(ip, "eth0", ns)
         assert not [e for p in tc.PARENTS.values() for e in tc.entries(ip, idx, p)]
@@ -162,8 +162,6 @@ def test_bad_metrics_addresses_are_refused_with_nothing_attached(tb1):
 
 @pytest.mark.parametrize("tool", ["redirect"])
 def test_redirect_metrics(tool):
-    from test_user_topologies import redirect_args
-    from lab.testbeds import user_router
     with user_router() as tb:
         servers = echo_servers(tb.topo, ["server"])
         t = Tool(tb.ns("router"), "redirect", *redirect_args(tb, tb.routed4, tb.routed6), "--action", "forward",

@@ -14,14 +14,15 @@ import time
 
 import nbformat
 import pytest
-
-from ebpf import InputError, TcMirror, XdpSink, tc
-import lab
-from lab import Flow, Sampler, Topology, dead_runs, leftovers, live, netns, remove_leftovers
-from lab.topology import RUN_DIR
-
 from conftest import ROOT
 from helpers import execute_notebook, wait_for
+from jupyter_client.manager import start_new_kernel
+
+import lab
+from ebpf import InputError, TcMirror, XdpSink, tc
+from lab import Flow, Sampler, Topology, dead_runs, live, netns, remove_leftovers, runs
+from lab.metrics import iface_counters
+from lab.runs import RUN_DIR
 
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
 
@@ -217,7 +218,6 @@ def test_an_interrupt_leaves_objects_usable(tb1):
         view = live(tap, seconds=10, interval=0.1)
         assert view.interrupted
         # traffic: the send stops, the testbed and the program go on
-        from lab.metrics import iface_counters
         rx0, seen0 = iface_counters(tb1.ns("receiver"), "eth0")["rx_packets"], tap.counters()["seen"]
         _interrupt_after(0.5)
         with pytest.raises(KeyboardInterrupt):
@@ -260,9 +260,9 @@ def test_sampler_rates_add_up_to_the_counters(tb1):
             wait_for(lambda: len(s.times) > n, what="a sample after the last copy")
         counts, rates = s.counts, s.rates
         assert counts["eth0 cloned"].iloc[-1] - counts["eth0 cloned"].iloc[0] == 300
-        seconds = [b - a for a, b in zip(s.times, s.times[1:])]
-        assert round(sum(r * dt for r, dt in zip(rates["eth0 cloned pps"], seconds))) == 300
-        mbits = sum(r * dt for r, dt in zip(rates["eth0 cloned Mbps"], seconds))
+        seconds = [b - a for a, b in zip(s.times, s.times[1:], strict=False)]
+        assert round(sum(r * dt for r, dt in zip(rates["eth0 cloned pps"], seconds, strict=True))) == 300
+        mbits = sum(r * dt for r, dt in zip(rates["eth0 cloned Mbps"], seconds, strict=True))
         assert abs(mbits - 300 * 200 * 8 / 1e6) < 1e-6
         assert "eth0 sampled_out pps" not in rates  # never moved: left out
         with pytest.raises(ValueError, match="bounded"):
@@ -316,12 +316,11 @@ def test_a_dead_runs_leftovers_are_said_once_with_what_removes_them(capsys):
 
 
 def test_lab_exports_what_a_notebook_imports():
-    import lab
     for name in ("testbed1", "testbed2", "Topology", "Flow", "Marker", "build", "send_frames", "Capture",
                  "Sampler", "sample", "live", "remove_leftovers", "dead_runs"):
         obj = getattr(lab, name)
         assert obj.__doc__, name
-    assert leftovers.CLEANUP.startswith("python -m lab cleanup")
+    assert runs.CLEANUP.startswith("python -m lab cleanup")
     assert os.path.exists(QUICKSTART)
 
 
@@ -337,7 +336,6 @@ def test_notebooks_call_the_api_in_their_own_thread():
 def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
     """The notebook's stop button during a live view (SIGINT to the kernel), then
     the next cells: the view ended early, the vTAP is still attached and counting."""
-    from jupyter_client.manager import start_new_kernel
     km, kc = start_new_kernel(kernel_name="ebpf-vtap-lab", cwd=str(ROOT))
     outputs = []
 

@@ -11,11 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ebpf import XdpRedirect, xdp
-from lab import testbeds
 from helpers import Lines, assert_run_averages, nft_udp_counter, unchecked_copy, wait_for
-from lab.traffic import FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
+from scapy.layers.inet import IP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+
+from ebpf import XdpRedirect, tc, xdp
+from lab import testbeds
+from lab.traffic import Capture, FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 300
@@ -35,15 +38,12 @@ def to_service(tb, n, family=4, ttl=64, size=200, dport=None, marker=None):
     flow = Flow("s", src, dst, "udp", sport=40000, dport=dport or tb.service_port, count=n, size=size)
     frames = build([flow], marker or Marker(), tb.topo.mac("client", "eth0"), tb.topo.mac("dut", "eth0"))
     if ttl != 64:
-        from scapy.layers.l2 import Ether
         frames = [bytes(Ether(f)) for f in frames]
         frames = [bytes(_with_ttl(Ether(f), ttl)) for f in frames]
     return frames
 
 
 def _with_ttl(p, ttl):
-    from scapy.layers.inet import IP
-    from scapy.layers.inet6 import IPv6
     if IPv6 in p:
         p[IPv6].hlim = ttl
     else:
@@ -146,9 +146,6 @@ def test_forward_in_ipv6_decrements_the_hop_limit_and_leaves_1_and_too_big_to_th
     (ICMPv6 time exceeded), and a packet larger than the egress MTU (ICMPv6
     packet too big: IPv6 routers do not fragment); neither reaches the server.
     What the fast path forwards arrives with its hop limit one lower."""
-    from lab.traffic import Capture
-    from scapy.layers.inet6 import IPv6
-    from scapy.layers.l2 import Ether
     at_server = nft_udp_counter(rtb.ns("server"), rtb.backend_port)
     with XdpRedirect(rtb.rules("udp", families=(6,)), action="forward", netns=rtb.ns("dut")) as prog:
         prog.attach(rtb.dut_in)
@@ -225,7 +222,7 @@ def test_not_root(rtb):
 
 
 def test_verifier_rejection_shows_the_verifiers_line(rtb, tmp_path):
-    broken = unchecked_copy(ROOT / "ebpf/xdp_redirect.bpf.c", "ctx->data", tmp_path)
+    broken = unchecked_copy(ROOT / "ebpf/redirect/xdp_redirect.bpf.c", "ctx->data", tmp_path)
     code = ("import sys; from ebpf import XdpRedirect\n"
             f"p = XdpRedirect({rtb.rules()!r}, source={str(broken)!r})\n"
             "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
@@ -289,7 +286,6 @@ def test_a_service_address_the_router_holds_has_its_replies_translated_after_rou
     kernel as a martian (IPv4 drops it), so with pass the tool translates those
     replies at TC egress towards the clients, and says where and why at start.
     Forward sends replies itself (no kernel on their way): XDP as usual."""
-    from ebpf import tc
     rtb.topo.run("dut", ["ip", "addr", "add", f"{rtb.vip4}/32", "dev", "lo"])
     p = subprocess.Popen(["ip", "netns", "exec", rtb.ns("dut"), sys.executable, "-m", "lab", "redirect", "--iface",
                           "eth0", "--rule", rtb.rules()[0], "--rule", rtb.rules()[1]], cwd=ROOT,

@@ -4,11 +4,11 @@ BPF_PROG_TEST_RUN: verdict and output bytes, and the counters they land in."""
 from collections import Counter
 
 import pytest
+from fixtures import redirect as fx
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from ebpf import XdpRedirect, testrun
-from fixtures import redirect as fx
 
 PASS = fx.pass_fixtures()
 FORWARD = fx.forward_fixtures_without_route()

@@ -8,10 +8,10 @@ import matplotlib.pyplot as plt
 import nbformat
 import pandas as pd
 import pytest
+from helpers import ROOT, assert_every_figure_shown_once, execute_notebook
 from matplotlib.colors import same_color
 from matplotlib.container import BarContainer
 
-from helpers import ROOT, assert_every_figure_shown_once, execute_notebook
 from lab.fastpaths.redirect import plots as rp
 from lab.fastpaths.redirect.peers import METHODS
 
@@ -88,7 +88,7 @@ def test_every_method_has_its_own_colour_and_bars_start_at_zero():
                 bars = [c for c in ax.containers if isinstance(c, BarContainer)]
                 names = [t.get_text() for t in ax.get_xticklabels()]
                 assert len(bars) == 1 and len(names) == len(bars[0]) > 1
-                for bar, m in zip(bars[0], names):
+                for bar, m in zip(bars[0], names, strict=True):
                     assert same_color(bar.get_facecolor(), rp.METHOD_COLORS[m])
     finally:
         for fig in figs:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import wait_for
 
 from ebpf import tc, xdp
 from lab import nft, testbeds
 from lab.bench.common import udp_frames
-from lab.metrics import iface_counters
 from lab.fastpaths.redirect.peers import METHODS, method
+from lab.metrics import iface_counters
 from lab.nft import conntrack
 from lab.traffic import GENERATORS, FileTransfer, FileTransferServer
-from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["route", "nft-dnat", "nft-stateless", "xdp-pass:native", "xdp-pass:generic", "xdp-forward:native",
@@ -142,8 +142,9 @@ def test_bench_rate_with_the_vip_on_the_router_and_partial_checksums(tmp_path):
                         "--sender-csum", "whole,partial"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("redirect_rate-*.csv")))
-    assert sorted(zip(d["method"], d["sender_csum"])) == [("xdp-forward", "partial"), ("xdp-forward", "whole"),
-                                                         ("xdp-pass", "partial"), ("xdp-pass", "whole")]
+    assert sorted(zip(d["method"], d["sender_csum"], strict=True)) == [("xdp-forward", "partial"),
+                                                                       ("xdp-forward", "whole"),
+                                                                       ("xdp-pass", "partial"), ("xdp-pass", "whole")]
     assert (d["vip"] == "router").all()
     for _, row in d.iterrows():
         assert row["translated"] == row["forwarded_packets"] == row["sent_packets"] - row["sender_dropped"] > 0
@@ -163,7 +164,7 @@ def test_bench_xdp_modes_tiny(tmp_path):
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("xdp_modes-*.csv")))
     ran = d[d["status"] == "ok"]
-    assert sorted(set(zip(ran["program"], ran["mode"]))) == sorted(
+    assert sorted(set(zip(ran["program"], ran["mode"], strict=True))) == sorted(
         (p, m) for p in ("drop", "tx", "redirect", "forward") for m in ("native", "generic"))
     for _, row in ran.iterrows():
         assert row["handled_packets"] == row["sent_packets"] - row["sender_dropped"] > 0, row.to_dict()
@@ -180,7 +181,7 @@ def test_generator_frames_leave_as_built_while_the_router_rewrites_them(rtb, flo
     generator's pool and out again already translated. At the ceiling about half
     the frames then missed the rule (the bench's xdp-forward went to the kernel
     for them). The generator now writes each frame over its page on every run
-    (ebpf/xdp_gen.bpf.c): every frame the client's veth took is translated."""
+    (ebpf/instruments/xdp_gen.bpf.c): every frame the client's veth took is translated."""
     frames = udp_frames(rtb.client4, rtb.vip4, rtb.topo.mac(rtb.client, "eth0"), rtb.topo.mac(rtb.dut, rtb.dut_in),
                         64, flows, dport=rtb.service_port)
     m = method("xdp-forward:native", rtb)

@@ -3,9 +3,9 @@ netfilter-vs-XDP report's design). A module of its own: its testbed lives while
 its tests run, and tests elsewhere in the redirect suite expect only theirs."""
 
 import pytest
+from test_redirects import transfer_through
 
 from lab import testbeds
-from test_redirects import transfer_through
 
 
 @pytest.fixture(scope="module")

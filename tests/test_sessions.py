@@ -3,17 +3,24 @@ through Testbed 3 and a collector two hops away: rules, several sessions,
 truncation, sampling, every tunnel kind decoded byte for byte at the collector,
 exact counts per session and per rule."""
 
+import asyncio
 import re
 import struct
+import subprocess
 from collections import Counter
 
 import pytest
+from conftest import require_tool
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, fragment6
+from scapy.layers.l2 import Ether
 
 from ebpf import netdev
-from ebpf.sessions import Rule, Session
-from ebpf.tc_sessions import SessionMirror
+from ebpf.vtap.sessions.config import Rule, Session
+from ebpf.vtap.sessions.tc_sessions import SessionMirror
 from lab import testbeds
 from lab.collector import decap
+from lab.daemons.suricata import Suricata
 from lab.testbeds import COLLECTOR_V4, COLLECTOR_V6
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
@@ -127,9 +134,6 @@ def test_each_tunnel_kind_reaches_the_collector_byte_exact(tb, family):
 def test_outer_checksums_are_right(tb):
     """IPv4 header checksum of the outer packet, and the IPv6 UDP checksum,
     recomputed by scapy from what the collector got."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.inet6 import IPv6
-    from scapy.layers.l2 import Ether
     raw_frames = []
     for family in (4, 6):
         s = Session(target=collector_url("vxlan", family), rules=[Rule("accept", protocol="udp")])
@@ -325,8 +329,6 @@ def test_close_removes_the_sender_device(tb):
 def test_the_api_inside_a_running_asyncio_loop(tb):
     """As a notebook cell calls it: a loop runs in this very thread. The object
     explains itself (repr, a notebook's table, a DataFrame per session)."""
-    import asyncio
-
     async def main():
         asyncio.get_running_loop()
         s = Session(target=collector_url("geneve", 6), name="cell", truncate=96,
@@ -366,9 +368,6 @@ def test_direction_rules(tb):
 def test_ipv6_fragments_match_as_frames_without_ports(tb):
     """IPv6 fragments (a fragment header after the fixed header): every piece
     matched alike, as a frame without ports, as IPv4's are."""
-    from scapy.layers.inet import UDP
-    from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, fragment6
-    from scapy.layers.l2 import Ether
     frames = []
     for i in range(5):
         pkt = IPv6(src="2001:2:0:1::10", dst="2001:2:0:2::2") / IPv6ExtHdrFragment(id=100 + i) / \
@@ -394,9 +393,6 @@ def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, tmp_path):
     kind, each frame copied to all of them: Suricata (af-packet on the
     collector's interface) alerts on the inner packets, once per copy, and
     tcpdump prints each copy's inner flow (as far as each decodes the format)."""
-    import subprocess
-    from lab.daemons.suricata import Suricata
-    from conftest import require_tool
     require_tool("tcpdump")
     rules = tmp_path / "copies.rules"
     # a payload match (the marker every frame of the run carries): a rule of

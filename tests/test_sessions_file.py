@@ -1,5 +1,5 @@
-"""The sessions file and the session/rule/target model (ebpf/sessions.py), and
-the classifier's tables built from them (ebpf/session_tables.py), checked
+"""The sessions file and the session/rule/target model (ebpf/vtap/sessions/config.py), and
+the classifier's tables built from them (ebpf/vtap/sessions/tables.py), checked
 against a plain first-match evaluation of the same rules. No kernel needed."""
 
 import ipaddress
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from ebpf.errors import InputError
-from ebpf.session_tables import NO_PORT, UNKNOWN_PROTO, field_bits
-from ebpf.sessions import Rule, Session, load_sessions, parse_sessions, parse_target, watching
+from ebpf.vtap.sessions.config import Rule, Session, load_sessions, parse_sessions, parse_target, watching
+from ebpf.vtap.sessions.tables import NO_PORT, UNKNOWN_PROTO, field_bits
 
 GOOD = """\
 # two sessions

@@ -9,13 +9,25 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, require_tool
 from helpers import RX4, RX6, nft_udp_counter, snmp
+
 from lab import netns
 from lab.metrics import iface_counters
-from lab.traffic.filetransfer import (HDR, MAGIC, MAX_RANGES, SPOOL_DIR, SPOOL_PREFIX, START, START_BODY, FileTransfer,
-                                     FileTransferServer, Source, default_chunk, pattern_chunk)
+from lab.traffic.filetransfer import (
+    HDR,
+    MAGIC,
+    MAX_RANGES,
+    SPOOL_DIR,
+    SPOOL_PREFIX,
+    START,
+    START_BODY,
+    FileTransfer,
+    FileTransferServer,
+    Source,
+    default_chunk,
+    pattern_chunk,
+)
 from lab.traffic.iperf import Iperf3
 
 RATE = 20_000

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from lab import netns
-from lab.leftovers import dead_runs
+from lab.runs import dead_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,28 @@
 """TcMirror on real veths in the paper's testbeds: exact mirror counts."""
 
-import pytest
+import threading
+import time
 
-from ebpf import InputError, TcMirror
-from ebpf import netdev, tc
+import pytest
+from helpers import (
+    RX4,
+    RX4_ALT,
+    RX6,
+    UNWATCHED_SRC4,
+    UNWATCHED_SRC6,
+    WATCHED_SRC4,
+    WATCHED_SRC6,
+    frames_in,
+    invariant,
+    run_flows,
+    wait_for,
+)
+from scapy.layers.l2 import ARP, Ether
+
+from ebpf import InputError, TcMirror, netdev, tc, testrun
 from lab import netns
+from lab.topology import Topology
 from lab.traffic import Capture, ExactFrames, Flow, Marker, build, flow_frames, send_frames
-from helpers import (RX4, RX4_ALT, RX6, UNWATCHED_SRC4, UNWATCHED_SRC6, WATCHED_SRC4, WATCHED_SRC6,
-                     frames_in, invariant, run_flows, wait_for)
 
 N = 500
 CLONES = ["action", "helper"]  # who copies: the filter's mirred action, or bpf_clone_redirect()
@@ -20,7 +35,6 @@ def tap_for(tb, **kw):
 def settled(tap, key, want, seconds=5):
     """tap.counters() once counter `key` has reached `want` (frames still in
     flight on a loaded machine), or as they are after `seconds`."""
-    import time
     deadline = time.monotonic() + seconds
     while (c := tap.counters())[key] < want and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -79,12 +93,14 @@ def test_ipv6_prefixes_and_tcp(tb1):
 def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
     marker = Marker()
     watched = flow_frames(Flow("w", WATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
-    unwatched = flow_frames(Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
+    unwatched = flow_frames(Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac,
+                            tb1.next_hop_mac)
     exact = ExactFrames({"w": watched, "u": unwatched})
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
-            send_frames(tb1.ns("sender"), "eth0", [f for pair in zip(watched, unwatched) for f in pair], rate_pps=20000)
+            send_frames(tb1.ns("sender"), "eth0", [f for pair in zip(watched, unwatched, strict=True) for f in pair],
+                        rate_pps=20000)
         c = tap.counters()
     # Byte-exact: the copies carry every tag the sender put on the wire.
     assert dict(mon.counts) == {"w": N}
@@ -92,7 +108,6 @@ def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
 
 
 def test_arp_and_other_frames_that_are_not_ip(tb1):
-    from scapy.layers.l2 import ARP, Ether
     arp = [bytes(Ether(src=tb1.sender_mac, dst="ff:ff:ff:ff:ff:ff") /
                  ARP(psrc=WATCHED_SRC4, pdst=RX4, hwsrc=tb1.sender_mac)) + bytes([i % 256]) for i in range(50)]
     exact = ExactFrames({"arp": arp})
@@ -180,7 +195,6 @@ def test_live_changes_take_effect_without_reload(tb1):
 
 @pytest.mark.parametrize("clone", CLONES)
 def test_live_monitor_change(clone):
-    from lab.topology import Topology
     t = Topology("two-monitors")
     for h in ("sender", "receiver", "monitor"):
         t.add_host(h)
@@ -280,7 +294,6 @@ def test_watch_list_changes_leave_no_gap(tb1):
     before mirror-all went on and looked up after the entries left used to be
     missed, once in a few thousand runs without the pause (one frame in 6000,
     once), some 7% of the frames with it."""
-    import threading
     marker = Marker()
     n = 6000
     frames = build([Flow("a", WATCHED_SRC4, RX4, count=n)], marker, tb1.sender_mac, tb1.next_hop_mac)
@@ -384,3 +397,29 @@ def test_a_watch_list_change_that_does_not_fit_twice(tb1):
             tap.set_watch([f"198.18.2.{i}/32" for i in range(5)])
         assert tap.watch == new_hosts  # a refused change changes nothing
     assert dict(mon) == {"a": N}
+
+
+@pytest.mark.parametrize("match", ["dst", None, "src"], ids=["dst", "any-by-default", "src"])
+def test_ipv6_destination_alone_watched_is_copied_exactly(match):
+    """The IPv6 counterpart of the dst-watched flow of test_match_modes_mirror_exact_counts:
+    frames whose destination alone is watched (their source is not) are copied, every
+    one, under --match dst and under the default (any); under src, none. Frames to an
+    unwatched destination never are. Through BPF_PROG_TEST_RUN on the program TcMirror
+    loads (the action path): a run that returns VERDICT_MIRROR is a frame the filter's
+    mirred action copies to the monitor, one copy each, and the program counts it
+    `mirrored`; the rest pass, `unmatched`."""
+    n, mirror = 100, 2 ** 32 - 1  # VERDICT_MIRROR (-1) as the test run's u32 return value
+    marker = Marker()
+    flows = [Flow("dst-watched", UNWATCHED_SRC6, RX6, count=n),
+             Flow("none", UNWATCHED_SRC6, "2001:2:0:9::9", count=n)]
+    want = {"dst-watched": 0 if match == "src" else n, "none": 0}
+    with TcMirror(monitor="lo", watch=[f"{RX6}/128"], **({"match": match} if match else {})) as tap:
+        assert tap.match == (match or "any")
+        fd = tap.load_program().fd
+        copied = {f.name: sum(testrun.run(fd, frame, xdp=False).retval == mirror
+                              for frame in flow_frames(f, marker, "02:00:00:00:00:01", "02:00:00:00:00:02"))
+                  for f in flows}
+        e = tap.exits(index=1)  # a test run's skb comes in on lo, ifindex 1: that counter slot
+    assert copied == want
+    assert e["seen"] == 2 * n and e["verdict"]["mirror"] == e["reason"]["mirrored"] == sum(want.values())
+    assert e["reason"]["unmatched"] == 2 * n - sum(want.values())

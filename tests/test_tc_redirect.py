@@ -13,14 +13,14 @@ resolves it); nothing is left on the hooks after close."""
 from collections import Counter
 
 import pytest
+from fixtures import redirect as fx
+from helpers import nft_udp_counter, wait_for
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from ebpf import BpfError, TcRedirect, tc, testrun
-from fixtures import redirect as fx
-from helpers import nft_udp_counter, wait_for
 from lab import netns, testbeds
 from lab.traffic import Capture, FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
@@ -137,7 +137,7 @@ def test_every_fixture_on_real_skbs(rtb):
             send_frames(client, "eth0", [bytes(f.frame) for f in PASS], rate_pps=2000)
         c = prog.counters()
     assert len(cap.frames) == len(PASS)
-    for f, got in zip(PASS, cap.frames):
+    for f, got in zip(PASS, cap.frames, strict=True):
         want = bytes(f.frame) if f.expected is None else f.expected
         assert got == want, (f.description, Ether(got).show2(dump=True), Ether(want).show2(dump=True))
     want = Counter(f.counted for f in PASS)

@@ -1,5 +1,7 @@
 """Namespace testbeds: built right, isolated from the root namespace, always torn down."""
 
+import ipaddress
+import json
 import signal
 import subprocess
 import sys
@@ -7,13 +9,17 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import TcMirror
-from lab import netns
-from lab import testbeds  # not the functions: pytest would collect test*-named imports
+from lab import (
+    netns,
+    testbeds,  # not the functions: pytest would collect test*-named imports
+)
+from lab.metrics import iface_counters
 from lab.topology import Topology
-from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def root_state():
     """Links, addresses and routes of the root namespace."""
     with IPRoute() as ip:
-        links = sorted(l.get_attr("IFLA_IFNAME") for l in ip.get_links())
+        links = sorted(link.get_attr("IFLA_IFNAME") for link in ip.get_links())
         addrs = sorted(a.get_attr("IFA_ADDRESS") for a in ip.get_addr())
         routes = sorted(str(r.get_attr("RTA_DST")) for r in ip.get_routes(family=2))
     return links, addrs, routes
@@ -65,7 +71,6 @@ def test_teardown_leaves_no_namespace_link_or_program():
 
 def _prog_ids():
     require_tool("bpftool")
-    import json
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
     return {p["id"] for p in json.loads(out) if p.get("name") == "tc_mirror"}
 
@@ -88,7 +93,7 @@ def test_failed_build_tears_down_what_it_made():
     t.add_host("b")
     t.add_link("a", "b")
     t.add_route("a", "203.0.113.0/24", via="198.18.99.1")  # unreachable gateway: netlink refuses
-    with pytest.raises(Exception):
+    with pytest.raises(NetlinkError):
         t.build()
     assert not any(netns.exists(h.ns) for h in t.hosts.values())
 
@@ -132,7 +137,6 @@ def test_demo_runs_and_passes():
     the demo printed, matched on either address as vtap does by default; every
     flow sent and received whole, mirrored whole or not at all; vtap's counters
     the sum of the mirrored column."""
-    import ipaddress
     count = 200
     r = subprocess.run([sys.executable, "-m", "lab", "demo", "--count", str(count)], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
@@ -179,7 +183,6 @@ def test_a_built_testbed_is_quiet(make):
     come up, and repeat it: with MLDv2 a repeat went out up to 40 ms after the
     build, into an iperf3 test's count (one run in 15). The lab's hosts use MLDv1,
     whose repeats the build waits for."""
-    from lab.metrics import iface_counters
     with make() as tb:
         def sent():
             return {(h, i): iface_counters(tb.ns(h), i)["tx_packets"]

@@ -11,12 +11,17 @@ import subprocess
 import sys
 
 import pytest
-
-from ebpf import xdp
-from helpers import PORT, N, Tool, assert_run_averages, echo_servers, exchange, stop_all
-from lab import netns
-from lab.testbeds import user_router, user_segment
 from conftest import ROOT
+from helpers import PORT, N, Tool, assert_run_averages, echo_servers, exchange, stop_all
+from scapy.layers.inet import ICMP, IP, UDP
+from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6
+from scapy.layers.l2 import Ether
+
+from ebpf import AttachError, XdpSink, xdp
+from lab import hostcheck, netns
+from lab.testbeds import user_router, user_segment
+from lab.topology import Topology
+from lab.traffic import send_frames
 
 
 def csum_errors(ns):
@@ -27,7 +32,8 @@ def csum_errors(ns):
         parts = line.split()
         if parts and parts[0].endswith(":"):
             if parts[0] in header:
-                total += sum(int(v) for k, v in zip(header.pop(parts[0]), parts[1:]) if k == "InCsumErrors")
+                names = header.pop(parts[0])
+                total += sum(int(v) for k, v in zip(names, parts[1:], strict=True) if k == "InCsumErrors")
             else:
                 header[parts[0]] = parts[1:]
         elif len(parts) == 2 and parts[0] in ("Udp6InCsumErrors", "UdpLite6InCsumErrors"):
@@ -223,9 +229,6 @@ def test_host_checks_name_what_is_missing_and_the_fix():
     generic mode, a veth peer without XDP (found in its own namespace), a jumbo
     MTU that native XDP on veth cannot take (the kernel says only "Numerical
     result out of range")."""
-    from ebpf import AttachError, XdpSink
-    from lab import hostcheck
-    from lab.topology import Topology
     t = Topology("uchk", kernel_defaults=True)
     t.add_host("a")
     t.add_host("b")
@@ -273,10 +276,6 @@ def test_the_lb_hosts_own_traffic_from_the_vip_keeps_its_icmp(family):
     a ping to it is answered, and a packet-too-big in the middle of its own
     conversation from the VIP (a port no service has) lowers that path's MTU.
     Before, the program dropped every ICMPv6 packet to a VIP."""
-    from scapy.layers.inet import ICMP, IP, UDP
-    from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6
-    from scapy.layers.l2 import Ether
-    from lab.traffic import send_frames
     with user_segment() as tb:
         netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
                                 "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)

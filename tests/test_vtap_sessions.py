@@ -8,10 +8,14 @@ import sys
 from collections import Counter
 
 from conftest import ROOT
-from ebpf import netdev, tc
-from ebpf.sessions import Rule, Session
-from ebpf.tc_sessions import SessionMirror
 from helpers import PORT, Tool, echo_servers, exchange, stop_all
+from scapy.layers.inet import TCP, UDP
+from scapy.layers.inet6 import IPv6, in6_chksum
+from scapy.layers.l2 import Ether
+
+from ebpf import netdev, tc
+from ebpf.vtap.sessions.config import Rule, Session
+from ebpf.vtap.sessions.tc_sessions import SessionMirror
 from lab import netns
 from lab.collector import decap
 from lab.topology import Topology
@@ -75,7 +79,8 @@ def test_a_bad_sessions_file_is_refused_with_nothing_attached(tmp_path):
     with plain_router() as t:
         ns = t.ns("router")
         bad = tmp_path / "s.toml"
-        bad.write_text('[[session]]\ntarget = "mon0"\n\n[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n')
+        bad.write_text('[[session]]\ntarget = "mon0"\n\n'
+                       '[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n')
         r = vtap(ns, "--sessions", str(bad))
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip() == f"vtap: error: {bad}:6: rule 1 of session 1: bad CIDR '198.18.0.0/33'"
@@ -149,8 +154,6 @@ def test_a_killed_run_is_cleaned_up(tmp_path):
 
 def finished(frame):
     """The frame with its TCP/UDP checksum made right (scapy recomputes it)."""
-    from scapy.layers.inet import TCP, UDP
-    from scapy.layers.l2 import Ether
     p = Ether(frame)
     for layer in (TCP, UDP):
         if layer in p:
@@ -164,8 +167,6 @@ def test_partial_checksums_of_socket_traffic_reach_an_ipv6_collector_right():
     checksums, which the last device finishes. The outer UDP checksum (IPv6
     needs one) is built for the finished frame, as the kernel's own tunnels
     do: with each inner checksum made right, every outer one holds."""
-    from scapy.layers.inet6 import IPv6, UDP, in6_chksum
-    from scapy.layers.l2 import Ether
     with plain_router() as t:
         s = Session(target=f"vxlan://[{COLLECTOR6}]/9", rules=[Rule("accept", protocol="tcp"),
                                                             Rule("accept", protocol="udp")])
@@ -201,8 +202,6 @@ def test_gro_frames_fit_the_path_by_their_segments():
     where the path needs): with a path that takes a segment and the tunnel,
     every copy is sent, none counted oversize, and the copies carry every byte
     the client sent."""
-    from scapy.layers.inet import TCP
-    from scapy.layers.l2 import Ether
     with plain_router() as t:
         t.run("router", ["ethtool", "-K", "eth0", "gro", "on"], check=True, capture_output=True)
         # a link to the collector with room for a whole segment and the tunnel's 50 bytes

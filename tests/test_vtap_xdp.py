@@ -4,15 +4,16 @@ offload and GRO as a veth comes, no XDP program the lab did not put there):
 what it refuses and the fix it prints, exact copies of real TCP and UDP
 exchanges, and what a killed run leaves to --cleanup."""
 
+import ipaddress
 import re
 import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
-from ebpf import xdp
 from helpers import PORT, Tool, echo_servers, exchange, stop_all
+
+from ebpf import xdp
 from lab import netns
 from lab.topology import Topology
 from lab.traffic import Capture
@@ -45,7 +46,6 @@ def copies_of(*addrs):
     """A Capture classifier: "copy" for an IPv4/IPv6 frame from or to one of the
     addresses (what the vTAP copies), None for the rest (the monitor's link
     carries the kernel's own too: router solicitations, MLD, as users' hosts send)."""
-    import ipaddress
     packed = {ipaddress.ip_address(a).packed for a in addrs}
 
     def classify(frame):

@@ -7,14 +7,14 @@ import ctypes
 import os
 
 import pytest
-
-from ebpf import AttachError, testrun, xdp
-from ebpf.xdp_sink import XdpSink
-from lab import netns, testbeds
-from lab.netns import LabError
-from lab.fastpaths.vtap.rig import ThroughputRig
 from conftest import require
 from helpers import in_a_thread_without_net_admin
+
+from ebpf import AttachError, testrun, xdp
+from ebpf.instruments.xdp_sink import XdpSink
+from lab import netns, testbeds
+from lab.fastpaths.vtap.rig import ThroughputRig
+from lab.netns import LabError
 
 BPF_XDP = 37  # enum bpf_attach_type (uapi bpf.h)
 

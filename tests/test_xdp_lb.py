@@ -6,19 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-
-from ebpf.xdp_lb import XdpLoadBalancer
-from ebpf.xdp_sink import XdpSink
-from lab import netns
-from lab.testbeds import lb_testbed
-from lab.topology import RUN_DIR
-from lab.daemons.nginx import SUFFIX, NginxServer
-from ebpf.abi import defines
-from helpers import Lines, wait_for
 from conftest import ROOT, require_tool
+from helpers import Lines, wait_for
+
+from ebpf import xdp
+from ebpf.abi import defines
+from ebpf.instruments.xdp_sink import XdpSink
+from ebpf.lb.xdp_lb import XdpLoadBalancer
+from lab import netns
+from lab.daemons.nginx import SUFFIX, NginxServer
+from lab.runs import RUN_DIR
+from lab.testbeds import lb_testbed
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def get(tb, url, n):
     return bodies
 
 
-LB_FIN_CLIENT = defines("xdp_lb.h")["LB_FIN_CLIENT"]   # a session's flag: the client's FIN seen
+LB_FIN_CLIENT = defines("lb/xdp_lb.h")["LB_FIN_CLIENT"]   # a session's flag: the client's FIN seen
 
 
 @pytest.mark.parametrize("lab", [True, False], indirect=True,
@@ -85,7 +85,7 @@ def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     per_backend = lb.backend_counters()
     assert sum(v["new_sessions"] for v in per_backend.values()) == 2 * n
     assert all(v["new_sessions"] == w for v, w in zip(per_backend.values(),
-                                                       [x.requests() for x in webs + webs6]))
+                                                       [x.requests() for x in webs + webs6], strict=True))
 
 
 def lb_cli(tb, *args):
@@ -97,7 +97,6 @@ def lb_cli(tb, *args):
 def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
     """python -m lab lb as a user runs it: weights from a file it re-reads,
     health checks, SIGTERM detaches; SIGKILL leaves it attached until --cleanup."""
-    from ebpf import xdp
     tb, _, webs, _ = lab
     backends = tmp_path / "backends.txt"
     backends.write_text(f"{tb.backend4(0)}:{tb.backend_port}\n{tb.backend4(1)}:{tb.backend_port}\n")

@@ -6,19 +6,45 @@ LB's interface is `lb`'s eth0 (198.18.1.1, 2001:2:0:1::1), and the backends
 are addresses of the other host, whose neighbour entries the topology fills.
 """
 
+import ctypes
 import time
 
 import pytest
-from scapy.layers.inet import IP, TCP, UDP, ICMP
-from scapy.layers.inet6 import (ICMPv6EchoRequest, ICMPv6MLReport2, ICMPv6ND_NA, ICMPv6ND_NS, ICMPv6NDOptSrcLLAddr,
-                                ICMPv6PacketTooBig, IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop)
-from scapy.packet import Raw
+from fixtures.lb import (
+    BE1,
+    BE2,
+    BE6,
+    BE6B,
+    CLIENT_MAC,
+    PORT_COUNT,
+    PORT_MIN,
+    SELF4,
+    SELF6,
+    VIP,
+    VIP6,
+    Rig,
+    lb_fixture_net,
+)
+from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.inet6 import (
+    ICMPv6EchoRequest,
+    ICMPv6MLReport2,
+    ICMPv6ND_NA,
+    ICMPv6ND_NS,
+    ICMPv6NDOptSrcLLAddr,
+    ICMPv6PacketTooBig,
+    IPv6,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+)
 from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
 
-from ebpf.xdp_lb import XdpLoadBalancer
+from ebpf.errors import InputError
+from ebpf.lb.maglev import maglev_table
+from ebpf.lb.xdp_lb import RING_SIZE, XdpLoadBalancer, nat_ports
+from ebpf.xdp import attached
 from lab import netns
-
-from fixtures.lb import BE1, BE2, BE6, BE6B, CLIENT_MAC, PORT_COUNT, PORT_MIN, SELF4, SELF6, VIP, VIP6, Rig, lb_fixture_net
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +361,8 @@ def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net, v6):
 
     def syn(i, sport):
         l4 = TCP(sport=sport, dport=80, flags="S")
-        return Ether(src=CLIENT_MAC, dst=r.mac) / (IPv6(src=client(i), dst=VIP6) if v6 else IP(src=client(i), dst=VIP)) / l4
+        return (Ether(src=CLIENT_MAC, dst=r.mac)
+                / (IPv6(src=client(i), dst=VIP6) if v6 else IP(src=client(i), dst=VIP)) / l4)
     try:
         dst = []
         for i in range(400):
@@ -359,8 +386,6 @@ def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net, v6):
 def kernel_ring(lb):
     """The first service's Maglev table as the program reads it: backend indexes
     from the kernel's `rings` map (0: empty), not from what user space remembers."""
-    import ctypes
-    from ebpf.xdp_lb import RING_SIZE
     rings = lb.table("rings")
     return [rings[ctypes.c_int(i)].value for i in range(RING_SIZE)]
 
@@ -370,15 +395,14 @@ def differing(a, b, first=5):
     pytest's own diff of two 65537-slot lists takes minutes under CI=true,
     where it does not cut its explanations short)."""
     assert len(a) == len(b)
-    return [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y][:first]
+    return [(i, x, y) for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y][:first]
 
 
 def test_maglev_minimal_disruption(net):
-    from ebpf.maglev import maglev_table
     names = {f"10.0.0.{i}:80": 1 for i in range(1, 9)}
     before = maglev_table(names)
     after = maglev_table({n: w for n, w in names.items() if n != "10.0.0.3:80"})
-    moved = sum(1 for a, b in zip(before, after) if a != b and a != "10.0.0.3:80")
+    moved = sum(1 for a, b in zip(before, after, strict=True) if a != b and a != "10.0.0.3:80")
     assert moved / len(before) < 1 / 8                   # others' slots barely move
     assert all(b != "10.0.0.3:80" for b in after)
     assert differing(maglev_table(dict(reversed(list(names.items())))), before) == []   # order does not matter
@@ -406,8 +430,6 @@ def test_maglev_minimal_disruption(net):
 def test_attach_refuses_an_interface_that_does_not_forward(net):
     """bpf_fib_lookup() answers only where forwarding is on: without it every
     SYN was dropped as "no neighbour" (found writing these fixtures)."""
-    from ebpf.errors import InputError
-    from ebpf.xdp import attached
     lb = XdpLoadBalancer(self4=BE1, netns=net.ns("be"))
     try:
         lb.add_service(f"tcp:{VIP}:80")
@@ -464,7 +486,6 @@ def test_idle_sessions_are_swept_from_both_tables(net):
         assert r.run(r.from_client(UDP(sport=5353, dport=80) / b"q")).verdict == "XDP_TX"
         assert len(r.lb.sessions()) == 2
         assert r.run(r.from_client(TCP(sport=40001, dport=80, flags="S"), src="198.18.7.9")).verdict == "XDP_DROP"
-        import time
         time.sleep(0.3)
         assert r.lb.sweep() == 2 and r.lb.sessions() == []
         assert len(r.lb.table("reverse_half")) == 0 and len(r.lb.table("reverse")) == 0
@@ -481,8 +502,6 @@ def test_nat_ports_and_the_hosts_own_ephemeral_ports_never_meet(net):
     client. So the NAT ports are the larger span the host's ephemeral range
     (net.ipv4.ip_local_port_range) leaves, in the LB's namespace; too few is
     refused with the fix."""
-    from ebpf import InputError
-    from ebpf.xdp_lb import nat_ports
     ns = net.ns("lb")
     key = "net.ipv4.ip_local_port_range"
     saved = netns.read_sysctl(ns, key)
@@ -501,3 +520,40 @@ def test_nat_ports_and_the_hosts_own_ephemeral_ports_never_meet(net):
             lb.close()
     finally:
         netns.sysctl(ns, key, saved)
+
+
+def test_maglev_shares_follow_weights_that_do_not_divide_each_other():
+    """Weights 2:3, 3:5, 1:2:4, and 1:2:4 beside a drained backend: each backend
+    holds weight/total of the slots, within the population's rounding, at the
+    program's table size and at a small one where the rounding weighs more.
+
+    The bound, from maglev_table(): each round, every live backend adds its weight
+    w to its credit and takes its next free slot when the credit reaches wmax (the
+    largest weight), spending wmax. A credit left below wmax, plus w <= wmax, is
+    below 2 wmax: one slot a round at most. So after r whole rounds a backend holds
+    floor(r w / wmax); the table fills partway through some round R, maybe before
+    a backend's turn in it. With t = R / wmax, each holds t w - e, e in
+    [0, 1 + w / wmax) (the floor's fraction, plus that last turn if it came too
+    late). The counts sum to the size S, so t = (S + sum of the e) / W, W the total
+    weight, and a backend's count less its share S w / W is
+    w/W * (the others' e) - (1 - w/W) * its own e, strictly within
+        -(1 + w/wmax) (1 - w/W)  and  w/W * (n - 1 + (W - w) / wmax)
+    (n live backends): at most a slot either way for two backends, under 2 for
+    these three, whatever the size; the bound is reached to within a tenth of a
+    slot by some weights and names. A drained backend (weight 0) takes no turn:
+    no slot, and the others' slots are the table without it."""
+    for size in (251, RING_SIZE):
+        for weights in ({"10.0.0.1:80": 2, "10.0.0.2:80": 3}, {"10.0.0.1:80": 3, "10.0.0.2:80": 5},
+                        {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4},
+                        {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4, "10.0.0.4:80": 0}):
+            table = maglev_table(weights, size)
+            live = {b: w for b, w in weights.items() if w}
+            n, total, wmax = len(live), sum(live.values()), max(live.values())
+            held = {b: table.count(b) for b in weights}
+            assert len(table) == size == sum(held.values()), (size, weights)
+            for b, w in live.items():
+                off = held[b] - size * w / total
+                low, high = -(1 + w / wmax) * (1 - w / total), w / total * (n - 1 + (total - w) / wmax)
+                assert low < off < high, (size, weights, b, held[b], size * w / total, (low, high))
+            if len(live) < len(weights):
+                assert held["10.0.0.4:80"] == 0 and differing(table, maglev_table(live, size)) == []

@@ -2,18 +2,20 @@
 BPF_PROG_TEST_RUN on Testbed 3's tap node (so bpf_fib_lookup() answers from
 real routes and neighbours), then real traffic through it."""
 
+import asyncio
 import contextlib
 import sys
+import threading
 from collections import Counter
 
 import pytest
+from fixtures import mirror as fx
+from helpers import frames_in, run_flows, wait_for
 from scapy.layers.l2 import Ether
 
 from ebpf import netdev, testrun
-from ebpf.xdp_mirror import SLOW_REASONS, XdpMirror
-from ebpf.xdp_peer_pass import XdpPeerPass
-from fixtures import mirror as fx
-from helpers import frames_in, run_flows, wait_for
+from ebpf.instruments.xdp_peer_pass import XdpPeerPass
+from ebpf.vtap.xdp_mirror import SLOW_REASONS, XdpMirror
 from lab import netns, testbeds
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
@@ -270,7 +272,7 @@ def test_a_monitor_that_takes_no_xdp_frames_counts_every_copy_failed():
     monitor's peer runs no XDP program): the copies stay pending, counted as
     failed; the receiver still gets everything."""
     with routed_bed(peers=("receiver",)) as tb, tap_on(tb) as tap:
-        assert tap.monitor_state() == "no-xdp"
+        assert tap.health().monitor_state == "no-xdp"
         _, rx, mon = run_flows(tb, [Flow("w", SRC4, DST4, count=N)])
         c = tap.counters()
     assert rx["w"] == N and mon["w"] == 0
@@ -291,7 +293,6 @@ def test_two_taps_on_two_nodes_with_the_same_interface_indexes():
     """Each tap counts what became of its own frames only: the tracepoints see
     both nodes' queues, whose devices have the same indexes. One monitor takes
     no XDP frames (every copy failed), the other does (none)."""
-    import threading
     with routed_bed() as tb1, routed_bed(peers=("receiver",)) as tb2:
         assert tb1.topo.ifindex("tapnode", "mon0") == tb2.topo.ifindex("tapnode", "mon0")
         with tap_on(tb1) as t1, tap_on(tb2) as t2:
@@ -311,7 +312,6 @@ def test_watch_list_changes_leave_no_gap():
     """As the TC vTAP's: flips between a list that holds the destination and
     mirror-all while traffic flows, with the test-only pause between the flag's
     first read and the lookup: every frame must be copied."""
-    import threading
     n = 6000
     with routed_bed() as tb, tap_on(tb, watch=[f"{DST4}/32"], cflags=["-DVTAP_TEST_RACE_WINDOW=1000"]) as tap:
         done, flips = threading.Event(), [0]
@@ -366,12 +366,11 @@ def test_the_api_inside_a_running_asyncio_loop():
     """As typed into a notebook cell, whose thread runs an asyncio loop: every
     netlink question the XdpMirror asks (devices, XDP hooks, the netdev family's
     xdp-features) must work there."""
-    import asyncio
 
     async def cell():
         asyncio.get_running_loop()
         with routed_bed() as tb, tap_on(tb) as tap:
-            state, egresses = tap.monitor_state(), tap.egresses
+            state, egresses = tap.health().monitor_state, tap.egresses
             _, rx, mon = run_flows(tb, [Flow("w", SRC4, DST4, count=100)])
             return state, egresses, dict(mon), tap.counters()["cloned"]
 

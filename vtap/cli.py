@@ -17,11 +17,27 @@ import sys
 
 from ebpf.abi import defines
 from ebpf.errors import BpfError
-
+from ebpf.vtap.watchlist import parse_watch_list, read_watch_file
+from lab.console import (
+    SIGNALS,
+    ArgumentParser,
+    CounterTable,
+    UsageError,
+    add_run_options,
+    add_xdp_mode,
+    check_run_options,
+    report_cleanup,
+    require,
+    run_command,
+    run_until_stopped,
+    show_program,
+    warn,
+)
 from lab.exporter import serving
-from lab.console import (SIGNALS, ArgumentParser, CounterTable, UsageError, add_run_options, add_xdp_mode,
-                         check_run_options, report_cleanup, require, run_command, run_until_stopped, show_program,
-                         warn)
+
+# The kernel program, the other hooks' modules (sessions_cmd.py, xdp_hook.py) and ebpf's netdev and tc
+# are imported where they are used: they pull pyroute2 (a quarter of a second), which `vtap --help`
+# need not load, and inside run_command a missing package is said in one line.
 
 EXAMPLES = """\
 examples:
@@ -51,7 +67,7 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 RATES = ("seen", "matched", "cloned", "failed")
 TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "not_ip", "malformed", "oversize")
 HEADS = {"sampled_out": "SAMPLED", "not_ip": "NOT-IP"}
-SAMPLE_MAX = defines("vtap.h")["VTAP_SAMPLE_MAX"]
+SAMPLE_MAX = defines("vtap/vtap.h")["VTAP_SAMPLE_MAX"]
 WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
 
 
@@ -104,7 +120,7 @@ def check_args(a):
     if a.cleanup:
         return
     if a.sessions:
-        from .sessions_cmd import check_args as check_sessions
+        from .sessions_cmd import check_args as check_sessions  # noqa: PLC0415 -- pulls pyroute2 (see the top)
         return check_sessions(a)
     if not a.monitor:
         raise UsageError("--monitor is required (the interface the copies leave through), or --sessions FILE")
@@ -116,7 +132,7 @@ def check_args(a):
         raise UsageError(f"monitor {a.monitor} is also a tapped interface (its own clones would loop)")
     require(a)  # an interface given twice
     if a.hook == "xdp":
-        from .xdp_hook import check_args as check_xdp
+        from .xdp_hook import check_args as check_xdp  # noqa: PLC0415 -- pulls pyroute2 (see the top)
         check_xdp(a)
     else:
         xdp_only = [o for o in ("--xdp-mode", "--forward", "--prepare-peer") if o in a.options_given(a)]
@@ -128,7 +144,6 @@ def watch_list(a):
     """--watch and --watch-file together, or None (mirror everything)."""
     if not a.watch and not a.watch_file:
         return None
-    from ebpf.watchlist import parse_watch_list, read_watch_file
     nets = parse_watch_list(a.watch)
     for path in a.watch_file:
         nets += read_watch_file(path)
@@ -156,19 +171,20 @@ class Printer(CounterTable):
 
 def cleanup(all_runs=False):
     """What killed vtaps left in this namespace, at either hook: (removed, spared), as lines."""
-    from ebpf import tc
-    from .xdp_hook import cleanup as xdp_cleanup
+    from ebpf import tc  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
+    from .xdp_hook import cleanup as xdp_cleanup  # noqa: PLC0415 -- pulls pyroute2 (see the top)
     removed, spared = tc.cleanup("vtap", spare_live=not all_runs)
     spared = [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
               f"(pid {', '.join(map(str, f.pids))})" for f in spared]
     xdp_removed, xdp_spared = xdp_cleanup(all_runs)
-    from .sessions_cmd import cleanup as sessions_cleanup
+    from .sessions_cmd import cleanup as sessions_cleanup  # noqa: PLC0415 -- pulls pyroute2 (see the top)
     s_removed, s_spared = sessions_cleanup(all_runs)
     return removed + xdp_removed + s_removed, spared + xdp_spared + s_spared
 
 
 def warn_at_start(tap):
-    from ebpf import netdev
+    from ebpf import netdev  # noqa: PLC0415 -- pulls pyroute2 (see the top)
     with netdev.ipr(tap.netns) as ip:
         kind = netdev.opaque(ip, netdev.ifindex_of(ip, tap.monitor, tap.netns))
     if kind:
@@ -219,15 +235,15 @@ class Watcher:
 
 
 def run(a):
-    from ebpf import TcMirror
+    from ebpf import TcMirror  # noqa: PLC0415 -- pulls pyroute2 (see the top)
 
     if a.cleanup:
         return report_cleanup("vtap", *cleanup(a.all))
     if a.sessions:
-        from .sessions_cmd import run as run_sessions
+        from .sessions_cmd import run as run_sessions  # noqa: PLC0415 -- pulls pyroute2 (see the top)
         return run_sessions(a)
     if a.hook == "xdp":
-        from .xdp_hook import run as run_xdp
+        from .xdp_hook import run as run_xdp  # noqa: PLC0415 -- pulls pyroute2 (see the top)
         return run_xdp(a, watch_list(a))
     tap = TcMirror(monitor=a.monitor, watch=watch_list(a), match=a.match, sample=a.sample, clone=a.clone,
                    watch_max=a.watch_max, source=a.program)

@@ -2,7 +2,7 @@
 file, re-read whenever it changes.
 
 The command's options, exit statuses, signals and cleanup are the TC vTAP's
-(cli.py); what differs is said here: the sessions file (ebpf/sessions.py for
+(cli.py); what differs is said here: the sessions file (ebpf/vtap/sessions/config.py for
 its format), the live table (one row per session) and the sender devices a
 killed run leaves.
 
@@ -13,11 +13,13 @@ is said in one line (file and line) and the sessions in force stay.
 import hashlib
 import os
 
+from ebpf import netdev
 from ebpf.errors import BpfError, InputError
-from ebpf.tc_sessions import SESSION_COUNTERS
-
-from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+from ebpf.vtap.sessions.config import parse_sessions
+from ebpf.vtap.sessions.tc_sessions import SESSION_COUNTERS, SessionMirror, sender_pid
+from lab.console import SIGNALS, CounterTable, UsageError, run_until_stopped, show_program, warn
 from lab.exporter import Rows, serving
+from lab.netns import alive
 
 RATES = ("accepted", "sent")
 TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
@@ -45,7 +47,6 @@ class SessionsFile:
 
     def read(self):
         """(sessions, digest) of the file now; InputError 'FILE:LINE: what'."""
-        from ebpf.sessions import parse_sessions
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -119,9 +120,6 @@ class Printer(CounterTable):
 
 def cleanup(all_runs=False):
     """Sender devices of killed runs in this namespace (all of them with all_runs)."""
-    from ebpf import netdev
-    from ebpf.tc_sessions import sender_pid
-    from lab.netns import alive
     removed, spared = [], []
     with netdev.ipr() as ip:
         for dev in netdev.devices(ip).values():
@@ -137,8 +135,6 @@ def cleanup(all_runs=False):
 
 
 def run(a):
-    from ebpf.tc_sessions import SessionMirror
-
     source = SessionsFile(a.sessions)
     sessions, source.digest = source.read()
     tap = SessionMirror(sessions, source=a.program)
@@ -158,7 +154,6 @@ def run(a):
     printer = Printer(a.json)
     metrics = serving(printer, a, "vtap", rows={"sessions": Rows("session", "session_"), "ifaces": "interface",
                                                  "rules": Rows(("session", "rule"), "rule_")})
-    from lab.console import SIGNALS
     SIGNALS.check()
     with metrics, tap:
         tap.load_program()

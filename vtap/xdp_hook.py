@@ -8,10 +8,11 @@ taps by default, and what it watches while it runs.
 
 import contextlib
 
+from ebpf import netdev, xdp
 from ebpf.errors import BpfError
-
+from ebpf.vtap.xdp_mirror import SLOW_REASONS, XdpMirror, can_transmit_xdp
 from lab import hostcheck
-from lab.console import CounterTable, UsageError, run_until_stopped, show_program, warn
+from lab.console import SIGNALS, CounterTable, UsageError, run_until_stopped, show_program, warn
 from lab.exporter import serving
 
 RATES = ("seen", "matched", "cloned", "failed")
@@ -46,7 +47,6 @@ def blocking(a, tap, ifaces) -> list:
         found += hostcheck.check_forwarding(name, families(tap), tap.netns,
                                             why=": the fast path sends out only what the node would forward")
     if a.xdp_mode == "native":
-        from ebpf.xdp_mirror import can_transmit_xdp
         veth = hostcheck.veth_peer(tap.monitor, tap.netns) is not None
         if veth and not a.prepare_peer:
             found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
@@ -87,7 +87,6 @@ class Printer(CounterTable):
 
     def reasons(self, totals):
         """The final block's last line: why watched frames went to the kernel."""
-        from ebpf.xdp_mirror import SLOW_REASONS
         shown = ", ".join(f"{k.replace('_', '-')} {totals[k]}" for k in SLOW_REASONS if totals[k])
         if shown and not self.json:
             self.emit(f"{'':8} to the kernel, by reason: {shown}")
@@ -102,11 +101,11 @@ class Watcher:
         self.not_egresses = dict(tap.not_egresses)
 
     def check(self):
-        gone = self.tap.removed_from_outside()
-        if gone:
-            raise BpfError(f"stopped: the XDP vTAP was removed from {', '.join(gone)} from outside "
-                           "(vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
-        state = self.tap.monitor_state()  # also rereads the egresses
+        h = self.tap.health()  # also rereads the egresses
+        if h.missing:
+            raise BpfError(f"stopped: the XDP vTAP was removed from {', '.join(a.ifname for a, _ in h.missing)} "
+                           "from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
+        state = h.monitor_state
         if state != self.monitor_state:
             m = self.tap.monitor
             warn({"up": f"monitor {m} takes copies again",
@@ -127,8 +126,6 @@ class Watcher:
 
 
 def run(a, watch):
-    from ebpf.xdp_mirror import XdpMirror
-
     tap = XdpMirror(monitor=a.monitor, watch=watch, match=a.match, sample=a.sample, watch_max=a.watch_max,
                     forward=a.forward, source=a.program)
     tap.warn = warn
@@ -152,13 +149,11 @@ def run(a, watch):
     printer = Printer(a.json)
     metrics = serving(printer, a, "vtap", rows={"ifaces": "interface"})
     peers = hostcheck.PreparedPeers()
-    from lab.console import SIGNALS
     SIGNALS.check()
     with metrics, tap, contextlib.closing(peers):
         tap.load_program()
         SIGNALS.check()
         if a.prepare_peer and a.xdp_mode == "native":
-            from ebpf import netdev
             with netdev.ipr(None) as ip:
                 names = [d.name for d in netdev.devices(ip).values() if d.up and d.name != "lo"]
             for name in names:
@@ -188,7 +183,6 @@ def run(a, watch):
 def cleanup(all_runs=False):
     """What killed XDP vTAPs left in this namespace: their programs, and the pass
     programs --prepare-peer put on veth peers."""
-    from ebpf import xdp
     removed, spared = xdp.cleanup(PROGRAM, spare_live=not all_runs)
     removed += hostcheck.cleanup_peer_programs()
     return removed, spared

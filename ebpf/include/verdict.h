@@ -22,6 +22,7 @@
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
+#include "parsing_helpers.h"  /* parse_l4()'s results, which parse_reason() names */
 
 /* Verdicts: what the program did with the frame. */
 #define V_PASS 0      /* on to the kernel untouched or rewritten (XDP_PASS, TC_ACT_OK; the vTAP: not copied) */
@@ -61,6 +62,12 @@
 #define R_COUNT 22
 #define R_SLOTS 32 /* the arrays' room: a power of two, for the mask in fp_exit() */
 
+/* fp_exit() masks its indexes so the verifier can bound them: the masks must
+ * cover every verdict and reason, and the arrays the masks. */
+_Static_assert(V_COUNT <= 8, "fp_exit() masks a verdict with 7: V_COUNT outgrew it");
+_Static_assert(R_SLOTS == 32, "fp_exit() masks a reason with 31 (R_SLOTS - 1)");
+_Static_assert(R_COUNT <= R_SLOTS, "more reasons than the counters' arrays hold: raise R_SLOTS and the mask");
+
 struct fp_counts {
 	__u64 seen;
 	__u64 verdict[V_COUNT];
@@ -85,6 +92,20 @@ static __always_inline int fp_exit(struct fp_counts *fp, int verdict, int reason
 	if (verdict == V_DROP)
 		fp->dropped[r]++;
 	return code;
+}
+
+/* The reason of a frame parse_l4() stopped short of what a program looks at,
+ * in every program's words: not IP, a fragment (no ports to match), IP that is
+ * neither TCP nor UDP (no rule, service or port can be for it), or cut short. */
+static __always_inline int parse_reason(int parsed)
+{
+	if (parsed == PARSE_NOT_IP)
+		return R_NOT_IP;
+	if (parsed == PARSE_FRAGMENT)
+		return R_FRAGMENT;
+	if (parsed == PARSE_OTHER)
+		return R_UNMATCHED;
+	return R_MALFORMED; /* PARSE_MALFORMED, PARSE_SHORT_L4 */
 }
 
 /* An XDP program's action, as a verdict (an if chain: clang may turn a switch

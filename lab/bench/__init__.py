@@ -14,10 +14,11 @@ lab's own, which measure the harness and more than one fast path, live here:
 import importlib
 import pkgutil
 
+from ..fastpath import fastpaths
+
 
 def benches():
     """Every bench module, the lab's and the fast paths', in the order their names sort."""
-    from ..fastpath import fastpaths
     found = []
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")

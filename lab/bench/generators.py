@@ -8,12 +8,12 @@ import time
 
 import pandas as pd
 
+from ebpf.instruments.xdp_sink import XdpSink
+
 from ..metrics import write_results
 from ..topology import Topology
 from ..traffic import GENERATORS
-from ebpf.xdp_sink import XdpSink
 from .common import FCS, Progress, add_options, checked_options, interleaved, parse_list, summarize, udp_frames
-
 
 NAME = "generators"
 SUMMARY = "our XDP generator against trafgen, per frame size"

@@ -6,14 +6,28 @@ must finish before XDP_TX / XDP_REDIRECT). Interleaved trials."""
 
 import argparse
 import ctypes
+import os
 import sys
+
+from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
+from ebpf.testrun import libbpf
 
 from ..metrics import write_results
 from ..testbeds import lb_testbed
 from ..traffic import GENERATORS
 from ..traffic.partial import partial
-from .common import (FCS, Progress, add_options, checked_options, close_all, columns_first, interleaved, parse_list,
-                     summarize, udp_frames)
+from .common import (
+    FCS,
+    Progress,
+    add_options,
+    checked_options,
+    close_all,
+    columns_first,
+    interleaved,
+    parse_list,
+    summarize,
+    udp_frames,
+)
 
 NAME = "xdp-cost"
 SUMMARY = "a program's own ns per packet (kernel BPF statistics), whole vs partial sender checksums"
@@ -74,14 +88,12 @@ class BpfRunStats:
     """The kernel counts programs' run time only while someone holds this fd."""
 
     def __enter__(self):
-        from ebpf.testrun import libbpf
         self.fd = libbpf().bpf_enable_stats(ctypes.c_int(BPF_STATS_RUN_TIME))
         if self.fd < 0:
             raise OSError(f"BPF_ENABLE_STATS refused ({-self.fd})")
         return self
 
     def __exit__(self, *exc):
-        import os
         os.close(self.fd)
         return False
 
@@ -89,7 +101,6 @@ class BpfRunStats:
 def _programs(tb, names):
     """{name: program}, loaded for the LB host's eth0. An interface holds one XDP
     program, so each is attached only for its own runs."""
-    from ebpf import XdpLoadBalancer, XdpRedirect
     be = f"{tb.backend4(0)}:{tb.backend_port}"
     out = {}
     for name in names:
@@ -107,7 +118,6 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
     rows = []
     variants = [(p, c) for p in programs for c in csums]
     bar = Progress(trials * len(sizes) * len(variants)) if progress else None
-    from ebpf import XdpSink
     tb = lb_testbed(backends=1)
     with tb, BpfRunStats(), XdpSink("pass") as sink:
         # the generator's frames enter the switch through the client's port: a

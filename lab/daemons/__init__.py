@@ -31,7 +31,7 @@ import time
 
 from lab import netns
 from lab.netns import LabError
-from lab.topology import RUN_DIR, orphaned_run_dirs
+from lab.runs import RUN_DIR, orphaned_run_dirs
 
 KINDS = {}  # run-directory suffix -> the Daemon class, for cleanup()
 # the modules whose classes register here, imported by cleanup()

@@ -2,7 +2,6 @@
 http) proxy peers, one thread each, as the XDP LB runs on one receive queue."""
 
 from ebpf import endpoints
-
 from lab.daemons import Proxy, nofile, require
 
 

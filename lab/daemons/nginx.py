@@ -14,7 +14,6 @@ per request.
 """
 
 from ebpf import endpoints
-
 from lab.daemons import Daemon, Proxy, nofile, require
 
 SUFFIX = ".nginx"

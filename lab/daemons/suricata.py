@@ -37,6 +37,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,7 +45,6 @@ from pathlib import Path
 
 from ebpf.errors import BpfError
 from ebpf.netdev import ifindex_of
-
 from lab import netns
 from lab.cgroups import CpuCgroup, lab_cgroups, remove_cgroup
 from lab.daemons import Daemon, require
@@ -342,10 +342,9 @@ class Suricata(Daemon):
         res = read_eve(self.eve_path)
         # At exit Suricata logs the capture's final counters ("device: eth0:
         # packets: N, drops: M (x%)"); the last eve stats record can be a second old.
-        m = None
-        for m in _STATS_LINE.finditer(self._log()):
-            pass
-        if m:
+        matches = list(_STATS_LINE.finditer(self._log()))
+        if matches:
+            m = matches[-1]  # the last: the capture's final counters
             res.kernel_packets, res.kernel_drops = int(m["pkts"]), int(m["drop"])
         return res
 
@@ -370,7 +369,6 @@ class Suricata(Daemon):
 def offline(pcap, rules, home_net="any", timeout=300.0) -> IdsResult:
     """Suricata reading a pcap file (no namespace, no capture): what the rules
     raise on that traffic when nothing is dropped. Same configuration as live."""
-    import tempfile
     binary = require_suricata()
     with tempfile.TemporaryDirectory(prefix="vtl-suricata-") as d:
         cfg = Path(d) / "suricata.yaml"
@@ -388,7 +386,6 @@ def offline(pcap, rules, home_net="any", timeout=300.0) -> IdsResult:
 def check_rules(rules, home_net="any", timeout=120.0):
     """Let Suricata test-load a rules file (-T): a rule it rejects raises a
     LabError with Suricata's own error line, before anything is started."""
-    import tempfile
     binary = require_suricata()
     if not Path(rules).is_file():
         raise LabError(f"rules file {rules} not found")

@@ -13,9 +13,8 @@
 
 Every source has send(count=None, seconds=..., rate_pps=None) -> SendReport.
 """
-from .frames import (Capture, ExactFrames, Flow, Marker, build, flow_frames, packet_socket,
-                     send_frames)
 from .filetransfer import FileTransfer, FileTransferServer
+from .frames import Capture, ExactFrames, Flow, Marker, build, flow_frames, packet_socket, send_frames
 from .iperf import Iperf3
 from .report import MAX_PACKETS, MAX_SECONDS, SendReport
 from .trafgen import TrafgenGenerator
@@ -23,6 +22,6 @@ from .xdpgen import XdpGenerator
 
 GENERATORS = {"xdp": XdpGenerator, "trafgen": TrafgenGenerator}
 
-__all__ = ["Capture", "ExactFrames", "FileTransfer", "FileTransferServer", "Flow", "GENERATORS", "Iperf3", "MAX_PACKETS", "MAX_SECONDS", "Marker",
-           "SendReport", "TrafgenGenerator", "XdpGenerator", "build", "flow_frames",
-           "packet_socket", "send_frames"]
+__all__ = ["Capture", "ExactFrames", "FileTransfer", "FileTransferServer", "Flow", "GENERATORS", "Iperf3",
+           "MAX_PACKETS", "MAX_SECONDS", "Marker", "SendReport", "TrafgenGenerator", "XdpGenerator", "build",
+           "flow_frames", "packet_socket", "send_frames"]

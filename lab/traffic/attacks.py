@@ -26,6 +26,7 @@ taps (AF_PACKET, tc) have seen them.
 
 import csv
 import random
+import re
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,9 +42,11 @@ MSS = 1448
 
 
 def _scapy():
-    from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption, fragment  # slow to import: once, here
-    from scapy.layers.dns import DNS, DNSQR, DNSRR
-    from scapy.layers.l2 import Ether
+    # scapy is slow to import (~0.5 s): once, here, when traffic is generated; the truth files and
+    # rule messages below, and the bench that imports this module for `python -m lab --help`, need none
+    from scapy.layers.dns import DNS, DNSQR, DNSRR  # noqa: PLC0415 -- slow (see above)
+    from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption, fragment  # noqa: PLC0415 -- slow (see above)
+    from scapy.layers.l2 import Ether  # noqa: PLC0415 -- slow (see above)
     return {"IP": IP, "TCP": TCP, "UDP": UDP, "ICMP": ICMP, "DNS": DNS, "DNSQR": DNSQR, "DNSRR": DNSRR,
             "Ether": Ether, "fragment": fragment, "IPOption": IPOption}
 
@@ -269,7 +272,8 @@ class _Builder:
                   + b"\r\n\r\n" + page)
         home, resolver = self.home(), self.outside()
         ident, sport = self.rng.randrange(1 << 16), self.client_port()
-        self.emit(IP(home, resolver) / UDP(sport=sport, dport=53) / DNS(id=ident, rd=1, qd=DNSQR(qname="www.example.org")))
+        self.emit(IP(home, resolver) / UDP(sport=sport, dport=53)
+                  / DNS(id=ident, rd=1, qd=DNSQR(qname="www.example.org")))
         self.emit(IP(resolver, home) / UDP(sport=53, dport=sport)
                   / DNS(id=ident, qr=1, ra=1, qd=DNSQR(qname="www.example.org"),
                         an=DNSRR(rrname="www.example.org", rdata="198.19.200.1")))
@@ -485,7 +489,6 @@ def read_truth(path) -> Counter:
 
 def rule_messages(rules=RULES) -> dict:
     """sid -> msg of every signature in a rules file."""
-    import re
     out = {}
     for line in Path(rules).read_text().splitlines():
         sid = re.search(r"\bsid\s*:\s*(\d+)", line)

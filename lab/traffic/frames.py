@@ -23,7 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .. import netns
-from .report import SendReport
+from ..metrics import iface_counters
+from .report import MAX_PACKETS, MAX_SECONDS, SendReport
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -32,7 +33,6 @@ PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
 TP_STATUS_VLAN_VALID = 0x10
 TP_STATUS_VLAN_TPID_VALID = 0x40
-from .report import MAX_PACKETS, MAX_SECONDS
 
 
 @dataclass
@@ -95,7 +95,7 @@ class ExactFrames:
 
 
 def _l2(flow, src_mac, dst_mac):
-    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether  # noqa: PLC0415 -- slow (~0.5 s): only to build frames
     l2 = Ether(src=src_mac, dst=dst_mac)
     for tpid, vid in flow.vlans:
         l2 = l2 / (Dot1AD(vlan=vid) if tpid == 0x88A8 else Dot1Q(vlan=vid))
@@ -106,8 +106,8 @@ def flow_frames(flow: Flow, marker: Marker, src_mac: str, dst_mac: str) -> list[
     """The frames of one flow, built with scapy, each with its own sequence number.
     With flow.fragment, each packet becomes several IPv4 fragments; only the first
     carries the marker, so count fragments with ExactFrames."""
-    from scapy.layers.inet import IP, TCP, UDP, fragment
-    from scapy.layers.inet6 import IPv6
+    from scapy.layers.inet import IP, TCP, UDP, fragment  # noqa: PLC0415 -- slow (~0.5 s): only to build frames
+    from scapy.layers.inet6 import IPv6  # noqa: PLC0415 -- slow (~0.5 s): only to build frames
 
     if flow.count > MAX_PACKETS:
         raise ValueError(f"flow {flow.name}: {flow.count} packets is over the lab's bound of {MAX_PACKETS}")
@@ -256,7 +256,6 @@ class Capture:
         """Frames the interface received (or sent, direction="out"), by the
         kernel's own count: a received frame is counted before packet sockets
         see it, so this socket has read it once its count is reached."""
-        from ..metrics import iface_counters
         return iface_counters(self.ns, self.ifname)["rx_packets" if self.direction == "in" else "tx_packets"]
 
     def _socket_stats(self):

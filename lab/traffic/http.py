@@ -21,7 +21,9 @@ cached by the hash of its source.
 import hashlib
 import json
 import os
+import selectors
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -165,7 +167,7 @@ def merge(results: list) -> HttpResult:
         grid = np.unique(np.concatenate([r.quantiles_ms for r in done]))
         weights = np.array([r.requests for r in done], dtype=float)
         cdf = sum(w * np.interp(grid, r.quantiles_ms, QUANTILES, left=0.0, right=100.0)
-                  for w, r in zip(weights, done)) / weights.sum()
+                  for w, r in zip(weights, done, strict=True)) / weights.sum()
         cdf = np.maximum.accumulate(cdf)
         qs = [round(float(v), 3) for v in np.interp(QUANTILES, cdf, grid)]
     detail = {k: sum(r.detail.get(k, 0) for r in results) for k in first.detail}
@@ -214,8 +216,6 @@ class Connections:
         self.dead = set()  # connections that failed or left a request unanswered: never read again
 
     def open(self):
-        import selectors
-        import socket
         family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
         try:
             for start in range(0, self.n, self.batch):  # in batches: a burst of SYNs overflows listen queues
@@ -252,10 +252,10 @@ class Connections:
         return self
 
     def request(self, which=None, close=False, path="/") -> list:
-        import selectors
         which = range(len(self.socks)) if which is None else list(which)
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n").encode()
+        req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n" + ("Connection: close\r\n" if close else "")
+               + "\r\n").encode()
         out = {i: None for i in which}
         bufs = {}
         sel = selectors.DefaultSelector()

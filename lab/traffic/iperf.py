@@ -33,7 +33,6 @@ from .generator import Generator, run_bounded
 from .report import ETH_HLEN, MAX_LOAD_PACKETS, UDP_HLEN, ip_hlen
 
 
-
 class Iperf3(Generator):
     name = "iperf3"
     needs_frames = False

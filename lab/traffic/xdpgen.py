@@ -27,7 +27,7 @@ import os
 import secrets
 import time
 
-from ebpf.xdp_gen import XdpGen
+from ebpf.instruments.xdp_gen import XdpGen
 
 from .. import netns
 from .generator import Generator

@@ -41,16 +41,18 @@ import time
 
 import pandas as pd
 
-from .peers import BALANCERS
+from ebpf.instruments.xdp_sink import XdpSink
 from lab import metrics, netns
+from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+from lab.daemons.nginx import NginxServer
 from lab.metrics import USER_HZ, busy_ticks, on_cpu_ns, pss_bytes, write_results
 from lab.netns import LabError
 from lab.rig import Rig
 from lab.testbeds import lb_testbed
 from lab.traffic.http import QUANTILES, closed_loop, open_loop, spread
 from lab.traffic.report import MAX_LOAD_SECONDS
-from lab.daemons.nginx import NginxServer
-from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+
+from .peers import BALANCERS
 
 NAME = "lb"
 SUMMARY = "the load-balancer articles: the XDP LB against nginx, HAProxy, nftables (RPS, latency, CPU)"
@@ -66,8 +68,8 @@ examples:
 """
 COLUMNS = ["lb", "mode", "loop", "connections", "offered_rps", "trial", "duration_s", "requests", "errors", "rps",
            "p50_ms", "p75_ms", "p90_ms", "p99_ms", "p999_ms", "lb_cpu_cores", "lb_mem_mb",
-           "lb_proc_cores", "lb_napi_cores", "machine_cores", "steal_cores", "lb_pss_mb", "lb_maps_mb", "load_pct", "napi",
-           "tool"]
+           "lb_proc_cores", "lb_napi_cores", "machine_cores", "steal_cores", "lb_pss_mb", "lb_maps_mb", "load_pct",
+           "napi", "tool"]
 MODES = {"direct": "none", "xdp": "nat", "nginx-l4": "stream", "nginx-l7": "http", "haproxy-l4": "tcp",
          "haproxy-l7": "http", "nft-lb": "dnat"}
 PERCENTILES = {"p50_ms": 50, "p75_ms": 75, "p90_ms": 90, "p99_ms": 99, "p999_ms": 99.9}
@@ -89,26 +91,26 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
 
 
-def check(a):
-    lbs, _ = checked_options(a, list(BALANCERS), "balancer", duration=(0.1, MAX_LOAD_SECONDS))
-    loops = parse_list(a.loops, str, ["closed", "open"], "loop")
-    conns = parse_list(a.connections, int, what="connection count")
-    loads = parse_list(a.loads, float, what="load")
-    if any(c < 1 for c in conns) or a.open_connections < 1:
+def check(args):
+    lbs, _ = checked_options(args, list(BALANCERS), "balancer", duration=(0.1, MAX_LOAD_SECONDS))
+    loops = parse_list(args.loops, str, ["closed", "open"], "loop")
+    conns = parse_list(args.connections, int, what="connection count")
+    loads = parse_list(args.loads, float, what="load")
+    if any(c < 1 for c in conns) or args.open_connections < 1:
         raise ValueError("connections must be at least 1")
     if any(not 0 < x <= 200 for x in loads):
         raise ValueError("loads are percent of direct's capacity, in (0, 200]")
-    if not 1 <= a.backends <= 8:
+    if not 1 <= args.backends <= 8:
         raise ValueError("--backends must be 1 to 8")
-    if a.capacity is not None and a.capacity <= 0:
+    if args.capacity is not None and args.capacity <= 0:
         raise ValueError("--capacity must be positive")
     return lbs, loops, conns, loads
 
 
-def main(a):
-    lbs, loops, conns, loads = check(a)   # a ValueError: `lab bench: error: ...`, in one line
-    df, path = run(lbs, loops, conns, loads, a.trials, a.duration, a.capacity, a.open_connections, a.threads, a.out,
-                   backends=a.backends, napi=a.napi)
+def main(args):
+    lbs, loops, conns, loads = check(args)   # a ValueError: `lab bench: error: ...`, in one line
+    df, path = run(lbs, loops, conns, loads, args.trials, args.duration, args.capacity, args.open_connections,
+                   args.threads, args.out, backends=args.backends, napi=args.napi)
     print_summary(df)
     print(f"\nwrote {path}, {path.with_suffix('.json').name} and {path.name.replace('lb-', 'lb_latency-', 1)}")
     return 0
@@ -131,7 +133,6 @@ class LbRig(Rig):
         self.webs, self.sink = [], None
 
     def set_up(self):
-        from ebpf.xdp_sink import XdpSink
         tb = self.tb
         self.webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)
                      for i, be in enumerate(tb.backends)]
@@ -260,8 +261,9 @@ def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=10
         row, qs = rig.run(name, loop, c, rate, duration, threads)
         row.update(trial=trial, load_pct=load)
         rows.append(row)
+        # qs: one latency per QUANTILES, or none when nothing was answered
         lat.extend({"lb": name, "loop": loop, "connections": c, "offered_rps": rate, "load_pct": load,
-                    "trial": trial, "percentile": q, "latency_ms": v} for q, v in zip(QUANTILES, qs))
+                    "trial": trial, "percentile": q, "latency_ms": v} for q, v in zip(QUANTILES, qs, strict=False))
         if bar:
             what = f"{c} conns" if loop == "closed" else f"{load:g} %"
             bar.step(f"{name} {loop} {what} trial {trial}")

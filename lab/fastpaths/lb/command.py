@@ -13,16 +13,31 @@ times; only its own sessions are affected.
 
 import argparse
 import contextlib
+import ipaddress
 import socket
 from pathlib import Path
 
+from ebpf import BpfError, netdev, xdp
+from ebpf.lb.xdp_lb import TIMEOUTS, Backend, Service, XdpLoadBalancer
 from lab import hostcheck
+from lab.console import (
+    SIGNALS,
+    LiveTable,
+    UsageError,
+    add_run_options,
+    add_xdp_mode,
+    check_run_options,
+    report_cleanup,
+    require,
+    run_command,
+    run_until_stopped,
+    show_program,
+    warn,
+)
+from lab.exporter import serving
 from lab.hostcheck import PreparedPeers
 
 from .health import HealthChecker
-from lab.exporter import serving
-from lab.console import (SIGNALS, LiveTable, UsageError, add_run_options, add_xdp_mode, check_run_options,
-                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
 
 EXAMPLES = """\
 examples:
@@ -88,16 +103,15 @@ def add_arguments(p):
     add_run_options(p, "load balancer programs")
 
 
-def read_backends(a):
+def read_backends(args):
     """{Backend: weight} from --backend and --backends-file (UsageError on bad lines)."""
-    from ebpf.xdp_lb import Backend
-    entries = [(b, "--backend") for b in a.backend]
-    if a.backends_file:
+    entries = [(b, "--backend") for b in args.backend]
+    if args.backends_file:
         try:
-            lines = Path(a.backends_file).read_text().splitlines()
+            lines = Path(args.backends_file).read_text().splitlines()
         except OSError as e:
-            raise UsageError(f"cannot read --backends-file {a.backends_file}: {e.strerror}") from None
-        entries += [(ln.split("#", 1)[0].strip(), f"{a.backends_file} line {i}") for i, ln in enumerate(lines, 1)
+            raise UsageError(f"cannot read --backends-file {args.backends_file}: {e.strerror}") from None
+        entries += [(ln.split("#", 1)[0].strip(), f"{args.backends_file} line {i}") for i, ln in enumerate(lines, 1)
                     if ln.split("#", 1)[0].strip()]
     out = {}
     for text, where in entries:
@@ -109,11 +123,10 @@ def read_backends(a):
     return out
 
 
-def read_timeouts(a):
+def read_timeouts(args):
     """{state: seconds} from --timeout STATE=S (UsageError on a bad one)."""
-    from ebpf.xdp_lb import TIMEOUTS
     out = {}
-    for text in a.timeout:
+    for text in args.timeout:
         state, _, value = text.partition("=")
         try:
             seconds = float(value)
@@ -126,25 +139,24 @@ def read_timeouts(a):
     return out
 
 
-def check_args(a):
-    check_run_options(a)
-    if a.cleanup:
+def check_args(args):
+    check_run_options(args)
+    if args.cleanup:
         return
-    read_timeouts(a)
-    require(a, iface="--iface is required (where clients and backends are reached)",
+    read_timeouts(args)
+    require(args, iface="--iface is required (where clients and backends are reached)",
             service="--service is required (PROTO:VIP:PORT)")
-    from ebpf.xdp_lb import Service
     try:
-        services = [Service.parse(s) for s in a.service]
+        services = [Service.parse(s) for s in args.service]
     except Exception as e:
         raise UsageError(str(e)) from None
-    backends = read_backends(a)
+    backends = read_backends(args)
     if not backends:
         raise UsageError("no backends: give --backend or --backends-file")
     for svc in services:
         if not any(b.addr.version == svc.vip.version for b in backends):
             raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
-    if a.check_interval <= 0 or a.rise < 1 or a.fall < 1:
+    if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
         raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
 
 
@@ -156,16 +168,16 @@ class Printer(LiveTable):
         super().__init__(as_json)
         self.nat = mode == "nat"  # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
 
-    def header(self, lb, iface, a):
+    def header(self, lb, iface, args):
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
-        msg = dict(event="attached", iface=iface, mode=a.mode, xdp_mode=a.xdp_mode,
+        msg = dict(event="attached", iface=iface, mode=args.mode, xdp_mode=args.xdp_mode,
                    services=[str(s) for s in lb._services], backends=[str(b) for b in lb._backends],
-                   lb_ports=ports if a.mode == "nat" else None)
+                   lb_ports=ports if args.mode == "nat" else None)
         if self.json:
             self.emit(msg)
         else:
-            self.emit(f"lb: {a.mode} on {iface} ({a.xdp_mode}); {len(lb._services)} service(s), "
-                      f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if a.mode == "nat" else "") +
+            self.emit(f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb._services)} service(s), "
+                      f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if args.mode == "nat" else "") +
                       "; Ctrl-C to stop")
 
     def sample(self, lb, weights, health, final=False):
@@ -206,7 +218,6 @@ class Printer(LiveTable):
 
 def cleanup(all_runs=False):
     """What killed load balancers left in this namespace: (removed, spared), as lines."""
-    from ebpf import xdp
     removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
     removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
     return removed, spared
@@ -216,8 +227,6 @@ def own_addresses(iface, vips=()):
     """The interface's first global address of each family that is not a VIP:
     the NAT source, and where health checks come from. (The kernel lists a
     family's addresses newest first: the VIP is often first.)"""
-    import ipaddress
-    from ebpf import netdev
     found = {}
     skip = {ipaddress.ip_address(v) for v in vips}
     with netdev.ipr(None) as ip:
@@ -229,33 +238,29 @@ def own_addresses(iface, vips=()):
     return found.get(socket.AF_INET), found.get(socket.AF_INET6)
 
 
-def host_findings(a):
+def host_findings(args):
     """What the hosts around the LB lack, as far as this namespace can see."""
     # generic mode sends XDP_TX frames as skbs, through the veth's own xmit: no NAPI needed
-    found = hostcheck.check_veth_peer(a.iface, sends="XDP_TX") if a.xdp_mode == "native" and not a.prepare_peer \
-        else []
-    found += hostcheck.check_gro(a.iface, a.xdp_mode)
+    found = (hostcheck.check_veth_peer(args.iface, sends="XDP_TX")
+             if args.xdp_mode == "native" and not args.prepare_peer else [])
+    found += hostcheck.check_gro(args.iface, args.xdp_mode)
     return found
 
 
-def run(a):
-    from ebpf import BpfError, xdp
-    from ebpf.xdp_lb import XdpLoadBalancer
-
-    if a.cleanup:
-        return report_cleanup("lb", *cleanup(a.all))
-    from ebpf.xdp_lb import Service
-    self4, self6 = own_addresses(a.iface, [Service.parse(s).vip for s in a.service])
-    for addr in a.self_addrs:
+def run(args):
+    if args.cleanup:
+        return report_cleanup("lb", *cleanup(args.all))
+    self4, self6 = own_addresses(args.iface, [Service.parse(s).vip for s in args.service])
+    for addr in args.self_addrs:
         if ":" in addr:
             self6 = addr
         else:
             self4 = addr
-    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=a.mode, timeouts=read_timeouts(a))
-    services = [lb.add_service(s) for s in a.service]
-    weights = read_backends(a)
-    health = HealthChecker(weights, a.check_interval, a.rise, a.fall,
-                           sources={4: self4, 6: self6}) if a.health_check == "tcp" else None
+    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=args.mode, timeouts=read_timeouts(args))
+    services = [lb.add_service(s) for s in args.service]
+    weights = read_backends(args)
+    health = HealthChecker(weights, args.check_interval, args.rise, args.fall,
+                           sources={4: self4, 6: self6}) if args.health_check == "tcp" else None
 
     def apply(weights):
         up = health.healthy if health else {}
@@ -264,21 +269,21 @@ def run(a):
                                   if b.addr.version == svc.vip.version})
 
     apply(weights)
-    if a.ebpf:
+    if args.ebpf:
         return show_program(lb)
-    printer = Printer(a.json, a.mode)
-    metrics = serving(printer, a, "lb", rows={"backends": "backend"},
+    printer = Printer(args.json, args.mode)
+    metrics = serving(printer, args, "lb", rows={"backends": "backend"},
                       gauges={"active_sessions", "weight", "healthy", "unanswered"})
-    mtime = Path(a.backends_file).stat().st_mtime_ns if a.backends_file else None
+    mtime = Path(args.backends_file).stat().st_mtime_ns if args.backends_file else None
     SIGNALS.check()
     peers = PreparedPeers()
     with metrics, lb, contextlib.closing(peers):
         lb.load_program()
         SIGNALS.check()
-        lb.attach(a.iface, a.xdp_mode)
-        if a.prepare_peer and a.xdp_mode == "native" and (peer := peers.prepare(a.iface)):
-            warn(f"attached a pass program to {a.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        for finding in host_findings(a):
+        lb.attach(args.iface, args.xdp_mode)
+        if args.prepare_peer and args.xdp_mode == "native" and (peer := peers.prepare(args.iface)):
+            warn(f"attached a pass program to {args.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
+        for finding in host_findings(args):
             warn(str(finding))
         # the program drops a new session's packet while its backend's MAC is
         # unknown (no-neigh): ask the kernel to resolve them all now
@@ -290,20 +295,20 @@ def run(a):
         if health:
             health.start()
         try:
-            printer.header(lb, a.iface, a)
+            printer.header(lb, args.iface, args)
             printer.sample(lb, weights, health.healthy if health else {})
 
             def tick():
                 nonlocal weights, mtime, no_neigh
                 if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
-                    raise BpfError(f"stopped: the program was removed from {a.iface} from outside "
+                    raise BpfError(f"stopped: the program was removed from {args.iface} from outside "
                                    "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
-                if a.backends_file:
-                    m = Path(a.backends_file).stat().st_mtime_ns
+                if args.backends_file:
+                    m = Path(args.backends_file).stat().st_mtime_ns
                     if m != mtime:
                         mtime = m
                         try:
-                            new = read_backends(a)
+                            new = read_backends(args)
                         except UsageError as e:
                             warn(f"kept the backends as they were: {e}")
                         else:
@@ -323,7 +328,7 @@ def run(a):
                     no_neigh = dropped
                     hostcheck.resolve_neighbours([b.addr for b in weights], sources, seconds=0)
                 printer.sample(lb, weights, health.healthy if health else {})
-            run_until_stopped(a.interval, a.duration, tick,
+            run_until_stopped(args.interval, args.duration, tick,
                               lambda: printer.sample(lb, weights, health.healthy if health else {}, final=True))
         finally:
             if health:
@@ -331,7 +336,7 @@ def run(a):
     return 0
 
 
-def main(a):
+def main(args):
     """python -m lab lb (lab/__main__.py parses the arguments)."""
     SIGNALS.install()
-    return run_command("python -m lab lb", lambda: check_args(a), lambda: run(a))
+    return run_command("python -m lab lb", lambda: check_args(args), lambda: run(args))

@@ -5,6 +5,8 @@ comes back after --rise passes (python -m lab lb applies the results)."""
 import socket
 import threading
 
+from lab.netns import entered
+
 
 class HealthChecker:
     """TCP connects to each backend from this namespace (or lab namespace `ns`),
@@ -46,7 +48,6 @@ class HealthChecker:
 
     def _loop(self):
         if self.ns:
-            from lab.netns import entered
             with entered(self.ns):  # this thread's sockets are made in the namespace
                 return self._probe_all()
         self._probe_all()

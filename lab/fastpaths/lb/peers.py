@@ -21,10 +21,11 @@ weights. One worker or thread each: the XDP program runs on one receive queue
 (one NAPI thread), and the articles' nginx is measured the same way.
 """
 
+import json
 import sys
 
 from ebpf import endpoints
-
+from ebpf.holders import maps_memlock
 from lab import netns, nft
 from lab.daemons import Daemon
 from lab.daemons.haproxy import HaproxyProxy
@@ -212,11 +213,9 @@ class XdpBalancer(Balancer):
 
     def maps_bytes(self):
         """The locked memory of the BPF maps its process holds."""
-        from ebpf.holders import maps_memlock
         return maps_memlock(self.pids())
 
     def counters(self):
-        import json
         lines = [ln for ln in self.cli.events() if ln.startswith("{")] if self.attached else []
         last = json.loads(lines[-1]) if lines else {}
         return {k: v for k, v in last.items() if isinstance(v, int)}
@@ -226,5 +225,6 @@ class XdpBalancer(Balancer):
         self.attached = False
 
 
-PEERS = {cls.name: cls for cls in (Direct, XdpBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)}  # in the order figures show them
+# in the order figures show them
+PEERS = {cls.name: cls for cls in (Direct, XdpBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)}
 BALANCERS = PEERS

@@ -162,7 +162,7 @@ def latency_cdfs(lat):
     if len(closed):
         panels.append(("closed", closed["connections"].max()))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
-    for ax, (loop, level) in zip(axes[0], panels):
+    for ax, (loop, level) in zip(axes[0], panels, strict=True):
         d = lat[(lat["loop"] == loop) & ((lat["load_pct"] == level) if loop == "open" else
                                          (lat["connections"] == level))]
         for name in lbs(d):

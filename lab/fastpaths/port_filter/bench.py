@@ -18,8 +18,18 @@ import time
 import pandas as pd
 
 from lab import metrics, netns
-from lab.bench.common import (FCS, Progress, add_options, checked_options, close_all, columns_first, interleaved,
-                              parse_list, summarize, udp_frames)
+from lab.bench.common import (
+    FCS,
+    Progress,
+    add_options,
+    checked_options,
+    close_all,
+    columns_first,
+    interleaved,
+    parse_list,
+    summarize,
+    udp_frames,
+)
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, CpuSampler, write_results
 from lab.rig import Rig
@@ -52,13 +62,13 @@ def add_arguments(p):
     p.add_argument("--rate", type=int, default=100_000, metavar="PPS", help="offered frames/s (default %(default)s)")
 
 
-def main(a):
-    peers, cpus = checked_options(a, list(PEERS), "peer", cpus="generator,DUT")
-    modes = parse_list(a.xdp_modes, str, ["native", "generic"], "mode")
-    sizes = parse_list(a.sizes, int, what="size")
-    if not 1000 <= a.rate <= 1_000_000:
-        raise ValueError(f"--rate must be 1000..1000000 frames/s, not {a.rate}")
-    df, path = run(peers, modes, sizes, a.trials, a.duration, a.rate, cpus, a.out)
+def main(args):
+    peers, cpus = checked_options(args, list(PEERS), "peer", cpus="generator,DUT")
+    modes = parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
+    sizes = parse_list(args.sizes, int, what="size")
+    if not 1000 <= args.rate <= 1_000_000:
+        raise ValueError(f"--rate must be 1000..1000000 frames/s, not {args.rate}")
+    df, path = run(peers, modes, sizes, args.trials, args.duration, args.rate, cpus, args.out)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0

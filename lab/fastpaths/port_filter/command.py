@@ -6,8 +6,20 @@ it starts in, every exit detaches what it attached, and the same exit statuses.
 
 import argparse
 
-from lab.console import (SIGNALS, CounterTable, add_run_options, add_xdp_mode, check_run_options, report_cleanup,
-                         require, run_command, run_until_stopped, show_program)
+from ebpf import BpfError, xdp
+from ebpf.port_filter.xdp_port_filter import XdpPortFilter
+from lab.console import (
+    SIGNALS,
+    CounterTable,
+    add_run_options,
+    add_xdp_mode,
+    check_run_options,
+    report_cleanup,
+    require,
+    run_command,
+    run_until_stopped,
+    show_program,
+)
 
 EXAMPLES = """\
 examples:
@@ -33,40 +45,34 @@ def add_arguments(p):
     add_run_options(p, "port filter programs")
 
 
-def check_args(a):
-    check_run_options(a)
-    if a.cleanup:
+def check_args(args):
+    check_run_options(args)
+    if args.cleanup:
         return
-    require(a, iface="--iface is required (where to filter)", drop="--drop is required (PROTO:PORT)")
+    require(args, iface="--iface is required (where to filter)", drop="--drop is required (PROTO:PORT)")
 
 
 def cleanup(all_runs=False):
     """What killed port filters left in this namespace: (removed, spared), as lines."""
-    from ebpf import xdp
     return xdp.cleanup("xdp_port_filter", spare_live=not all_runs)
 
 
-def run(a):
-    from ebpf import BpfError, netdev, xdp
-    from ebpf.xdp_port_filter import XdpPortFilter
-
-    if a.cleanup:
-        return report_cleanup("port-filter", *cleanup(a.all))
-    prog = XdpPortFilter(a.drop)
-    with netdev.ipr(None) as ip:
-        for name in a.iface:  # every name checked before anything is attached
-            netdev.ifindex_of(ip, name)
-    if a.ebpf:
+def run(args):
+    if args.cleanup:
+        return report_cleanup("port-filter", *cleanup(args.all))
+    prog = XdpPortFilter(args.drop)
+    for name in args.iface:  # an unknown interface said before anything, --ebpf's text included
+        prog.check_iface(name)
+    if args.ebpf:
         return show_program(prog)
-    table = CounterTable(a.json, RATES, TOTALS, key="PROGRAM", rows_name="programs")
+    table = CounterTable(args.json, RATES, TOTALS, key="PROGRAM", rows_name="programs")
     SIGNALS.check()
     with prog:
         prog.load_program()
-        for name in a.iface:  # all or nothing: `with prog` detaches what was attached
-            prog.attach(name, a.xdp_mode)
+        prog.attach_many(args.iface, args.xdp_mode)
         SIGNALS.check()
-        table.attached(dict(ifaces=a.iface, drop=prog.ports, xdp_mode=a.xdp_mode),
-                       f"port-filter: dropping {', '.join(prog.ports)} on {', '.join(a.iface)} ({a.xdp_mode}); "
+        table.attached(dict(ifaces=args.iface, drop=prog.ports, xdp_mode=args.xdp_mode),
+                       f"port-filter: dropping {', '.join(prog.ports)} on {', '.join(args.iface)} ({args.xdp_mode}); "
                        "Ctrl-C to stop")
 
         def sample(final=False):
@@ -79,14 +85,14 @@ def run(a):
                 raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside")
             sample()
         sample()
-        run_until_stopped(a.interval, a.duration, tick, lambda: sample(final=True))
+        run_until_stopped(args.interval, args.duration, tick, lambda: sample(final=True))
     return 0
 
 
-def main(a):
+def main(args):
     """python -m lab port-filter (python -m lab parses the arguments)."""
     SIGNALS.install()
-    return run_command("python -m lab port-filter", lambda: check_args(a), lambda: run(a))
+    return run_command("python -m lab port-filter", lambda: check_args(args), lambda: run(args))
 
 
 

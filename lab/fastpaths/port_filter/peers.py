@@ -8,8 +8,7 @@ dropped in counters()["dropped"].
            rule a user would write, after the skb exists but before the stack
 """
 
-from ebpf.xdp_port_filter import XdpPortFilter, parse_port
-
+from ebpf.port_filter.xdp_port_filter import XdpPortFilter, parse_port
 from lab import nft
 from lab.peer import Peer
 

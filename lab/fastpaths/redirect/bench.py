@@ -10,9 +10,10 @@ Two workloads:
             (a second CSV, *_cpu, for the report's per-second graphs)
   rate      frames at the generator's ceiling and at a paced rate, per size and
             number of flows (nft-dnat: that many conntrack entries; each flow comes
-            in bursts of up to 4096 frames, so lookups still dominate): forwarded packets/s (out of the router's egress: sent, or refused by
-            the server's full ring), delivered packets/s (what the server got) and
-            the router core's ns per forwarded packet
+            in bursts of up to 4096 frames, so lookups still dominate): forwarded
+            packets/s (out of the router's egress: sent, or refused by the server's
+            full ring), delivered packets/s (what the server got) and the router
+            core's ns per forwarded packet
 Methods run interleaved within each trial (common.interleaved).
 """
 
@@ -22,13 +23,26 @@ import sys
 import pandas as pd
 
 from lab import testbeds
-from lab.metrics import CPU_COLUMNS, write_results
-from .peers import METHODS, method as make_method
-from .rig import RouterRig
-from lab.traffic import GENERATORS
-from lab.bench.common import (FCS, Progress, add_options, checked_options, close_all, columns_first, interleaved,
-                              parse_list, summarize, udp_frames)
+from lab.bench.common import (
+    FCS,
+    Progress,
+    add_options,
+    checked_options,
+    close_all,
+    columns_first,
+    interleaved,
+    parse_list,
+    summarize,
+    udp_frames,
+)
 from lab.console import renamed
+from lab.metrics import CPU_COLUMNS, write_results
+from lab.traffic import GENERATORS
+from lab.traffic.partial import partial
+
+from .peers import METHODS
+from .peers import method as make_method
+from .rig import RouterRig
 
 NAME = "redirect"
 SUMMARY = "the netfilter-vs-XDP report: a UDP destination rewrite; transfer CPU and forwarding rate"
@@ -88,22 +102,22 @@ def method_specs(methods, modes):
     return out
 
 
-def main(a):
-    methods, cpus = checked_options(a, METHOD_ORDER, "method", cpus="generator,router")
-    modes = parse_list(a.xdp_modes, str, ["native", "generic"], "mode")
+def main(args):
+    methods, cpus = checked_options(args, METHOD_ORDER, "method", cpus="generator,router")
+    modes = parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
     specs = method_specs(methods, modes)
-    if a.workload == "transfer":
-        size = _size(a.transfer_size)
+    if args.workload == "transfer":
+        size = _size(args.transfer_size)
         if not 1 << 10 <= size <= 4 << 30:
-            raise ValueError(f"--transfer-size must be 1K..4G, not {a.transfer_size}")
-        df, paths = run_transfer(specs, a.trials, size, a.family, cpus, a.out, vip=a.vip)
+            raise ValueError(f"--transfer-size must be 1K..4G, not {args.transfer_size}")
+        df, paths = run_transfer(specs, args.trials, size, args.family, cpus, args.out, vip=args.vip)
     else:
-        sizes = parse_list(a.sizes, int, what="size")
-        flows = parse_list(a.flows, int, what="flow count")
-        rates = [None if r == "ceiling" else int(r) for r in parse_list(a.rates, str, what="rate")]
-        csums = parse_list(a.sender_csum, str, ["whole", "partial"], "sender checksum")
-        df, paths = run_rate(specs, a.trials, sizes, flows, rates, a.duration, a.family, cpus, a.out, csums=csums,
-                             vip=a.vip)
+        sizes = parse_list(args.sizes, int, what="size")
+        flows = parse_list(args.flows, int, what="flow count")
+        rates = [None if r == "ceiling" else int(r) for r in parse_list(args.rates, str, what="rate")]
+        csums = parse_list(args.sender_csum, str, ["whole", "partial"], "sender checksum")
+        df, paths = run_rate(specs, args.trials, sizes, flows, rates, args.duration, args.family, cpus, args.out,
+                             csums=csums, vip=args.vip)
     print_summary(df)
     print("\nwrote " + " and ".join(f"{p} ({p.with_suffix('.json').name})" for p in paths))
     return 0
@@ -156,7 +170,6 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
     """Frames at rates. Returns (DataFrame, [CSV path]). csums: the generator's
     checksums, "whole" and/or "partial" (lab.traffic.partial), interleaved as
     variants of each method."""
-    from lab.traffic.partial import partial
     gen_cpu, dut_cpu = cpus
     rows = []
     settings = [(s, f, r) for s in sizes for f in flows_list for r in rates]
@@ -222,7 +235,7 @@ def print_summary(df, stream=sys.stdout):
     stream.write("\nmedian [min..max] over trials; ns of router CPU per " +
                  ("datagram" if transfer else "forwarded packet") + "\n")
     for _, r in s.iterrows():
-        def span(col, scale=1.0, fmt="{:.0f}"):
+        def span(col, scale=1.0, fmt="{:.0f}", *, r=r):  # this row, bound now
             return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
                     fmt.format(r[f'{col}_max'] / scale) + "]")
         label = f"{r['method']}{':' + r['mode'] if r['mode'] else ''}"

@@ -9,11 +9,26 @@ import argparse
 import contextlib
 import ipaddress
 
+from ebpf import BpfError, netdev, tc, xdp
+from ebpf.redirect.tc_redirect import TcRedirect
+from ebpf.redirect.xdp_redirect import XdpRedirect
 from lab import hostcheck
-from lab.hostcheck import PreparedPeers
+from lab.console import (
+    SIGNALS,
+    LiveTable,
+    add_run_options,
+    add_xdp_mode,
+    check_run_options,
+    renamed,
+    report_cleanup,
+    require,
+    run_command,
+    run_until_stopped,
+    show_program,
+    warn,
+)
 from lab.exporter import serving
-from lab.console import (SIGNALS, LiveTable, add_run_options, add_xdp_mode, check_run_options, renamed,
-                         report_cleanup, require, run_command, run_until_stopped, show_program, warn)
+from lab.hostcheck import PreparedPeers
 
 EXAMPLES = """\
 examples:
@@ -79,11 +94,11 @@ def add_arguments(p):
     add_run_options(p, "the redirect programs")
 
 
-def check_args(a):
-    check_run_options(a)
-    if a.cleanup:
+def check_args(args):
+    check_run_options(args)
+    if args.cleanup:
         return
-    require(a, iface="--iface is required (where the clients' datagrams arrive)",
+    require(args, iface="--iface is required (where the clients' datagrams arrive)",
             rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
 
 
@@ -105,21 +120,21 @@ def local_services(prog):
     netfilter-vs-XDP report's design): given that source at XDP ingress, a
     reply reaches the kernel as a martian (IPv4 drops it), so with `pass` these
     rules' replies are translated after routing instead."""
-    from ebpf import netdev
     with netdev.ipr(prog.netns) as ip:
         mine = {str(ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))) for a in ip.get_addr()}
     return [r for r in prog.rules if str(r.vip) in mine]
 
 
-def host_findings(a, prog, ifaces):
+def host_findings(args, prog, ifaces):
     """What the hosts around the redirect lack, as far as this namespace sees."""
     found = []
     families = {r.family for r in prog.rules}
     for name in ifaces:
         found += hostcheck.check_forwarding(name, families, why=": the kernel does not route what arrives there")
-        if a.action == "forward" and a.xdp_mode == "native" and not a.prepare_peer:  # generic: skbs, no NAPI needed
+        # generic: skbs, no NAPI needed
+        if args.action == "forward" and args.xdp_mode == "native" and not args.prepare_peer:
             found += hostcheck.check_veth_peer(name, sends="XDP_REDIRECT")
-        found += hostcheck.check_gro(name, a.xdp_mode)
+        found += hostcheck.check_gro(name, args.xdp_mode)
     return found
 
 
@@ -180,8 +195,6 @@ class Printer(LiveTable):
 
 def cleanup(all_runs=False):
     """What killed redirects left in this namespace: (removed, spared), as lines."""
-    from ebpf import tc, xdp
-    from ebpf.tc_redirect import TcRedirect
     removed, spared = xdp.cleanup("xdp_redirect", spare_live=not all_runs)
     # the TC egress filters that translate replies for a service address this host holds
     tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not all_runs)
@@ -191,29 +204,27 @@ def cleanup(all_runs=False):
     return removed, spared
 
 
-def run(a):
-    from ebpf import BpfError, TcRedirect, XdpRedirect, netdev, xdp
-
-    if a.cleanup:
-        return report_cleanup("redirect", *cleanup(a.all))
-    prog = XdpRedirect(a.rule, action=a.action)
+def run(args):
+    if args.cleanup:
+        return report_cleanup("redirect", *cleanup(args.all))
+    prog = XdpRedirect(args.rule, action=args.action)
     with netdev.ipr(None) as ip:
-        for name in a.iface:
+        for name in args.iface:
             netdev.ifindex_of(ip, name)
-    ifaces = list(a.iface)
+    ifaces = list(args.iface)
     for name, backends in prog.reply_interfaces().items():
         if name not in ifaces:
             ifaces.append(name)
             warn(f"also attaching to {name}: replies from {', '.join(dict.fromkeys(backends))} arrive there")
-    local = local_services(prog) if a.action == "pass" else []
+    local = local_services(prog) if args.action == "pass" else []
     egress = TcRedirect([str(r) for r in local], action="pass") if local else None
     for r in local:
         prog.leave_replies(r)
-    if a.ebpf:
+    if args.ebpf:
         return show_program(prog)
-    printer = Printer(a.json)
+    printer = Printer(args.json)
     printer.egress = egress
-    metrics = serving(printer, a, "redirect", rows={"rules": "rule"}, gauges={"unanswered"})
+    metrics = serving(printer, args, "redirect", rows={"rules": "rule"}, gauges={"unanswered"})
     SIGNALS.check()
     peers = PreparedPeers()
     with metrics, prog, contextlib.closing(peers), egress or contextlib.nullcontext():
@@ -222,17 +233,17 @@ def run(a):
             egress.load_program()
         SIGNALS.check()
         for name in ifaces:  # all or nothing: `with prog` detaches what was attached
-            prog.attach(name, a.xdp_mode)
-        for name in a.iface if egress else ():
+            prog.attach(name, args.xdp_mode)
+        for name in args.iface if egress else ():
             egress.attach(name, "egress")
-        if a.action == "forward" and a.xdp_mode == "native" and a.prepare_peer:
+        if args.action == "forward" and args.xdp_mode == "native" and args.prepare_peer:
             for name in ifaces:
                 if peer := peers.prepare(name):
                     warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        for finding in host_findings(a, prog, ifaces):
+        for finding in host_findings(args, prog, ifaces):
             warn(str(finding))
         SIGNALS.check()
-        printer.header(prog, ifaces, a.xdp_mode, egress=[a.iface, local])
+        printer.header(prog, ifaces, args.xdp_mode, egress=[args.iface, local])
         printer.sample(prog)
 
         def tick():
@@ -241,12 +252,12 @@ def run(a):
                 raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
                                "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
             printer.sample(prog)
-        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(prog, final=True))
+        run_until_stopped(args.interval, args.duration, tick, lambda: printer.sample(prog, final=True))
     return 0
 
 
-def main(a):
+def main(args):
     """python -m lab redirect (lab/__main__.py parses the arguments)."""
     SIGNALS.install()
-    return run_command("python -m lab redirect", lambda: check_args(a), lambda: run(a))
+    return run_command("python -m lab redirect", lambda: check_args(args), lambda: run(args))
 

@@ -18,14 +18,27 @@ run interleaved within each trial.
 import argparse
 import sys
 
+from ebpf import netdev
+from ebpf.instruments.xdp_sink import XdpSink
+from ebpf.redirect.xdp_redirect import XdpRedirect
 from lab import testbeds
+from lab.bench.common import (
+    Progress,
+    add_options,
+    checked_options,
+    close_all,
+    columns_first,
+    interleaved,
+    parse_list,
+    summarize,
+    udp_frames,
+)
+from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, write_results
 from lab.peer import Peer
-from .rig import RouterRig
 from lab.traffic import GENERATORS
-from lab.bench.common import (Progress, add_options, checked_options, close_all, columns_first, interleaved, parse_list,
-                              summarize, udp_frames)
-from lab.console import renamed
+
+from .rig import RouterRig
 
 NAME = "xdp-modes"
 SUMMARY = "the Cilium/SmartNIC note: XDP generic vs native (vs offload): drop, tx, redirect, forward"
@@ -60,11 +73,8 @@ class XdpProgram(Peer):
         self.name = f"{program}:{mode}"
         ns = tb.ns(tb.dut)
         if program == "forward":
-            from ebpf import XdpRedirect
             self.prog = XdpRedirect(tb.rules("udp", families=(4,)), action="forward", netns=ns)
         else:
-            from ebpf import netdev
-            from ebpf.xdp_sink import XdpSink
             with netdev.ipr(ns) as ip:
                 out = netdev.ifindex_of(ip, tb.dut_out, ns)
             self.prog = XdpSink(program, redirect_ifindex=out if program == "redirect" else None)
@@ -108,12 +118,12 @@ def add_arguments(p):
                    help="offered loads, 'ceiling' or packets/s (default %(default)s)")
 
 
-def main(a):
-    programs, cpus = checked_options(a, PROGRAMS, "program", cpus="generator,router")
-    modes = parse_list(a.xdp_modes, str, MODES, "mode")
-    sizes = parse_list(a.sizes, int, what="size")
-    rates = [None if r == "ceiling" else int(r) for r in parse_list(a.rates, str, what="rate")]
-    df, path = run(programs, modes, sizes, rates, a.trials, a.duration, cpus, a.out)
+def main(args):
+    programs, cpus = checked_options(args, PROGRAMS, "program", cpus="generator,router")
+    modes = parse_list(args.xdp_modes, str, MODES, "mode")
+    sizes = parse_list(args.sizes, int, what="size")
+    rates = [None if r == "ceiling" else int(r) for r in parse_list(args.rates, str, what="rate")]
+    df, path = run(programs, modes, sizes, rates, args.trials, args.duration, cpus, args.out)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0

@@ -21,6 +21,8 @@ nothing. Everything goes through netlink or the nftables JSON API, and detach()
 leaves nothing behind.
 """
 
+from ebpf.redirect.tc_redirect import TcRedirect
+from ebpf.redirect.xdp_redirect import XdpRedirect
 from lab import nft
 from lab.peer import Peer
 
@@ -159,13 +161,11 @@ class XdpMethod(RedirectMethod):
         # redirect` does (given at XDP, the kernel would drop them as martians)
         self.egress = None
         if self.action == "pass" and getattr(tb, "vip_on_router", False):
-            from ebpf import TcRedirect
             self.egress = TcRedirect(self.tb.rules(self.proto), action="pass", netns=self.ns)
             for r in self.prog.rules:
                 self.prog.leave_replies(r)
 
     def _program(self):
-        from ebpf import XdpRedirect
         return XdpRedirect(self.tb.rules(self.proto), action=self.action, netns=self.ns)
 
     def _attach_to(self, ifname):
@@ -218,7 +218,6 @@ class TcBpf(XdpMethod):
     owns_dut_xdp = False
 
     def _program(self):
-        from ebpf import TcRedirect
         return TcRedirect(self.tb.rules(self.proto), action=self.action, netns=self.ns)
 
     def _attach_to(self, ifname):

@@ -92,7 +92,7 @@ def cpu_per_second(cpu: pd.DataFrame, methods, core="all", report=True):
         raise ValueError("no methods to draw")
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False, sharey=True,
                              layout="constrained")
-    for ax, (per_sec, title) in zip(axes[0], panels):
+    for ax, (per_sec, title) in zip(axes[0], panels, strict=True):
         _stack(ax, per_sec, title)
     axes[0][0].set_ylabel("% CPU (mpstat)")
     h, lab = axes[0][0].get_legend_handles_labels()
@@ -143,7 +143,7 @@ def transfer_costs(df: pd.DataFrame):
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
     for ax, (col, ylabel) in zip(axes, (("goodput_mbps", "goodput (Mbit/s)"),
                                         ("dut_busy_ms", "router core busy (ms per transfer)"),
-                                        ("dut_ns_per_pkt", "router ns per datagram"))):
+                                        ("dut_ns_per_pkt", "router ns per datagram")), strict=True):
         _bars(ax, d, col)
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
@@ -172,10 +172,10 @@ def rate_panels(df: pd.DataFrame, value="forwarded_pps", ylabel="forwarded packe
     """Rate runs at one offered load (see _at_load): one panel per frame size
     and number of flows, one bar per method (median, min..max)."""
     d, offered = _at_load(with_labels(df), offered)
-    keys = sorted({(int(s), int(f)) for s, f in zip(d["size"], d["flows"])})
+    keys = sorted({(int(s), int(f)) for s, f in zip(d["size"], d["flows"], strict=True)})
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.9), squeeze=False, sharey=True,
                              layout="constrained")
-    for ax, (size, flows) in zip(axes[0], keys):
+    for ax, (size, flows) in zip(axes[0], keys, strict=True):
         _bars(ax, d[(d["size"] == size) & (d["flows"] == flows)], value)
         ax.set_title(f"{size} B, {flows} flow{'s' if flows > 1 else ''}", fontsize=10)
         if "pps" in value:
@@ -191,7 +191,7 @@ def rate_table(df: pd.DataFrame) -> pd.DataFrame:
     per (size, flows, offered load)."""
     d = with_labels(df)
     d["setting"] = [f"{int(s)}B {int(f)}f {'max' if not o else f'{o / 1e3:.0f}k'}"
-                    for s, f, o in zip(d["size"], d["flows"], d["offered_pps"].fillna(0))]
+                    for s, f, o in zip(d["size"], d["flows"], d["offered_pps"].fillna(0), strict=True)]
     med = d.groupby(["label", "setting"])[["forwarded_pps", "dut_ns_per_pkt"]].median()
     med["forwarded_pps"] /= 1e3
     wide = med.rename(columns={"forwarded_pps": "kpps", "dut_ns_per_pkt": "ns/pkt"}).unstack("setting")
@@ -282,7 +282,7 @@ def modes_bars(df: pd.DataFrame, offered=None):
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), layout="constrained")
     for ax, (col, ylabel) in zip(axes, (("cpu_busy", "router core busy (%)"),
                                         ("dut_ns_per_pkt", "router ns per handled packet"),
-                                        ("handled_pps", "handled packets/s"))):
+                                        ("handled_pps", "handled packets/s")), strict=True):
         for i, mode in enumerate(modes):
             x = [p + (i - (len(modes) - 1) / 2) * width for p in range(len(programs))]
             sub = d[d["mode"] == mode]

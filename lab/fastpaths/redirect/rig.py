@@ -4,11 +4,11 @@ the redirect's load runs and file transfers."""
 import contextlib
 import time
 
-from ebpf.xdp_sink import XdpSink
-
+from ebpf.instruments.xdp_sink import XdpSink
 from lab import netns
 from lab.metrics import CpuSampler, iface_counters, threaded_napi
 from lab.rig import Rig
+from lab.traffic import FileTransfer, FileTransferServer
 
 
 @contextlib.contextmanager
@@ -154,7 +154,6 @@ class RouterRig(Rig):
         """One file transfer of `size` bytes through `method`, the client and the
         server on the generator's core. Returns the transfer's report, the
         server's own account, and the CPU sampler (one sample a second)."""
-        from lab.traffic import FileTransfer, FileTransferServer
         tb = self.tb
         server = tb.server4 if family == 4 else tb.server6
         with _attached(method):

@@ -14,12 +14,25 @@ import sys
 import pandas as pd
 
 from lab import testbeds
+from lab.bench.common import (
+    FCS,
+    SIZES,
+    Progress,
+    add_options,
+    checked_options,
+    close_all,
+    columns_first,
+    interleaved,
+    parse_list,
+    summarize,
+    udp_frames,
+)
+from lab.bench.xdp_cost import BpfRunStats, run_stats
 from lab.metrics import CPU_COLUMNS, write_results
-from .peers import MIRRORS
-from .rig import ThroughputRig
 from lab.traffic import GENERATORS
-from lab.bench.common import (FCS, SIZES, Progress, add_options, checked_options, close_all, columns_first, interleaved,
-                              parse_list, summarize, udp_frames)
+
+from .peers import MIRRORS, EbpfSessionsMirror
+from .rig import ThroughputRig
 
 NAME = "vtap-throughput"
 MIRROR_ORDER = list(MIRRORS)
@@ -81,28 +94,27 @@ def add_arguments(p):
                    "(default %(default)s)")
 
 
-def main(a):
-    tbs = parse_list(a.testbed, int, [1, 2, 3], "testbed")
-    sizes = parse_list(a.sizes, int, what="size")
-    mirrors, cpus = checked_options(a, MIRROR_ORDER, "mirror", cpus="generator,DUT")
-    if a.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
+def main(args):
+    tbs = parse_list(args.testbed, int, [1, 2, 3], "testbed")
+    sizes = parse_list(args.sizes, int, what="size")
+    mirrors, cpus = checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
+    if args.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
         for name in mirrors:
             missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
             if missing:
                 raise ValueError(f"mirror {name} does not apply to testbed {missing[0]} (only to "
                                  f"{', '.join(map(str, MIRRORS[name].testbeds))})")
-    if a.rate is not None and a.rate <= 0:
-        raise ValueError(f"--rate must be a positive number of packets/s, not {a.rate}")
-    from .peers import EbpfSessionsMirror
-    sessions = {"rules": parse_list(a.rules, int, what="rule count"),
-                "targets": parse_list(a.targets, str, EbpfSessionsMirror.TARGETS, "target"),
-                "truncate": parse_list(a.truncate, int, what="truncation")}
+    if args.rate is not None and args.rate <= 0:
+        raise ValueError(f"--rate must be a positive number of packets/s, not {args.rate}")
+    sessions = {"rules": parse_list(args.rules, int, what="rule count"),
+                "targets": parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
+                "truncate": parse_list(args.truncate, int, what="truncation")}
     if not all(1 <= n <= 256 for n in sessions["rules"]):
         raise ValueError("--rules: 1 to 256 rules")
     if not all(t == 0 or 64 <= t <= 9000 for t in sessions["truncate"]):
         raise ValueError("--truncate: 0 (whole) or 64 to 9000 bytes")
-    df, path = run(tbs, sizes, mirrors, a.trials, a.duration, a.generator, a.flows, cpus, a.out, rate_pps=a.rate,
-                   sessions=sessions)
+    df, path = run(tbs, sizes, mirrors, args.trials, args.duration, args.generator, args.flows, cpus, args.out,
+                   rate_pps=args.rate, sessions=sessions)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
@@ -123,7 +135,8 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
         "receiver_mbps": (rx["bytes"] + FCS * rx["packets"]) * 8 / secs / 1e6,
         "monitor_mbps": (mon["bytes"] + FCS * mon["packets"]) * 8 / secs / 1e6,
         "receiver_loss": 1 - rx["packets"] / rep.packets if rep.packets else 0.0,
-        "monitor_loss": (1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none" else None,
+        "monitor_loss": ((1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none"
+                         else None),
         **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
         "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
         "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
@@ -163,7 +176,6 @@ def variants(mirrors, sessions):
 def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
         out=None, progress=True, stream=sys.stdout, rate_pps=None, sessions=None):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
-    from lab.bench.xdp_cost import BpfRunStats, run_stats
     sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0]}
     gen_cpu, dut_cpu = cpus
     rows = []
@@ -196,7 +208,7 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                     fds = peer.program_fds() if hasattr(peer, "program_fds") else {}
                     before = {k: run_stats(fd) for k, fd in fds.items()}
                     m = rig.run(gens[size], peer, seconds=duration, rate_pps=rate_pps)
-                    m["bpf_stats"] = {k: tuple(b - a for a, b in zip(before[k], run_stats(fd)))
+                    m["bpf_stats"] = {k: tuple(b - a for a, b in zip(before[k], run_stats(fd), strict=True))
                                       for k, fd in fds.items()}
                     rows.append(row(tb_no, peer, size, trial, m, dut_cpu, rate_pps))
                     if bar:
@@ -238,7 +250,7 @@ def print_summary(df, stream=sys.stdout):
     stream.write(f"{'tb':>2} {'size':>5} {'mirror':<{width}} {'receiver kpps':>22} {'monitor kpps':>22} "
                  f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
     for _, r in s.iterrows():
-        def span(col, scale=1e3, fmt="{:.0f}"):
+        def span(col, scale=1e3, fmt="{:.0f}", *, r=r):  # this row, bound now
             return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
                     fmt.format(r[f'{col}_max'] / scale) + "]")
         stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {span('receiver_pps'):>22} "

@@ -13,6 +13,7 @@ from lab import netns
 from lab.testbeds import testbed1
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
+
 def watch_list(tb):
     """Watched: the sender's first source (v4 and v6), and the receiver's second address."""
     return [f"{tb.src4}/32", f"{tb.alt_dst4}/32", f"{tb.src6}/128"]
@@ -93,7 +94,8 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
         ok &= good
         if not watched:
             unwatched_at_monitor += got_mon
-        say(f"{flow.name:32} {'yes' if watched else 'no':>7} {flow.count:>6} {got_rx:>8} {got_mon:>8}  {'ok' if good else 'WRONG'}")
+        say(f"{flow.name:32} {'yes' if watched else 'no':>7} {flow.count:>6} {got_rx:>8} {got_mon:>8}  "
+            f"{'ok' if good else 'WRONG'}")
     say(f"\nunwatched packets that reached the monitor: {unwatched_at_monitor} (must be 0)")
     say("vTAP counters: " + ", ".join(f"{k} {counters[k]}" for k in
                                       ("seen", "matched", "cloned", "sampled_out", "failed", "not_ip", "malformed",

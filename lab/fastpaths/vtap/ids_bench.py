@@ -37,18 +37,22 @@ import argparse
 import ipaddress
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from lab.daemons import suricata
+from ebpf.vtap.sessions.config import Rule, Session
+from ebpf.vtap.sessions.tc_sessions import SessionMirror
 from lab import testbeds
+from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+from lab.daemons import suricata
 from lab.metrics import steer_receive, write_results
-from .peers import EbpfMirror
 from lab.traffic import attacks
 from lab.traffic.replay import Tcpreplay, check_pcap
 from lab.traffic.report import MAX_LOAD_SECONDS
-from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+
+from .peers import EbpfMirror
 
 NAME = "ids"
 SUMMARY = "the vTAP paper's Table 3: Suricata at the receiver and at the monitor, alerts and drops per rate"
@@ -156,27 +160,27 @@ class Workload:
     """What is replayed and what it should raise: the project's generated mix
     (pcap written to the bench's temporary directory), or a user's pcap."""
 
-    def __init__(self, a, rates, tmpdir):
-        self.rules = Path(a.rules) if a.rules else attacks.RULES
+    def __init__(self, args, rates, tmpdir):
+        self.rules = Path(args.rules) if args.rules else attacks.RULES
         if not self.rules.is_file():
-            raise ValueError(f"rules file {a.rules} not found")
-        self.truth_file = a.truth
-        if a.truth and not Path(a.truth).is_file():
-            raise ValueError(f"truth file {a.truth} not found")
-        if a.loop is not None and not 1 <= a.loop <= attacks.MAX_REPETITIONS:
-            raise ValueError(f"--loop {a.loop} is outside 1..{attacks.MAX_REPETITIONS}")
-        self.own = a.pcap is None
-        self.loop_given = a.loop  # for the sidecar: --loop as the user gave it (None: the default)
-        self.home_net = parse_nets(a.home_net or (attacks.HOME_NET if self.own else "any"), "--home-net")
-        self.watch = parse_nets(a.watch, "--watch").split(",") if a.watch else None
+            raise ValueError(f"rules file {args.rules} not found")
+        self.truth_file = args.truth
+        if args.truth and not Path(args.truth).is_file():
+            raise ValueError(f"truth file {args.truth} not found")
+        if args.loop is not None and not 1 <= args.loop <= attacks.MAX_REPETITIONS:
+            raise ValueError(f"--loop {args.loop} is outside 1..{attacks.MAX_REPETITIONS}")
+        self.own = args.pcap is None
+        self.loop_given = args.loop  # for the sidecar: --loop as the user gave it (None: the default)
+        self.home_net = parse_nets(args.home_net or (attacks.HOME_NET if self.own else "any"), "--home-net")
+        self.watch = parse_nets(args.watch, "--watch").split(",") if args.watch else None
         if self.own:
-            self.seed = a.seed
-            self.repetitions = a.loop or self._repetitions_for(rates)
+            self.seed = args.seed
+            self.repetitions = args.loop or self._repetitions_for(rates)
             self.loop = 1
             self.pcap = Path(tmpdir) / "attacks.pcap"
         else:
-            self.pcap = check_pcap(a.pcap)
-            self.loop = a.loop or 1
+            self.pcap = check_pcap(args.pcap)
+            self.loop = args.loop or 1
             self.repetitions = None
             self.seed = None
         self.truth = None
@@ -261,24 +265,23 @@ class Workload:
 
 # --- the runs ------------------------------------------------------------------------
 
-def main(a):
-    rates = parse_rates(a.rates)
-    quotas = parse_quotas(a.cpu_quota)
-    parse_list(a.at, str, AT, "--at place")
-    _, cpus = checked_options(a, cpus="sender+monitor,receiver")
-    df, _, path = measure(a, rates, quotas, a.trials, cpus, a.out)
+def main(args):
+    rates = parse_rates(args.rates)
+    quotas = parse_quotas(args.cpu_quota)
+    parse_list(args.at, str, AT, "--at place")
+    _, cpus = checked_options(args, cpus="sender+monitor,receiver")
+    df, _, path = measure(args, rates, quotas, args.trials, cpus, args.out)
     print_summary(df)
     print(f"\nwrote {path}, {signatures_path(path).name} and {path.with_suffix('.json').name}")
     return 0
 
 
-def measure(a, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
-    """The whole bench for options `a` (an argparse namespace, or see options()):
+def measure(args, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
+    """The whole bench for options `args` (an argparse namespace, or see options()):
     prepare the traffic in a temporary directory, run, write. -> (df, sigs, path)"""
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
-        work = Workload(a, rates, tmp).prepare(rates, say=lambda m: print(m, file=sys.stderr))
-        at = tuple(parse_list(getattr(a, "at", "local"), str, AT, "--at place"))
+        work = Workload(args, rates, tmp).prepare(rates, say=lambda m: print(m, file=sys.stderr))
+        at = tuple(parse_list(getattr(args, "at", "local"), str, AT, "--at place"))
         return run(work, rates, quotas, trials, cpus, out, progress, at=at)
 
 
@@ -306,8 +309,6 @@ class RemoteTap:
     to the collector in VXLAN: attached for the remote runs only."""
 
     def __init__(self, tb, watch):
-        from ebpf.sessions import Rule, Session
-        from ebpf.tc_sessions import SessionMirror
         rules = [Rule("accept", **{side: net}) for net in watch for side in ("source", "destination")] \
             if watch else [Rule("accept")]
         self.tb = tb
@@ -433,10 +434,11 @@ def print_summary(df, stream=sys.stdout):
     if "monitor_at" not in df:
         df = df.assign(monitor_at="local")
     for (q, rate, where), g in df.groupby(["q", "rate", "monitor_at"], sort=False):
-        def span(col):
+        def span(col, *, g=g):  # this group, bound now
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
         exp = g["expected_alerts"].iloc[0]
-        stream.write(f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | {span('receiver_alerts'):>22} "
+        stream.write(f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | "
+                     f"{span('receiver_alerts'):>22} "
                      f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
                      f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
                      f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n")

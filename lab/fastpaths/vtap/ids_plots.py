@@ -111,7 +111,7 @@ def alerts_vs_rate(df: pd.DataFrame, paper=True):
     if paper:
         ax = _paper_panel(axes.pop(0), "alerts", "paper (Suricata 4, 1-vCPU VMs)")
         ax.set_ylabel("alerts")
-    for ax, q in zip(axes, panels):
+    for ax, q in zip(axes, panels, strict=True):
         dq = d[d["quota"] == q]
         _side_lines(ax, dq, "alerts")
         truth = dq.groupby("rate_mbps")["expected_alerts"].median()
@@ -137,7 +137,7 @@ def drop_rates(df: pd.DataFrame, paper=True):
     axes = list(axes[0])
     if paper:
         _paper_panel(axes.pop(0), "drop_rate_pct", "paper")
-    for ax, q in zip(axes, panels):
+    for ax, q in zip(axes, panels, strict=True):
         _side_lines(ax, d[d["quota"] == q], "drop_rate", scale=100)
         ax.set_title(f"this lab, {q}")
     for ax in fig.axes:

@@ -37,16 +37,18 @@ import time
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import TcMirror
-from ebpf.xdp_mirror import XdpMirror
 from ebpf import tc as ebpf_tc
 from ebpf.netdev import ifindex_of, netlink_reason
-
+from ebpf.vtap.sessions.config import Rule, Session
+from ebpf.vtap.sessions.tc_sessions import SessionMirror
+from ebpf.vtap.xdp_mirror import XdpMirror
 from lab import netns, nft
+from lab.daemons.ovs import OvsSwitch
 from lab.hostcheck import PreparedPeers
 from lab.metrics import iface_counters
 from lab.netns import LabError
-from lab.daemons.ovs import OvsSwitch
 from lab.peer import Peer
+from lab.testbeds import COLLECTOR_V4
 
 
 class Mirror(Peer):
@@ -333,7 +335,6 @@ def bench_rules(n, src):
     """n rules whose last accepts the load (UDP from src); the others, each a
     different kind of rule the load does not match, fill the tables as a real
     rule set would: ports, ranges, prefixes of both families, protocols."""
-    from ebpf.sessions import Rule
     rules = []
     for i in range(n - 1):
         kind = i % 4
@@ -360,9 +361,6 @@ class EbpfSessionsMirror(VtapMirror):
 
     def __init__(self, *a, rules=1, target="local", truncate=0, src="198.18.1.10", **kw):
         super().__init__(*a, **kw)
-        from ebpf.sessions import Session
-        from ebpf.tc_sessions import SessionMirror
-        from lab.testbeds import COLLECTOR_V4
         if target not in self.TARGETS:
             raise ValueError(f"target {target!r}: one of {', '.join(self.TARGETS)}")
         self.rules, self.target, self.truncate = rules, target, truncate

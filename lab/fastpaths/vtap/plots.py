@@ -64,7 +64,7 @@ def _panels(df, rows=1, height=3.8):
     tbs = sorted(int(t) for t in df["testbed"].unique())
     fig, axes = plt.subplots(rows, len(tbs), figsize=(5.5 * len(tbs), height * rows), squeeze=False,
                              layout="constrained")
-    for ax, tb in zip(axes[0], tbs):
+    for ax, tb in zip(axes[0], tbs, strict=True):
         ax.set_title(TESTBED_TITLES.get(tb, f"Testbed {tb}"))
     return fig, axes, tbs
 
@@ -73,7 +73,7 @@ def _legend_below(fig, axes, **kw):
     """One legend for all panels, below them, where it covers no data."""
     seen = {}
     for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, h)
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 6),
@@ -92,7 +92,7 @@ def pps_vs_size(df: pd.DataFrame, value="monitor_pps", ylabel="monitor packets/s
     """One panel per testbed: `value` against frame size per mirror, median with
     a min..max band (the analogue of the paper's Figures 5 and 6)."""
     fig, axes, tbs = _panels(df)
-    for ax, tb in zip(axes[0], tbs):
+    for ax, tb in zip(axes[0], tbs, strict=True):
         d = df[df["testbed"] == tb]
         for m in _mirrors(d):
             if m == "none" and value.startswith("monitor"):
@@ -119,7 +119,7 @@ def ns_per_pkt(df: pd.DataFrame, size=None):
     with a whisker from the cheapest to the dearest trial."""
     d = df if size is None else df[df["size"] == size]
     fig, axes, tbs = _panels(d)
-    for ax, tb in zip(axes[0], tbs):
+    for ax, tb in zip(axes[0], tbs, strict=True):
         g = d[d["testbed"] == tb].groupby("mirror")["dut_ns_per_pkt"]
         ms = _mirrors(d[d["testbed"] == tb])
         med, lo, hi = (s.reindex(ms) for s in (g.median(), g.min(), g.max()))
@@ -138,7 +138,7 @@ def cpu_per_mirror(df: pd.DataFrame, size=None):
     in the mirror's colour; the columns are told apart by shade (CPU_SHADES)."""
     d = df if size is None else df[df["size"] == size]
     fig, axes, tbs = _panels(d)
-    for ax, tb in zip(axes[0], tbs):
+    for ax, tb in zip(axes[0], tbs, strict=True):
         m = d[d["testbed"] == tb].groupby("mirror")[[f"cpu_{c}" for c, _ in CPU_SHADES]].median()
         ms = _mirrors(d[d["testbed"] == tb])
         m = m.reindex(ms)
@@ -235,7 +235,7 @@ def xdp_targets(df: pd.DataFrame) -> pd.DataFrame:
     measured = [small["ebpf-xdp/tc-mirred pps"], small["ebpf-xdp/tc-mirred ns"],
                 r["ebpf-xdp monitor/receiver"].min()]
     rows = []
-    for (what, op, want), got in zip(XDP_TARGETS, measured):
+    for (what, op, want), got in zip(XDP_TARGETS, measured, strict=True):
         met = got >= want if op == ">=" else got <= want
         rows.append({"target": what, "wanted": f"{op} {want:g}", "measured": round(float(got), 3), "met": bool(met)})
     return pd.DataFrame(rows)

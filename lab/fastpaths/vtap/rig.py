@@ -25,11 +25,10 @@ What it sets up, and why (all inside lab namespaces):
 import os
 import time
 
-from ebpf.xdp_sink import XdpSink
-
+from ebpf.instruments.xdp_sink import XdpSink
 from lab import netns
-from lab.rig import Rig
 from lab.metrics import CpuSampler, threaded_napi
+from lab.rig import Rig
 
 
 class ThroughputRig(Rig):

@@ -1,0 +1,42 @@
+"""XdpSink: count every frame at a device's XDP hook, then drop it, pass it on,
+send it back (tx) or redirect it to another device (xdp_sink.bpf.c).
+
+    >>> with XdpSink() as sink:                            # doctest: +SKIP
+    ...     sink.attach("eth0", netns="vtl-...-monitor")
+    ...     sink.counters()
+    {'packets': ..., 'bytes': ...}
+    >>> XdpSink("redirect", redirect_ifindex=3)            # doctest: +SKIP
+
+On veth a native XDP program also turns on the device's NAPI, which is what
+lets it receive XDP_TX frames from its peer at all.
+"""
+
+from ebpf.errors import InputError
+from ebpf.program import BpfProgram
+
+VERDICTS = ("drop", "pass", "tx", "redirect")
+
+
+class XdpSink(BpfProgram):
+    SOURCE = "xdp_sink.bpf.c"
+    FUNCTION = "xdp_sink"
+
+    def __init__(self, verdict="drop", source=None, redirect_ifindex=None):
+        if verdict not in VERDICTS:
+            raise InputError(f"unknown sink verdict {verdict!r} ({', '.join(VERDICTS)})")
+        if (verdict == "redirect") != (redirect_ifindex is not None):
+            raise InputError("a redirecting sink needs redirect_ifindex, and only it")
+        flags = [f"-DSINK_VERDICT=XDP_{verdict.upper()}"]
+        if redirect_ifindex is not None:
+            flags.append(f"-DSINK_REDIRECT_IFINDEX={int(redirect_ifindex)}")
+        super().__init__(flags, source)
+        self.verdict = verdict
+
+    def attach(self, ifname, netns=None, mode="native"):
+        return self.attach_xdp(self.FUNCTION, ifname, netns, mode)
+
+    def counters(self) -> dict:
+        return self.percpu_totals("stats")
+
+    def reset_counters(self):
+        self.zero_percpu("stats")

@@ -1,0 +1,134 @@
+/* xdp_lb.h — what xdp_lb.bpf.c and ebpf/lb/xdp_lb.py (through ebpf/abi.py) share:
+ * sizes, modes, session states and the layout of every map's key and value.
+ * The load balancer's other parts: xdp_lb_maps.h (its maps), xdp_lb_flow.h
+ * (hashing and comparing flows), xdp_lb.bpf.c (sessions and the program).
+ */
+#ifndef XDP_LB_H
+#define XDP_LB_H
+
+#include "verdict.h"
+
+#define LB_MAX_SERVICES 16
+#define LB_MAX_BACKENDS 256     /* index 0 is "no backend": a ring slot of 0 is empty */
+#define LB_RING_SIZE 65537      /* Maglev table per service, a prime (ebpf/lb/maglev.py) */
+/* table sizes: defaults, which XdpLoadBalancer(max_sessions=, max_half_open=) override */
+#ifndef LB_MAX_SESSIONS
+#define LB_MAX_SESSIONS 131072  /* established sessions, each direction */
+#endif
+#ifndef LB_MAX_HALF_OPEN
+#define LB_MAX_HALF_OPEN 65536  /* SYN-created sessions: a SYN flood evicts only these */
+#endif
+#define LB_PORT_PROBES 8        /* LB ports tried for a new session before the SYN is dropped */
+
+#define LB_MODE_NAT 0           /* client -> LB -> backend, replies back through the LB (the articles') */
+#define LB_MODE_DSR 1           /* only the destination MAC changes; the backend answers the client */
+
+/* session states (struct lb_session.state) */
+#define LB_ST_SYN 1             /* the client's SYN went to the backend */
+#define LB_ST_EST 2             /* the handshake completed: in the established tables */
+#define LB_ST_UDP 3
+#define LB_FIN_CLIENT 0x10      /* flags over the state: who has sent a FIN */
+#define LB_FIN_BACKEND 0x20
+
+/* timeouts, index into conf.timeout_ns */
+#define LB_TO_SYN 0
+#define LB_TO_EST 1
+#define LB_TO_FIN 2
+#define LB_TO_UDP 3
+#define LB_TIMEOUTS 4
+
+struct lb_addr {
+	__u32 a[4];             /* IPv4 in a[0], network order */
+};
+
+struct lb_service_key {
+	struct lb_addr vip;
+	__be16 port;
+	__u8 proto;
+	__u8 family;            /* 4 or 6 */
+};
+
+struct lb_service {
+	__u32 id;               /* 0..LB_MAX_SERVICES-1: its ring and its counters */
+};
+
+/* by service id: what replies leave as */
+struct lb_service_info {
+	struct lb_addr vip;
+	__be16 port;
+	__u8 proto;
+	__u8 family;
+};
+
+struct lb_backend {
+	struct lb_addr addr;
+	__be16 port;
+	__u8 family;
+	__u8 live;              /* 1 once user space has written it */
+};
+
+/* a flow as the client sent it */
+struct lb_flow_key {
+	struct lb_addr client;
+	__be16 cport;
+	__u16 service;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lb_session {
+	__u64 last_seen;        /* ns, bpf_ktime_get_ns() */
+	__u32 backend;
+	__be16 lb_port;         /* NAT: the source port towards the backend */
+	__u8 state;
+	__u8 pad;
+	unsigned char client_mac[6];   /* where replies go (NAT): the client's frame said */
+	unsigned char backend_mac[6];  /* from bpf_fib_lookup() when the session began */
+};
+
+/* a reply as the backend sends it (NAT): which session owns this LB port */
+struct lb_reverse_key {
+	struct lb_addr backend;
+	__be16 bport;
+	__be16 lb_port;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+struct lb_conf {
+	struct lb_addr self4;   /* the LB's own addresses: the NAT source towards backends */
+	struct lb_addr self6;
+	__u16 port_min;         /* LB ports, host order: [port_min, port_min + port_count) */
+	__u16 port_count;
+	__u32 pad;
+	__u64 timeout_ns[LB_TIMEOUTS];
+};
+
+/* Per CPU, one entry. Every frame is counted in fp (verdict.h): seen; its
+ * verdict (tx, pass, drop); its reason: to_backend, to_client (rewritten and
+ * sent back out), not_ip, malformed, unmatched (the stack's: passed), or why it
+ * was dropped: fragment, ip_options, malformed, no_backend, no_port,
+ * no_session, no_neigh, stale. Beside them, what happened to sessions: */
+struct lb_stats {
+	struct fp_counts fp;
+	__u64 new_sessions;
+	__u64 established;
+	__u64 closed_rst;
+	__u64 closed_fin;
+	__u64 expired;
+	__u64 csum_partial;     /* sent on with a TCP/UDP checksum the sender's offload had left
+	                         * partial (rewrite_helpers.h): finished natively, kept partial
+	                         * in generic mode. Not a verdict: counted beside them */
+};
+
+/* per backend */
+struct lb_traffic {
+	__u64 packets;
+	__u64 bytes;
+	__u64 reply_packets;
+	__u64 reply_bytes;
+	__u64 new_sessions;
+};
+
+#endif /* XDP_LB_H */

@@ -1,0 +1,326 @@
+"""XdpLoadBalancer: a layer-4 load balancer at the XDP hook (xdp_lb.bpf.c).
+
+    >>> lb = XdpLoadBalancer(self4="198.18.5.2", netns=ns)                        # doctest: +SKIP
+    >>> svc = lb.add_service("tcp:198.18.5.100:80")
+    >>> lb.set_backends(svc, {"198.18.5.11:8080": 1, "198.18.5.12:8080": 2})
+    >>> lb.attach("eth0")                      # one-armed: clients and backends on this interface
+    >>> lb.counters(), lb.sessions()
+
+A service (protocol, VIP, port) spreads its new sessions over its backends by a
+Maglev table (ebpf/lb/maglev.py) that user space builds and writes, slot by slot,
+only where it changed: setting a backend's weight to 0 drains it (no new
+sessions; its sessions go on), removing one moves only its own flows. In NAT
+mode the backends see the LB's own address (self4/self6) and an LB port from
+[port_min, port_min + port_count); in DSR mode they see the client and must hold
+the VIP themselves. See the C file for sessions, their states and timeouts.
+"""
+
+import contextlib
+import ctypes
+import ipaddress
+import re
+import socket
+import time
+from dataclasses import dataclass
+
+from ebpf import endpoints, netdev
+from ebpf.abi import defines
+from ebpf.errors import InputError
+from ebpf.lb.maglev import maglev_table
+from ebpf.program import BpfProgram
+
+ABI = defines("lb/xdp_lb.h")
+MAX_SERVICES = ABI["LB_MAX_SERVICES"]
+MAX_BACKENDS = ABI["LB_MAX_BACKENDS"]
+RING_SIZE = ABI["LB_RING_SIZE"]
+MODES = {"nat": ABI["LB_MODE_NAT"], "dsr": ABI["LB_MODE_DSR"]}
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+STATES = {ABI["LB_ST_SYN"]: "syn", ABI["LB_ST_EST"]: "established", ABI["LB_ST_UDP"]: "udp"}
+TIMEOUTS = {"syn": 10.0, "established": 300.0, "fin": 10.0, "udp": 30.0}  # seconds, as conntrack's order
+
+
+def _words(addr) -> list[int]:
+    """An address as the four __u32 of struct lb_addr (network byte order in memory)."""
+    packed = addr.packed + bytes(16 - len(addr.packed))
+    return [int.from_bytes(packed[i:i + 4], "little") for i in range(0, 16, 4)]
+
+
+def _sysctl(ns, path):
+    """A /proc/sys value as the namespace sees it, or None (no such interface)."""
+    try:
+        with netdev.entered(ns) if ns else contextlib.nullcontext():
+            with open(f"/proc/sys/{path}") as f:
+                return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def nat_ports(netns=None) -> tuple[int, int]:
+    """(port_min, port_count) of the LB ports NAT sessions take towards their
+    backends: the larger span of 1024..65535 that the host's own ephemeral
+    ports (net.ipv4.ip_local_port_range, for IPv6 too) leave free. The program
+    takes a backend's packet to an LB port for a reply to its session; a port
+    the host's kernel also gave one of its own connections to that backend (a
+    health check, any program on the LB host) would make two connections of
+    one, and the program would hand the host's packets to a client."""
+    lo, hi = (int(x) for x in (_sysctl(netns, "net/ipv4/ip_local_port_range") or "32768 60999").split())
+    below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)
+    port_min, count = max(below, above, key=lambda r: r[1])
+    if count < 1024:
+        raise InputError(f"the host's ephemeral ports ({lo}-{hi}) leave fewer than 1024 ports for the LB's NAT "
+                         f"sessions; fix: sysctl -w net.ipv4.ip_local_port_range='32768 60999'")
+    return port_min, count
+
+
+@dataclass(frozen=True)
+class Service:
+    proto: str
+    vip: ipaddress._BaseAddress
+    port: int
+
+    @classmethod
+    def parse(cls, text):
+        """PROTO:VIP:PORT, IPv6 in brackets: tcp:198.18.5.100:80, udp:[2001:2::100]:53."""
+        if isinstance(text, Service):
+            return text
+        return cls(*endpoints.service(text, "service", "PROTO:VIP:PORT"))
+
+    def __str__(self):
+        return f"{self.proto}:{endpoints.text(self.vip, self.port)}"
+
+
+@dataclass(frozen=True)
+class Backend:
+    addr: ipaddress._BaseAddress
+    port: int
+
+    @classmethod
+    def parse(cls, text):
+        """ADDR:PORT[@WEIGHT] -> (Backend, weight)."""
+        m = re.fullmatch(rf"{endpoints.ENDPOINT}(?:@(\d+))?", text.strip())
+        if not m:
+            raise InputError(f"bad backend {text!r}: want ADDR:PORT[@WEIGHT] (IPv6 in brackets)")
+        addr, port, weight = m.groups()
+        return cls(*endpoints.checked(addr, port, "backend", text)), int(weight) if weight is not None else 1
+
+    def __str__(self):
+        return endpoints.text(self.addr, self.port)
+
+
+class XdpLoadBalancer(BpfProgram):
+    SOURCE = "xdp_lb.bpf.c"
+    FUNCTION = "xdp_lb"
+    ROWS = "backend"
+    MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "tx", "pass", "drop")
+    VERDICTS = ("tx", "pass", "drop")
+    REASONS = ("to_backend", "to_client", "not_ip", "malformed", "unmatched", "fragment", "ip_options", "no_backend",
+               "no_port", "no_session", "no_neigh", "stale")
+    DROPS = ("malformed", "fragment", "ip_options", "no_backend", "no_port", "no_session", "no_neigh", "stale")
+
+    def __init__(self, self4=None, self6=None, mode="nat", port_min=None, port_count=None, timeouts=None,
+                 netns=None, source=None, cflags=(), max_sessions=None, max_half_open=None):
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r} (nat or dsr)")
+        self.max_sessions = max_sessions or ABI["LB_MAX_SESSIONS"]
+        self.max_half_open = max_half_open or ABI["LB_MAX_HALF_OPEN"]
+        if self.max_sessions < 1 or self.max_half_open < 1:
+            raise InputError("session tables need at least one entry")
+        cflags = [f"-DLB_MAX_SESSIONS={self.max_sessions}", f"-DLB_MAX_HALF_OPEN={self.max_half_open}", *cflags]
+        if port_min is None and port_count is None:
+            port_min, port_count = nat_ports(netns)
+        if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
+            raise InputError(f"LB ports {port_min}..{port_min + port_count - 1} are outside 1024..65535")
+        super().__init__([f"-DLB_MODE={MODES[mode]}", *cflags], source)
+        self.mode, self.netns = mode, netns
+        self.self4 = ipaddress.IPv4Address(self4) if self4 else None
+        self.self6 = ipaddress.IPv6Address(self6) if self6 else None
+        self.port_min, self.port_count = port_min, port_count
+        self.timeouts = {**TIMEOUTS, **(timeouts or {})}
+        self._services = {}   # Service -> id
+        self._backends = {}   # Backend -> index (1..)
+        self._weights = {}    # Service -> {Backend: weight}
+        self._rings = {}      # Service -> the table written
+        if netns:
+            with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
+                pass
+
+    # --- configuration ------------------------------------------------------------
+    def maps_created(self):
+        c = self.table("conf")[ctypes.c_int(0)]
+        for name, addr in (("self4", self.self4), ("self6", self.self6)):
+            if addr is not None:
+                getattr(c, name).a = (ctypes.c_uint32 * 4)(*_words(addr))
+        c.port_min, c.port_count = self.port_min, self.port_count
+        for i, k in enumerate(("syn", "established", "fin", "udp")):
+            c.timeout_ns[i] = int(self.timeouts[k] * 1e9)
+        self.table("conf")[ctypes.c_int(0)] = c
+        for svc, sid in self._services.items():
+            self._write_service(svc, sid)
+        for be, idx in self._backends.items():
+            self._write_backend(be, idx)
+        for svc in self._weights:
+            self._write_ring(svc)
+
+    def add_service(self, service) -> Service:
+        svc = Service.parse(service)
+        if svc in self._services:
+            return svc
+        if len(self._services) >= MAX_SERVICES:
+            raise InputError(f"more than {MAX_SERVICES} services")
+        self_addr = self.self4 if svc.vip.version == 4 else self.self6
+        if self.mode == "nat" and self_addr is None:
+            raise InputError(f"service {svc}: NAT mode needs the LB's own IPv{svc.vip.version} address")
+        sid = min(set(range(MAX_SERVICES)) - set(self._services.values()))
+        self._services[svc] = sid
+        self._weights.setdefault(svc, {})
+        if self.bpf is not None:
+            self._write_service(svc, sid)
+        return svc
+
+    def set_backends(self, service, weights: dict):
+        """The service's backends and weights ({"ADDR:PORT" or Backend: weight});
+        0 drains one. Only the table's changed slots are written."""
+        svc = Service.parse(service)
+        if svc not in self._services:
+            raise InputError(f"no service {svc}")
+        parsed = {}
+        for b, w in weights.items():
+            be = b if isinstance(b, Backend) else Backend.parse(str(b))[0]
+            if be.addr.version != svc.vip.version:
+                raise InputError(f"backend {be} of {svc}: families differ")
+            if not isinstance(w, int) or w < 0:
+                raise InputError(f"backend {be}: weight {w!r} must be an integer 0 or more")
+            parsed[be] = w
+        for be in parsed:
+            if be not in self._backends:
+                used = set(self._backends.values())
+                free = [i for i in range(1, MAX_BACKENDS) if i not in used]
+                if not free:
+                    raise InputError(f"more than {MAX_BACKENDS - 1} backends")
+                self._backends[be] = free[0]
+                if self.bpf is not None:
+                    self._write_backend(be, free[0])
+        self._weights[svc] = parsed
+        if self.bpf is not None:
+            self._write_ring(svc)
+
+    def _write_service(self, svc, sid):
+        k = self.table("services").Key()
+        k.vip.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
+        k.port = socket.htons(svc.port)
+        k.proto = PROTOS[svc.proto]
+        k.family = svc.vip.version
+        v = self.table("services").Leaf()
+        v.id = sid
+        info = self.table("service_info").Leaf()
+        info.vip.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
+        info.port, info.proto, info.family = socket.htons(svc.port), PROTOS[svc.proto], svc.vip.version
+        self.table("service_info")[ctypes.c_int(sid)] = info
+        a = self.table("vip_addrs").Key()
+        a.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
+        self.table("vip_addrs")[a] = ctypes.c_uint8(1)
+        self.table("services")[k] = v
+
+    def _write_backend(self, be, idx):
+        v = self.table("backends").Leaf()
+        v.addr.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
+        v.port, v.family, v.live = socket.htons(be.port), be.addr.version, 1
+        self.table("backends")[ctypes.c_int(idx)] = v
+
+    def ring(self, service) -> list:
+        """The service's Maglev table as backend names (None: empty slot)."""
+        svc = Service.parse(service)
+        return maglev_table({str(b): w for b, w in self._weights.get(svc, {}).items()}, RING_SIZE)
+
+    def _write_ring(self, svc):
+        names = self.ring(svc)
+        index = {str(b): i for b, i in self._backends.items()}
+        new = [index[n] if n is not None else 0 for n in names]
+        old = self._rings.get(svc)
+        rings, base = self.table("rings"), self._services[svc] * RING_SIZE
+        changed = [i for i in range(RING_SIZE) if old is None or old[i] != new[i]]
+        for i in changed:
+            rings[ctypes.c_int(base + i)] = ctypes.c_uint32(new[i])
+        self._rings[svc] = new
+        return len(changed)
+
+    # --- attach -------------------------------------------------------------------------
+    def load_program(self):
+        return self.load(self.FUNCTION, "XDP")
+
+    def attach(self, ifname, mode="native"):
+        """Attach where clients and backends both are (one-armed). The kernel's
+        bpf_fib_lookup() answers only on an interface that forwards, so that is
+        checked first: an LB is a router for its VIPs."""
+        families = {s.vip.version for s in self._services} or {4}
+        off = [f"net.ipv{v}.conf.{ifname}.forwarding" for v in sorted(families)
+               if _sysctl(self.netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"]
+        if off:
+            where = f"ip netns exec {self.netns} " if self.netns and "/" not in self.netns else ""
+            raise InputError(f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
+                             "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
+                             f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}")
+        return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+
+    # --- state ----------------------------------------------------------------------------
+    def counters(self) -> dict:
+        return self.percpu_totals("stats")
+
+    def counter_rows(self) -> dict:
+        """Per backend: packets and bytes sent to each."""
+        return self.backend_counters() or {"total": self.counters()}
+
+    def backend_counters(self) -> dict:
+        return {str(b): self.percpu_totals("backend_stats", i) for b, i in self._backends.items()}
+
+    def _timeout(self, state):
+        if state & 0x30 and state & 0x0F != ABI["LB_ST_UDP"]:
+            return self.timeouts["fin"]
+        return self.timeouts[STATES.get(state & 0x0F, "established")]
+
+    def sweep(self) -> int:
+        """Delete the sessions idle past their state's timeout, both directions
+        (the program expires a session only when it next sees it). Returns how
+        many; a command line calls this every second."""
+        now = time.clock_gettime(time.CLOCK_MONOTONIC)
+        by_index = {i: b for b, i in self._backends.items()}
+        gone = 0
+        for table in ("sessions", "half_open"):
+            t = self.table(table)
+            for k, v in list(t.items()):
+                if now - v.last_seen / 1e9 <= self._timeout(v.state):
+                    continue
+                be = by_index.get(v.backend)
+                if be is not None and self.mode == "nat":
+                    rk = self.table("reverse").Key()
+                    rk.backend.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
+                    rk.bport, rk.lb_port, rk.proto, rk.family = socket.htons(be.port), v.lb_port, k.proto, \
+                        be.addr.version
+                    for rt in ("reverse", "reverse_half"):
+                        try:
+                            del self.table(rt)[rk]
+                        except KeyError:
+                            pass
+                try:
+                    del t[k]
+                    gone += 1
+                except KeyError:
+                    pass
+        return gone
+
+    def sessions(self) -> list[dict]:
+        """Every session in the tables, half-open ones included."""
+        by_index = {i: b for b, i in self._backends.items()}
+        by_id = {i: s for s, i in self._services.items()}
+        out = []
+        for table, half in (("sessions", False), ("half_open", True)):
+            for k, v in self.table(table).items():
+                fam = by_id[k.service].vip.version if k.service in by_id else 4
+                raw = b"".join(int(w).to_bytes(4, "little") for w in k.client.a)
+                client = ipaddress.ip_address(raw[:4] if fam == 4 else raw)
+                out.append({"service": str(by_id.get(k.service, k.service)), "client": str(client),
+                            "client_port": socket.ntohs(k.cport), "backend": str(by_index.get(v.backend, v.backend)),
+                            "lb_port": socket.ntohs(v.lb_port), "state": STATES.get(v.state & 0x0F, v.state),
+                            "fin": v.state & 0x30, "half_open": half,
+                            "idle_s": max(0.0, time.clock_gettime(time.CLOCK_MONOTONIC) - v.last_seen / 1e9)})
+        return out

@@ -1,0 +1,402 @@
+"""SessionMirror: vTAP sessions (tc_sessions.bpf.c) as a Python object.
+
+    >>> from ebpf.vtap.sessions.config import Session, Rule
+    >>> s = Session(target="vxlan://198.18.9.2/100", truncate=128,
+    ...             rules=[Rule("accept", protocol="tcp", destination_ports="80")])
+    >>> with SessionMirror([s], netns="dut") as tap:          # doctest: +SKIP
+    ...     tap.attach("eth0", "both")
+    ...     tap.set_sessions(load_sessions("sessions.toml"))  # live: no reload
+    ...     tap.counters(), tap.session_counters(), tap.rule_counters()
+
+Each session is a target (an interface, or a tunnel to a collector:
+ebpf/vtap/sessions/encap.py), its ordered rules (first match decides, per session), a
+truncation length and a sampling rate (ebpf/vtap/sessions/config.py). A frame may go to
+several sessions, one copy each; two sessions with the same target send it
+once, by the earlier session (its number is lower), the later one counts it
+`shadowed`: a collector does not get the same frame twice from one tap.
+
+The copies go through a sender device the object creates in the namespace (an
+ifb named vtaps<pid>x<n>, removed on close(), and by `vtap --cleanup` when its
+process is gone). Rules and sessions change live: both generations of the
+tables (sessions.h) let a change land whole, between two frames.
+"""
+
+import itertools
+import os
+import threading
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ebpf import interrupts, netdev, tc
+from ebpf.abi import defines
+from ebpf.errors import AttachError, BpfError, InputError
+from ebpf.program import BpfProgram
+from ebpf.vtap import mirror_loops
+from ebpf.vtap.sessions import encap
+from ebpf.vtap.sessions.config import KINDS, ordered
+from ebpf.vtap.sessions.tables import field_bits, write_array, write_tries
+
+SESSIONS_H = defines("vtap/sessions/sessions.h")
+SESS_MAX = SESSIONS_H["SESS_MAX"]
+RULES_MAX = SESSIONS_H["SESS_RULES_MAX"]
+IF_SLOTS = SESSIONS_H["SESS_IF_SLOTS"]
+PORT_SLOTS = SESSIONS_H["SESS_PORT_SLOTS"]
+F_OUTER_V6, F_FIT = SESSIONS_H["SESS_F_OUTER_V6"], SESSIONS_H["SESS_F_FIT"]
+FILTER_OWNER = "vtap"
+SENDER_PREFIX = "vtaps"
+SESSION_COUNTERS = ("accepted", "rejected", "sampled_out", "shadowed", "handed", "sent", "sent_bytes",
+                    "frame_bytes", "truncated", "oversize", "failed")
+COUNTERS = ("seen", "mirrored", "unmatched", "not_ip", "malformed", "not_taken", "own_copies", "pass", "mirror")
+_serial = itertools.count(1)
+
+
+def sender_name(pid=None, n=None):
+    return f"{SENDER_PREFIX}{pid or os.getpid()}x{n if n is not None else next(_serial)}"
+
+
+def sender_pid(name):
+    """The pid in a sender device's name, or None when it is not one."""
+    if not name.startswith(SENDER_PREFIX) or "x" not in name[len(SENDER_PREFIX):]:
+        return None
+    pid = name[len(SENDER_PREFIX):].split("x", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+class SessionMirror(BpfProgram):
+    """Copy what each session's rules accept to its target."""
+
+    SOURCE = "tc_sessions.bpf.c"
+    ROWS = "session"
+    MAIN_COUNTERS = ("seen", "mirrored", "unmatched")
+    VERDICTS = ("pass", "mirror")
+    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored")
+
+    def __init__(self, sessions, netns=None, source=None, cflags=()):
+        super().__init__(list(cflags), source)
+        self.netns = netns
+        self._sessions = ordered(sessions)
+        self._gen = 0
+        self._bases = {}            # (session number, counter) -> folded counts of retired generations
+        self._rule_bases = {}       # (session number, rule position) -> folded hits
+        self._gen_sessions = [[], []]  # which sessions each generation's slots hold
+        self._lock = threading.Lock()
+        self._sender = None         # (name, ifindex) of the sender device once made
+        self._slot_names = {}
+        self._resolved = self._resolve(self._sessions)  # a bad target fails before anything is made
+
+    # --- targets --------------------------------------------------------------------
+    def _resolve(self, sessions):
+        """Per session: (ifindex, mtu, flags, header) from the namespace's links and routes."""
+        out = []
+        with netdev.ipr(self.netns) as ip:
+            for s in sessions:
+                t = s.target
+                flags = F_FIT if s.fit else 0
+                if t.kind == "local":
+                    ifindex = netdev.ifindex_of(ip, t.ifname, self.netns)
+                    dev = netdev.device(ip, ifindex)
+                    if not dev.up:
+                        raise InputError(f"{s.label}: target {t.ifname} is down (ip link set {t.ifname} up)")
+                    out.append((ifindex, dev.mtu, flags, b"", t.ifname))
+                else:
+                    p = encap.path(self.netns, t.address)
+                    if t.address.version == 6:
+                        flags |= F_OUTER_V6
+                    out.append((p.ifindex, p.mtu, flags, encap.header(t, p.source), p.ifname))
+        return out
+
+    def _shadows(self, sessions):
+        """For each session, the later ones with the same target, as a slot mask."""
+        masks = []
+        for i, s in enumerate(sessions):
+            masks.append(sum(1 << j for j in range(i + 1, len(sessions))
+                             if str(sessions[j].target) == str(s.target)))
+        return masks
+
+    # --- the maps -------------------------------------------------------------------
+    def maps_created(self):
+        self._write_generation(0, self._sessions, self._resolved)
+        self._write_config()
+
+    def _write_config(self):
+        t = self.table("config")
+        v = t.Leaf()
+        v.gen = self._gen
+        v.sender_ifindex = self._sender[1] if self._sender else 0
+        t[t.Key(0)] = v
+
+    def _write_generation(self, gen, sessions, resolved):
+        """Everything generation gen classifies and sends with; gen is not live."""
+        bits = field_bits(sessions)
+        t = self.table
+        write_array(t("dir_bits"), gen * 2, bits["direction"])
+        write_array(t("proto_bits"), gen * 256, bits["proto"])
+        write_array(t("sport_bits"), gen * PORT_SLOTS, bits["sport"])
+        write_array(t("dport_bits"), gen * PORT_SLOTS, bits["dport"])
+        write_tries(t, gen, bits["tries"])
+        rules = t("rules")
+        for i in range(RULES_MAX):
+            v = rules.Leaf()
+            if i < len(bits["rules"]):
+                slot, r = bits["rules"][i]
+                v.session, v.accept = slot, int(r.action == "accept")
+            rules[rules.Key(gen * RULES_MAX + i)] = v
+        table = t("sessions")
+        shadows = self._shadows(sessions)
+        first = 0
+        for slot in range(SESS_MAX):
+            v = table.Leaf()
+            if slot < len(sessions):
+                s = sessions[slot]
+                ifindex, mtu, flags, hdr, _ = resolved[slot]
+                n = len(s.rules)
+                mine = ((1 << n) - 1) << first
+                for w in range(len(v.rules.w)):
+                    v.rules.w[w] = (mine >> (64 * w)) & 0xFFFFFFFFFFFFFFFF
+                first += n
+                v.shadow = shadows[slot]
+                v.sample_rate = s.sample
+                v.sample_threshold = (1 << 32) // s.sample if s.sample > 1 else 0xFFFFFFFF
+                v.truncate = s.truncate
+                v.ifindex, v.mtu, v.flags = ifindex, mtu, flags
+                v.kind = KINDS[s.target.kind]
+                v.hdr_len = len(hdr)
+                for i, byte in enumerate(hdr):
+                    v.hdr[i] = byte
+            table[table.Key(gen * SESS_MAX + slot)] = v
+        self._gen_sessions[gen] = list(sessions)
+
+    def _fold(self, gen):
+        """Add generation gen's counters to the bases and zero them (before reuse)."""
+        for slot, s in enumerate(self._gen_sessions[gen]):
+            c = self.percpu_totals("sess_stats", gen * SESS_MAX + slot)
+            for k in SESSION_COUNTERS:
+                self._bases[(s.number, k)] = self._bases.get((s.number, k), 0) + c[k]
+            self.zero_percpu("sess_stats", gen * SESS_MAX + slot)
+        rules = [(s, i) for s in self._gen_sessions[gen] for i in range(len(s.rules))]
+        hits = self.table("rule_hits")
+        for bit, (s, i) in enumerate(rules):
+            k = hits.Key(gen * RULES_MAX + bit)
+            n = sum(hits[k])
+            self._rule_bases[(s.number, i)] = self._rule_bases.get((s.number, i), 0) + n
+            hits[k] = hits.Leaf(*([0] * len(hits[k])))
+
+    def set_sessions(self, sessions):
+        """Replace every session, live: checked and resolved first, written to the
+        generation not in use, then switched to in one write. Counters of a
+        session carry on under its number."""
+        sessions = ordered(sessions)
+        resolved = self._resolve(sessions)
+        if self.bpf is not None:
+            with self._lock, interrupts.held():
+                nxt = 1 - self._gen
+                self._fold(nxt)
+                try:
+                    self._write_generation(nxt, sessions, resolved)
+                except Exception as e:
+                    raise BpfError(f"writing the sessions: {e}") from None
+                self._gen = nxt
+                self._write_config()
+        self._sessions, self._resolved = sessions, resolved
+
+    def refresh(self) -> bool:
+        """Look the targets up again (routes, MTUs, sources); rewrite when they
+        changed. Returns whether they did."""
+        resolved = self._resolve(self._sessions)
+        if resolved == self._resolved:
+            return False
+        self.set_sessions(self._sessions)
+        return True
+
+    @property
+    def sessions(self):
+        return list(self._sessions)
+
+    # --- the sender device ------------------------------------------------------------
+    def _make_sender(self):
+        if self._sender:
+            return
+        name = sender_name()
+        with netdev.ipr(self.netns) as ip:
+            try:
+                ip.link("add", ifname=name, kind="ifb")
+            except NetlinkError as e:
+                raise AttachError(f"creating the sender device {name}: {netdev.netlink_reason(e)}") from None
+            try:
+                ifindex = netdev.ifindex_of(ip, name, self.netns)
+                ip.link("set", index=ifindex, ifalias=f"vtap sessions sender (pid {os.getpid()})", state="up")
+            except Exception:
+                ip.link("del", ifname=name)
+                raise
+        self._sender = (name, ifindex)
+        if self.bpf is not None:
+            self._write_config()
+        try:
+            self.attach_tc("sender", name, "egress", self.netns, FILTER_OWNER)
+        except Exception:
+            self._drop_sender()
+            raise
+
+    def _drop_sender(self):
+        if not self._sender:
+            return
+        name, _ = self._sender
+        self._sender = None
+        try:
+            with netdev.ipr(self.netns) as ip:
+                ip.link("del", ifname=name)
+        except Exception:
+            pass  # gone with its namespace
+
+    @property
+    def sender(self):
+        return self._sender[0] if self._sender else None
+
+    def missing(self) -> str | None:
+        """What was removed from outside that stops the copies: a tap filter of
+        ours, or the sender device (None when all is in place)."""
+        if self._sender:  # first: its own filter goes with it
+            with netdev.ipr(self.netns) as ip:
+                if not ip.link_lookup(ifname=self._sender[0]):
+                    return f"the sender device {self._sender[0]} is gone (deleted from outside)"
+        for f in self.tc_filters:
+            if tc.find(f) is None:
+                return f"the vTAP filter on {f.ifname} {f.direction} is gone (removed from outside)"
+        return None
+
+    # --- attach ---------------------------------------------------------------------
+    def load_program(self):
+        self.load("tap_ingress", "SCHED_CLS")
+        self.load("tap_egress", "SCHED_CLS")
+        return self.load("sender", "SCHED_CLS")
+
+    def check_iface(self, ifname, direction="ingress"):
+        if direction not in (*tc.DIRECTIONS, "both"):
+            raise InputError(f"unknown direction {direction!r} (ingress, egress or both)")
+        dirs = tc.DIRECTIONS if direction == "both" else (direction,)
+        for d in dirs:
+            self.refuse_reattach_tc(f"tap_{d}", ifname, (d,), self.netns)
+        for s, (ifindex, _, _, _, name) in zip(self._sessions, self._resolved, strict=True):
+            if s.target.kind == "local":
+                if name == ifname:
+                    raise InputError(f"{s.label}: target {ifname} is also a tapped interface "
+                                     "(its own copies would loop)")
+                why = mirror_loops.loop_reason(self.netns, name, ifindex, ifname, direction)
+                if why:
+                    raise InputError(f"cannot tap {ifname} {direction}: {why}")
+
+    def default_interfaces(self, direction="ingress"):
+        """What to tap when nobody says: every UP interface but lo, sender
+        devices, and the hooks the local targets' copies pass (mirror_loops).
+        Returns (names, {skipped name: why})."""
+        with netdev.ipr(self.netns) as ip:
+            devs = netdev.devices(ip)
+            paths = [(name, ifindex, netdev.copy_path(ip, ifindex))
+                     for s, (ifindex, _, _, _, name) in zip(self._sessions, self._resolved, strict=True)
+                     if s.target.kind == "local"]
+        chosen, skipped = [], {}
+        for dev in sorted(devs.values(), key=lambda d: d.name):
+            if not dev.up or dev.name == "lo" or sender_pid(dev.name or "") is not None:
+                continue
+            why = None
+            for name, ifindex, path in paths:
+                why = (f"it is the target {name} of a session" if dev.index == ifindex else
+                       mirror_loops.loops(path, dev.index, mirror_loops.directions_of(direction), name))
+                if why:
+                    break
+            if why:
+                skipped[dev.name] = why
+            else:
+                chosen.append(dev.name)
+        return chosen, skipped
+
+    def attach(self, ifname, direction="ingress"):
+        """Tap one interface: ingress, egress or both."""
+        self.check_iface(ifname, direction)
+        self.load_program()
+        self._make_sender()
+        dirs = tc.DIRECTIONS if direction == "both" else (direction,)
+        done = []
+        try:
+            for d in dirs:
+                with interrupts.held():
+                    f = self.attach_tc(f"tap_{d}", ifname, d, self.netns, FILTER_OWNER, self._sender[1])
+                    done.append(f)
+                    self._slot_names.setdefault(f.ifindex & (IF_SLOTS - 1), [])
+                    if ifname not in self._slot_names[f.ifindex & (IF_SLOTS - 1)]:
+                        self._slot_names[f.ifindex & (IF_SLOTS - 1)].append(ifname)
+        except (AttachError, NetlinkError):
+            for f in done:
+                self.detach_tc(f)
+            raise
+        return done
+
+    def _close(self):
+        try:
+            super()._close()
+        finally:
+            self._drop_sender()
+
+    # --- counters -------------------------------------------------------------------
+    def snapshot(self):
+        """(totals, {interface: counters}) of what the taps saw."""
+        rows = {}
+        for slot, names in self._slot_names.items():
+            c = self.percpu_totals("stats", slot)
+            row = {"seen": c["seen"], "mirrored": c["mirrored"], "unmatched": c["unmatched"],
+                   "not_ip": c["not_ip"], "malformed": c["malformed"],
+                   "not_taken": c["sampled_out"], "own_copies": c["own_copies"],
+                   "pass": c["pass"], "mirror": c["mirror"]}
+            rows["+".join(names)] = row
+        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+        return totals, rows
+
+    def counters(self) -> dict:
+        return self.snapshot()[0]
+
+    def counter_rows(self) -> dict:
+        return self.session_counters()
+
+    def session_counters(self) -> dict:
+        """{session label: counters} over every generation the session lived in."""
+        with self._lock:
+            out = {}
+            for s in self._sessions:
+                out[s.label] = {k: self._bases.get((s.number, k), 0) for k in SESSION_COUNTERS}
+            if self.bpf is None:
+                return out
+            for gen in (0, 1):
+                for slot, s in enumerate(self._gen_sessions[gen]):
+                    if s.label not in out:
+                        continue
+                    c = self.percpu_totals("sess_stats", gen * SESS_MAX + slot)
+                    for k in SESSION_COUNTERS:
+                        out[s.label][k] += c[k]
+            return out
+
+    def rule_counters(self) -> dict:
+        """{(session label, rule position from 1, rule text): frames it decided}."""
+        with self._lock:
+            out = {}
+            for s in self._sessions:
+                for i, r in enumerate(s.rules):
+                    out[(s.label, i + 1, str(r))] = self._rule_bases.get((s.number, i), 0)
+            if self.bpf is None:
+                return out
+            hits = self.table("rule_hits")
+            for gen in (0, 1):
+                rules = [(s, i) for s in self._gen_sessions[gen] for i in range(len(s.rules))]
+                for bit, (s, i) in enumerate(rules):
+                    key = (s.label, i + 1, str(s.rules[i])) if i < len(s.rules) else None
+                    if key in out:
+                        out[key] += sum(hits[hits.Key(gen * RULES_MAX + bit)])
+            return out
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["sessions"] = "; ".join(f"{s.label} -> {s.target} ({len(s.rules)} rules"
+                                  f"{', truncate ' + str(s.truncate) if s.truncate else ''})"
+                                  for s in self._sessions) or "none"
+        if self.netns:
+            d["netns"] = self.netns
+        return d

@@ -1,0 +1,66 @@
+/* watch.h — the vTAP's watch-list and its match, one copy for both hooks
+ * (tc_mirror.bpf.c at TC, xdp_mirror.bpf.c at XDP).
+ *
+ * The watch-list is two LPM tries of CIDRs, one per family, that user space
+ * (ebpf/vtap/mirror_base.py) writes. A frame is watched when its source or its
+ * destination (VTAP_MATCH_SRC / VTAP_MATCH_DST, compiled in from --match) lies
+ * in a watched prefix: each address is looked up as a full-length key, and the
+ * trie answers with the longest prefix that contains it.
+ *
+ * Not an ordinary header: its map calls are BCC's (`watch_v4.lookup()`), which
+ * BCC turns into helper calls only in the text it compiles, so the loader pastes
+ * this file where a program includes it (BpfProgram.INLINE in mirror_base.py).
+ */
+#ifndef VTAP_WATCH_H
+#define VTAP_WATCH_H
+
+#include "vtap.h"
+
+#ifndef VTAP_MATCH_SRC
+#define VTAP_MATCH_SRC 1
+#endif
+#ifndef VTAP_MATCH_DST
+#define VTAP_MATCH_DST 1
+#endif
+#ifndef VTAP_WATCH_MAX
+#define VTAP_WATCH_MAX 1024
+#endif
+
+BPF_LPM_TRIE(watch_v4, struct watch_v4_key, u8, VTAP_WATCH_MAX);       /* watched IPv4 CIDRs; user space */
+BPF_LPM_TRIE(watch_v6, struct watch_v6_key, u8, VTAP_WATCH_MAX);       /* watched IPv6 CIDRs; user space */
+
+static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
+{
+	struct watch_v4_key key = {.prefixlen = 32};
+
+#if VTAP_MATCH_SRC
+	key.addr = saddr;
+	if (watch_v4.lookup(&key))
+		return 1;
+#endif
+#if VTAP_MATCH_DST
+	key.addr = daddr;
+	if (watch_v4.lookup(&key))
+		return 1;
+#endif
+	return 0;
+}
+
+static __always_inline int watched_v6(struct ipv6hdr *ip6)
+{
+	struct watch_v6_key key = {.prefixlen = 128};
+
+#if VTAP_MATCH_SRC
+	__builtin_memcpy(key.addr, &ip6->saddr, sizeof(key.addr));
+	if (watch_v6.lookup(&key))
+		return 1;
+#endif
+#if VTAP_MATCH_DST
+	__builtin_memcpy(key.addr, &ip6->daddr, sizeof(key.addr));
+	if (watch_v6.lookup(&key))
+		return 1;
+#endif
+	return 0;
+}
+
+#endif /* VTAP_WATCH_H */

@@ -1,0 +1,77 @@
+"""What the suite and `make mutants` check of the load balancer, found through
+its FastPath (lab.fastpath): how the one-exit check runs its program, and its
+mutants with the tests that must catch each."""
+
+from ebpf.lb.xdp_lb import XdpLoadBalancer
+from lab.fastpath import ExitCheck
+from lab.mutants import M
+
+EXITS = [ExitCheck("ebpf.lb.xdp_lb:XdpLoadBalancer", make="lab.fastpaths.lb.checks:balancer")]
+LB = (["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
+      ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"])
+LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
+HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
+
+MUTANTS = [
+    M("lb-synack-as-syn", "ebpf/lb/xdp_lb.bpf.c", "(flags & (F_SYN | F_ACK)) == F_SYN;", "(flags & F_SYN);",
+      "a SYN-ACK from outside opens a session", LB),
+    M("lb-ring-ignores-service", "ebpf/lb/xdp_lb.bpf.c", "slot = service * LB_RING_SIZE + h % LB_RING_SIZE;",
+      "slot = h % LB_RING_SIZE;", "every service uses the first service's backends", LB),
+    M("lb-reverse-leak", "ebpf/lb/xdp_lb.bpf.c", "\t\treverse.delete(&rk);", "\t\t;",
+      "an ended NAT session keeps its LB port", LB),
+    M("lb-reply-ports-swapped", "ebpf/lb/xdp_lb.bpf.c", "rewrite_ports(p, svc->port, fk.cport);",
+      "rewrite_ports(p, fk.cport, svc->port);", "replies go back with the ports swapped", LB),
+    M("lb-fin-one-side", "ebpf/lb/xdp_lb.bpf.c",
+      "(s->state & (LB_FIN_CLIENT | LB_FIN_BACKEND)) == (LB_FIN_CLIENT | LB_FIN_BACKEND)) {",
+      "(s->state & LB_FIN_CLIENT)) {", "a session ends after the client's FIN alone", LB),
+    M("lb-timeout-doubled", "ebpf/lb/xdp_lb.bpf.c", "now - s->last_seen > cf->timeout_ns[to & 3]",
+      "now - s->last_seen > 2 * cf->timeout_ns[to & 3]", "sessions live twice their timeout", LB),
+    M("lb-options-ignored", "ebpf/include/parsing_helpers.h", "p->options = p->iph->ihl != 5;",
+      "p->options = p->iph->ihl > 6;", "a service's packets with short IPv4 options forwarded", LB),
+    # (`<` made `<=` here, a reply to the port after the range looked up too, is equivalent: no session
+    # can hold a port outside the range, so the lookup finds none and the frame passes as before)
+    M("lb-port-range-last", "ebpf/lb/xdp_lb.bpf.c", "port - cf->port_min < cf->port_count)",
+      "port - cf->port_min < cf->port_count - 1)", "a reply to the range's last LB port not taken for one", LB),
+    M("lb-port-range-first", "ebpf/lb/xdp_lb.bpf.c", "port >= cf->port_min &&", "port > cf->port_min &&",
+      "a reply to the range's first LB port not taken for one", LB),
+    M("lb-reply-mac", "ebpf/lb/xdp_lb.bpf.c", "__builtin_memcpy(p->h.eth->h_dest, s->client_mac, ETH_ALEN);",
+      "__builtin_memcpy(p->h.eth->h_dest, s->backend_mac, ETH_ALEN);", "replies sent back to the backend's MAC", LB),
+    M("lb-frag-passes", "ebpf/lb/xdp_lb.bpf.c", "\t\t*verdict = XDP_DROP;", "\t\t*verdict = XDP_PASS;",
+      "a fragment (or a cut-short header) to a VIP passed to the stack", LB),
+    M("maglev-weights-ignored", "ebpf/lb/maglev.py", "credit[i] += w", "credit[i] += 1",
+      "backends' weights ignored", LB_PY),
+    M("maglev-order-dependent", "ebpf/lb/maglev.py", "live = sorted((n, w) for n, w in weights.items() if w > 0)",
+      "live = [(n, w) for n, w in weights.items() if w > 0]", "the table depends on the backends' order", LB_PY),
+    # (right whenever each weight divides the largest, as every other test's weights do)
+    M("maglev-credit-remainder-lost", "ebpf/lb/maglev.py", "credit[i] -= wmax", "credit[i] = 0",
+      "weights that do not divide each other (2:3) spread as if rounded down (1:2)",
+      (["tests/test_xdp_lb_fixtures.py", "-k", "maglev"], LB_PY[1])),
+    M("lb-nat-ports-overlap", "ebpf/lb/xdp_lb.py", "below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)",
+      "below, above = (1024, hi - 1024), (hi + 1, 65535 - hi)",
+      "NAT ports that overlap the host's own ephemeral ports", LB_PY),
+    M("lb-sweep-keeps-idle", "ebpf/lb/xdp_lb.py", "if now - v.last_seen / 1e9 <= self._timeout(v.state):",
+      "if now - v.last_seen / 1e9 <= 2 * self._timeout(v.state):", "idle sessions swept at twice their timeout",
+      LB_PY),
+    M("health-rise-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
+      "if self._streak[b] >= (1 if ok else self.fall):", "a backend back after one good probe, not --rise",
+      HEALTH),
+    M("health-fall-ignored", "lab/fastpaths/lb/health.py", "if self._streak[b] >= (self.rise if ok else self.fall):",
+      "if self._streak[b] >= (self.rise if ok else 1):", "a backend out after one failed probe, not --fall", HEALTH),
+    M("health-timeout-passes", "lab/fastpaths/lb/health.py", "        except OSError:\n            return False",
+      "        except socket.timeout:\n            return True\n        except OSError:\n            return False",
+      "a backend that fails silently (probes time out) counted healthy", HEALTH),
+    M("health-not-applied", "lab/fastpaths/lb/command.py",
+      "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
+      "the command line's health results never reach the LB's table", HEALTH),
+    M("lb-cli-timeouts-ignored", "lab/fastpaths/lb/command.py",
+      "mode=args.mode, timeouts=read_timeouts(args))", "mode=args.mode, timeouts=None)",
+      "--timeout accepted and ignored", (["tests/test_lb_health.py"], [])),
+]
+
+
+def balancer():
+    """An LB with a service on each family (none of the one-exit frames is for it)."""
+    lb = XdpLoadBalancer(self4="198.18.5.1", self6="2001:2:0:5::1")
+    lb.set_backends(lb.add_service("tcp:198.18.5.100:80"), {"198.18.5.11:8080": 1})
+    lb.set_backends(lb.add_service("udp:[2001:2:0:5::100]:80"), {"[2001:2:0:5::11]:8080": 1})
+    return lb

@@ -10,6 +10,7 @@ and detaches everything on close() or at the end of a `with` block.
     ...     print(prog.counters())
 """
 
+import contextlib
 import inspect
 import os
 import re
@@ -53,12 +54,6 @@ def import_bcc():
             "(BCC comes from Debian's python3-bpfcc; never `pip install bcc`, an unrelated package)"
         ) from None
     return BPF
-
-
-@contextmanager
-def _here():
-    """The namespace we are in (netdev.entered's counterpart for netns=None)."""
-    yield
 
 
 @contextmanager
@@ -329,7 +324,7 @@ class BpfProgram(Shown):
         BPF = import_bcc()
         log = []
         try:
-            with _BCC_LOCK, netdev.entered(netns) if netns else _here(), _stderr_to(log):
+            with _BCC_LOCK, netdev.entered(netns) if netns else contextlib.nullcontext(), _stderr_to(log):
                 bpf = BPF(text=self.c_text().encode(), cflags=self.cflags, device=ifname.encode())
                 fn = bpf.load_func(function.encode(), BPF.XDP, device=ifname.encode())
         except Exception as e:
@@ -371,8 +366,8 @@ class BpfProgram(Shown):
         per_cpu = table.getvalue(table.Key(index))
         out = {}
         for name, _ in table.sLeaf._fields_:  # BCC: Leaf is the per-CPU array
-            if name == "fp":
-                e = _exits([v.fp for v in per_cpu])
+            if name == "exits":
+                e = _exits([v.exits for v in per_cpu])
                 out["seen"] = e["seen"]
                 out.update({v: e["verdict"][v] for v in self.VERDICTS})
                 out.update({r: e["reason"][r] for r in self.REASONS})
@@ -387,7 +382,7 @@ class BpfProgram(Shown):
         "reason": {name: n}, "dropped": {name: n}}. For every program,
         seen == sum(verdict) == sum(reason)."""
         table = self.table(map_name)
-        return _exits([v.fp for v in table.getvalue(table.Key(index))])
+        return _exits([v.exits for v in table.getvalue(table.Key(index))])
 
     def counter_rows(self) -> dict:
         """{row: {counter: value}}, one row per ROWS (per interface, backend,

@@ -150,7 +150,7 @@ def _bench_command(benches):
 
 def commands(fps, benches) -> list[Command]:
     """Every subcommand: each fast path's (from the registry), then the lab's own."""
-    return [*(Command(fp.name, fp.title, fp.command_module().add_arguments, fp.command_module().main,
+    return [*(Command(fp.name, fp.title, fp.command_object().add_arguments, fp.command_object().main,
                       error_name=f"python -m lab {fp.name}", as_root=False) for fp in fps),
             Command("demo", "Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
                     _demo_arguments, _demo),

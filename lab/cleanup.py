@@ -22,7 +22,7 @@ def cleanup(all_runs=False, spared=None) -> list[str]:
     removed = []
     for fp in fastpaths():
         fp.peer_classes()  # a peer's own daemons register for cleanup too (lab.daemons)
-        done, left = fp.command_module().cleanup(all_runs)
+        done, left = fp.command_object().cleanup(all_runs)
         removed += [f"{fp.name}: {what}" for what in done]
         if spared is not None:
             spared += [f"{fp.name}: {what}" for what in left]

@@ -15,9 +15,9 @@ Declarations name modules as strings: reading the registry imports nothing
 heavier than the bundles' __init__.py files (no BCC, no pyroute2).
 
 The protocol of the modules a FastPath names:
-  command   add_arguments(parser); main(args) -> exit status (lab.console's
-            conventions); cleanup(all_runs) -> (removed, spared), the
-            leftovers of killed runs in this namespace, as lines
+  command   COMMAND: a lab.lifecycle.Command (add_arguments(parser); main(args)
+            -> exit status; cleanup(all_runs) -> (removed, spared), the
+            leftovers of killed runs in this namespace, as lines)
   benches   NAME, SUMMARY, add_arguments(parser), main(args) -> exit status
   peers     PEERS: {name: class}, each a lab.peer.Peer
   checks    EXITS: [ExitCheck], how the suite's one-exit check (tests/test_one_exit.py)
@@ -56,6 +56,10 @@ class FastPath:
 
     def command_module(self):
         return self.module(self.command)
+
+    def command_object(self):
+        """Its command line: a lab.lifecycle.Command."""
+        return self.command_module().COMMAND
 
     def program_class(self):
         return self._class(self.program)

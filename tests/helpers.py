@@ -132,12 +132,12 @@ def in_a_thread_without_net_admin(fn):
 
 def unchecked_copy(source, ctx_data, tmp_path):
     """A copy of a program's C file that reads a byte of the frame without proving
-    it is there (its `st->fp.seen++;` becomes such a read): the verifier must refuse it."""
+    it is there (its `st->exits.seen++;` becomes such a read): the verifier must refuse it."""
     src = Path(source).read_text()
-    count = "\tst->fp.seen++;\n"
-    assert count in src, f"{source} has no `st->fp.seen++;` line to break"
+    count = "\tst->exits.seen++;\n"
+    assert count in src, f"{source} has no `st->exits.seen++;` line to break"
     broken = tmp_path / Path(source).name
-    broken.write_text(src.replace(count, f"\tst->fp.seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
+    broken.write_text(src.replace(count, f"\tst->exits.seen += *(__u8 *)(long){ctx_data};  /* no bounds check */\n"))
     return broken
 
 

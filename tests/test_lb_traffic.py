@@ -175,12 +175,12 @@ def test_ten_thousand_connections_through_a_drain_break_none(bed, lb):
 def test_killed_backend_leaves_after_its_fall_probes_and_only_its_connections_break(bed, lb):
     tb, webs = bed
     lb, svc = lb
-    weights = {Backend.parse(be(tb, i))[0]: 1 for i in range(2)}
+    weights = {Backend.parse(be(tb, i)): 1 for i in range(2)}
     lb.set_backends(svc, weights)
     lb.attach("eth0")
     fall = 3
     health = HealthChecker(weights, interval=0.2, rise=1, fall=fall, ns=tb.ns(tb.lb)).start()
-    victim = Backend.parse(be(tb, 1))[0]
+    victim = Backend.parse(be(tb, 1))
     try:
         with client(tb, 60) as c:
             first = c.request()

@@ -16,6 +16,7 @@ from ebpf.program import REASONS, VERDICTS, BpfProgram
 from lab import palette
 from lab.bench import benches
 from lab.fastpath import fastpaths
+from lab.lifecycle import Command
 
 FASTPATHS = fastpaths()
 
@@ -36,8 +37,8 @@ def test_a_bundle_declares_what_its_readers_need(fp):
     assert fp.exit_checks(), f"{fp.name}: its checks module declares no EXITS"
     assert fp.mutants() and all(m.path.startswith(("ebpf/", "lab/")) for m in fp.mutants()), \
         f"{fp.name}: its checks module declares no MUTANTS"
-    cmd = fp.command_module()
-    assert all(callable(getattr(cmd, f, None)) for f in ("add_arguments", "main", "cleanup")), fp.command
+    cmd = fp.command_object()
+    assert isinstance(cmd, Command) and type(cmd).start is not Command.start, fp.command  # the lifecycle's
     peers = fp.peer_classes()
     assert peers and all(cls.kind == fp.name and cls.name == name for name, cls in peers.items())
     colours = palette.colours(fp.name)

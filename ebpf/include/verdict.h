@@ -10,7 +10,7 @@
  *
  *     seen == sum(verdict) == sum(reason)        dropped[r] <= reason[r]
  *
- *     return fp_exit(&st->fp, V_PASS, R_NOT_IP, XDP_PASS);
+ *     return fp_exit(&st->exits, V_PASS, R_NOT_IP, XDP_PASS);
  *
  * The names are the counters' names in Python (ebpf/abi.py reads these
  * #defines, ebpf/program.py turns the arrays into named counters), and a name

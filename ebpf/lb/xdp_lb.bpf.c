@@ -402,13 +402,13 @@ int xdp_lb(struct xdp_md *ctx)
 
 	if (!st)
 		return XDP_PASS;
-	st->fp.seen++;
+	st->exits.seen++;
 	cf = conf.lookup(&zero);
 	if (!cf) /* index 0 of an array always exists: not reached */
-		return xdp_exit(&st->fp, XDP_PASS, R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_PASS, R_UNMATCHED);
 	reason = what_it_is(parse_l4(data, data_end, &p.h, PARSE_L4), &p.h, &dst, &action);
 	if (reason >= 0)
-		return xdp_exit(&st->fp, action, reason);
+		return xdp_exit(&st->exits, action, reason);
 	p.len = data_end - data;
 
 	sk.vip = dst;
@@ -417,7 +417,7 @@ int xdp_lb(struct xdp_md *ctx)
 	sk.family = p.h.v4 ? 4 : 6;
 	svc = services.lookup(&sk);
 	if (svc && p.h.options)  /* a service's, with options or extension headers */
-		return xdp_exit(&st->fp, XDP_DROP, R_IP_OPTIONS);
+		return xdp_exit(&st->exits, XDP_DROP, R_IP_OPTIONS);
 	if (p.h.v4)
 		l4csum_init(&p.c, p.h.l4hdr, p.h.l4csum, p.h.l4 == IPPROTO_UDP, p.h.l4len,
 			    ipv4_pseudo_sum(p.h.iph->saddr, p.h.iph->daddr, p.h.l4, p.h.l4len));
@@ -436,12 +436,12 @@ int xdp_lb(struct xdp_md *ctx)
 			action = to_client(ctx, &p, st, cf, &reason);
 	}
 	if (action < 0)  /* for no service of ours, nor a reply to one */
-		return xdp_exit(&st->fp, XDP_PASS, R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_PASS, R_UNMATCHED);
 	if (action == XDP_TX)
 		st->csum_partial += p.c.partial;
 	generic = skb_mode.lookup(&zero);
 	if (l4csum_exit(ctx, &p.c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0)
 		/* the segment the IP header claims is not all in the frame */
-		return xdp_exit(&st->fp, XDP_DROP, R_MALFORMED);
-	return xdp_exit(&st->fp, action, reason);
+		return xdp_exit(&st->exits, XDP_DROP, R_MALFORMED);
+	return xdp_exit(&st->exits, action, reason);
 }

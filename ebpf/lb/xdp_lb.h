@@ -111,7 +111,7 @@ struct lb_conf {
  * was dropped: fragment, ip_options, malformed, no_backend, no_port,
  * no_session, no_neigh, stale. Beside them, what happened to sessions: */
 struct lb_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 	__u64 new_sessions;
 	__u64 established;
 	__u64 closed_rst;

@@ -96,15 +96,35 @@ class Backend:
 
     @classmethod
     def parse(cls, text):
-        """ADDR:PORT[@WEIGHT] -> (Backend, weight)."""
+        """ADDR:PORT, IPv6 in brackets: 198.18.5.11:8080, [2001:2:0:5::11]:8080."""
+        if isinstance(text, Backend):
+            return text
+        return cls(*endpoints.endpoint(str(text), "backend"))
+
+    def __str__(self):
+        return endpoints.text(self.addr, self.port)
+
+
+@dataclass(frozen=True)
+class WeightedBackend:
+    """A backend and its weight, as a command line or a backends file gives them."""
+    backend: Backend
+    weight: int = 1
+
+    @classmethod
+    def parse(cls, text):
+        """ADDR:PORT[@WEIGHT], weight 1 unless given: 198.18.5.12:8080@2, [2001:2:0:5::11]:8080."""
+        if isinstance(text, WeightedBackend):
+            return text
         m = re.fullmatch(rf"{endpoints.ENDPOINT}(?:@(\d+))?", text.strip())
         if not m:
             raise InputError(f"bad backend {text!r}: want ADDR:PORT[@WEIGHT] (IPv6 in brackets)")
         addr, port, weight = m.groups()
-        return cls(*endpoints.checked(addr, port, "backend", text)), int(weight) if weight is not None else 1
+        backend = Backend(*endpoints.checked(addr, port, "backend", text))
+        return cls(backend, int(weight) if weight is not None else 1)
 
     def __str__(self):
-        return endpoints.text(self.addr, self.port)
+        return f"{self.backend}@{self.weight}"
 
 
 class XdpLoadBalancer(BpfProgram):
@@ -145,6 +165,17 @@ class XdpLoadBalancer(BpfProgram):
                 pass
 
     # --- configuration ------------------------------------------------------------
+    @property
+    def services(self) -> tuple[Service, ...]:
+        """Its services, in the order add_service() added them."""
+        return tuple(self._services)
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """Every backend set_backends() gave it, in the order first given (one no service has any
+        more keeps its slot and its counters)."""
+        return tuple(self._backends)
+
     def maps_created(self):
         c = self.table("conf")[ctypes.c_int(0)]
         for name, addr in (("self4", self.self4), ("self6", self.self6)):
@@ -185,7 +216,7 @@ class XdpLoadBalancer(BpfProgram):
             raise InputError(f"no service {svc}")
         parsed = {}
         for b, w in weights.items():
-            be = b if isinstance(b, Backend) else Backend.parse(str(b))[0]
+            be = Backend.parse(b)
             if be.addr.version != svc.vip.version:
                 raise InputError(f"backend {be} of {svc}: families differ")
             if not isinstance(w, int) or w < 0:

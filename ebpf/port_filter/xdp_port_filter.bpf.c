@@ -27,7 +27,7 @@ struct port_key {
 };
 
 struct port_filter_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 };
 
 BPF_HASH(ports, struct port_key, __u8, PORT_FILTER_MAX);   /* (port, proto) -> 1: what to drop; user space */
@@ -43,13 +43,13 @@ int xdp_port_filter(struct xdp_md *ctx)
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return XDP_PASS;
-	st->fp.seen++;
+	st->exits.seen++;
 	parsed = parse_l4((void *)(long)ctx->data, (void *)(long)ctx->data_end, &p, PARSE_L4);
 	if (parsed != PARSE_OK)
-		return xdp_exit(&st->fp, XDP_PASS, parse_reason(parsed));
+		return xdp_exit(&st->exits, XDP_PASS, parse_reason(parsed));
 	key.port = bpf_ntohs(*p.dport);
 	key.proto = p.l4;
 	if (ports.lookup(&key))
-		return xdp_exit(&st->fp, XDP_DROP, R_FILTERED);
-	return xdp_exit(&st->fp, XDP_PASS, R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_DROP, R_FILTERED);
+	return xdp_exit(&st->exits, XDP_PASS, R_UNMATCHED);
 }

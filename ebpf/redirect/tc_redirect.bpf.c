@@ -276,7 +276,7 @@ int tc_redirect(struct __sk_buff *skb)
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return TC_ACT_OK;
-	st->fp.seen++;
+	st->exits.seen++;
 
 	/* Headers split across pages (GSO, some drivers) are not in the linear
 	 * data the parser reads: pull just enough of them. Rare, so one compare
@@ -290,7 +290,7 @@ int tc_redirect(struct __sk_buff *skb)
 
 	parsed = parse_l4(data, data_end, &pk, PARSE_L4);
 	if (parsed != PARSE_OK) /* untouched, counted by reason */
-		return tc_exit(&st->fp, TC_ACT_OK, parse_reason(parsed));
+		return tc_exit(&st->exits, TC_ACT_OK, parse_reason(parsed));
 	/* to a service? else, from a backend (a reply)? */
 	service_key(&pk, &key);
 	to = rules.lookup(&key);
@@ -301,7 +301,7 @@ int tc_redirect(struct __sk_buff *skb)
 		reason = R_TO_CLIENT;
 	}
 	if (!to)
-		return tc_exit(&st->fp, TC_ACT_OK, R_UNMATCHED);
+		return tc_exit(&st->exits, TC_ACT_OK, R_UNMATCHED);
 	rule = to->rule;
 	count_rule(rule_stats.lookup(&rule), reason == R_TO_CLIENT, skb->len);
 	reply = reason == R_TO_CLIENT;
@@ -359,10 +359,10 @@ int tc_redirect(struct __sk_buff *skb)
 	 * or is handed an offset out of the packet: whatever was written so far
 	 * would reach nobody, half rewritten, so the packet stops here. */
 	if (failed)
-		return tc_exit(&st->fp, TC_ACT_SHOT, reason);
+		return tc_exit(&st->exits, TC_ACT_SHOT, reason);
 #if REDIRECT_ACTION == REDIRECT_ACTION_FORWARD
-	return tc_exit(&st->fp, forward(skb, st, &p), reason);
+	return tc_exit(&st->exits, forward(skb, st, &p), reason);
 #else
-	return tc_exit(&st->fp, TC_ACT_OK, reason);
+	return tc_exit(&st->exits, TC_ACT_OK, reason);
 #endif
 }

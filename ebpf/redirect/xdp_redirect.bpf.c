@@ -136,11 +136,11 @@ int xdp_redirect(struct xdp_md *ctx)
 
 	if (!st) /* an array's index 0 always exists; the verifier wants the check */
 		return XDP_PASS;
-	st->fp.seen++;
+	st->exits.seen++;
 
 	parsed = parse_l4(data, data_end, &p, PARSE_L4);
 	if (parsed != PARSE_OK) /* untouched, counted by reason */
-		return xdp_exit(&st->fp, XDP_PASS, parse_reason(parsed));
+		return xdp_exit(&st->exits, XDP_PASS, parse_reason(parsed));
 	/* to a service? else, from a backend (a reply)? */
 	service_key(&p, &key);
 	to = rules.lookup(&key);
@@ -151,7 +151,7 @@ int xdp_redirect(struct xdp_md *ctx)
 		reason = R_TO_CLIENT;
 	}
 	if (!to)
-		return xdp_exit(&st->fp, XDP_PASS, R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_PASS, R_UNMATCHED);
 	rule = to->rule;
 	count_rule(rule_stats.lookup(&rule), reason == R_TO_CLIENT, data_end - data);
 
@@ -184,6 +184,6 @@ int xdp_redirect(struct xdp_md *ctx)
 	generic = skb_mode.lookup(&zero);
 	if (l4csum_exit(ctx, &c, action, generic && *generic, csum_scratch.lookup(&zero)) < 0)
 		/* the segment the IP header claims is not all in the frame */
-		return xdp_exit(&st->fp, XDP_DROP, R_MALFORMED);
-	return xdp_exit(&st->fp, action, reason);
+		return xdp_exit(&st->exits, XDP_DROP, R_MALFORMED);
+	return xdp_exit(&st->exits, action, reason);
 }

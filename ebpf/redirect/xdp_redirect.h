@@ -47,7 +47,7 @@ struct rule_stats {
  * malformed (untouched, or dropped when the segment the IP header claims is
  * not all in the frame). Beside them: */
 struct redirect_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 	/* forward: rewritten, but left to the kernel (verdict pass), by reason */
 	__u64 slow_no_neigh; /* the next hop's MAC is not known yet: the kernel resolves it */
 	__u64 slow_ttl;      /* TTL / hop limit <= 1: the kernel sends the ICMP error */

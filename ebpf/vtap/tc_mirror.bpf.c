@@ -105,7 +105,7 @@ int tc_mirror(struct __sk_buff *skb)
 	/* Array lookups in range cannot fail; the verifier still wants the check. */
 	if (!cfg || !st)
 		return VERDICT_PASS;
-	st->fp.seen++;
+	st->exits.seen++;
 
 	if (!mirror_all(cfg)) {
 #ifdef VTAP_TEST_RACE_WINDOW
@@ -129,11 +129,11 @@ int tc_mirror(struct __sk_buff *skb)
 		 * copied. */
 		int why = classify(skb);
 		if (why >= 0 && !mirror_all(cfg))
-			return fp_exit(&st->fp, V_PASS, why, VERDICT_PASS);
+			return fp_exit(&st->exits, V_PASS, why, VERDICT_PASS);
 	}
 
 	if (cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
-		return fp_exit(&st->fp, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
 
 	/* The copy leaves through the monitor's egress; the original is untouched. */
 	__u32 segs = skb->gso_segs;
@@ -144,12 +144,12 @@ int tc_mirror(struct __sk_buff *skb)
 	 * failures (monitor gone or down) from `mirrored` to `failed`. */
 	st->cloned_bytes += skb->len;
 	st->cloned_segs += segs > 1 ? segs : 1;
-	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED, VERDICT_MIRROR);
+	return fp_exit(&st->exits, V_MIRROR, R_MIRRORED, VERDICT_MIRROR);
 #else
 	if (bpf_clone_redirect(skb, cfg->monitor_ifindex, 0) < 0)
-		return fp_exit(&st->fp, V_PASS, R_CLONE_FAILED, VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, R_CLONE_FAILED, VERDICT_PASS);
 	st->cloned_bytes += skb->len;
 	st->cloned_segs += segs > 1 ? segs : 1;
-	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED, VERDICT_PASS);
+	return fp_exit(&st->exits, V_MIRROR, R_MIRRORED, VERDICT_PASS);
 #endif
 }

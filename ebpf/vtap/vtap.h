@@ -38,7 +38,7 @@ struct vtap_config {
  * it). With the mirred action (default) user space moves the action's own
  * refusals out of `mirrored` (ebpf/vtap/mirror_ledger.py). */
 struct vtap_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 	__u64 cloned_bytes; /* bytes of the copies handed over, Ethernet header included */
 	__u64 cloned_segs;  /* the copies in wire packets: a GSO frame (one skb of up to 64 KB,
 	                     * seen by egress taps of local TCP and after GRO) counts its

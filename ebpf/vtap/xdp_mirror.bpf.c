@@ -121,14 +121,14 @@ int xdp_mirror(struct xdp_md *ctx)
 	/* Array lookups in range cannot fail; the verifier still wants the check. */
 	if (!cfg || !st)
 		return XDP_PASS;
-	st->fp.seen++;
+	st->exits.seen++;
 
 	parsed = parse_l4(data, data_end, &p, PARSE_L4);
 	if (parsed == PARSE_NOT_IP)
-		return xdp_exit(&st->fp, XDP_PASS, R_NOT_IP);
+		return xdp_exit(&st->exits, XDP_PASS, R_NOT_IP);
 	/* An IP packet longer than its frame the kernel drops: so does the count. */
 	if (parsed == PARSE_MALFORMED || !ip_whole(&p, data, data_end))
-		return xdp_exit(&st->fp, XDP_PASS, R_MALFORMED);
+		return xdp_exit(&st->exits, XDP_PASS, R_MALFORMED);
 	/* Past here the IP packet is whole: its addresses can be looked up. A miss
 	 * reads mirror-all again (tc_mirror.bpf.c says why). */
 	if (!(flags_now(cfg) & VTAP_F_MIRROR_ALL)) {
@@ -146,7 +146,7 @@ int xdp_mirror(struct xdp_md *ctx)
 	if (copy && cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
 		copy = -1;
 	if (copy <= 0 && !(flags_now(cfg) & VTAP_F_FORWARD_ALL))
-		return xdp_exit(&st->fp, XDP_PASS, copy ? R_SAMPLED_OUT : R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_PASS, copy ? R_SAMPLED_OUT : R_UNMATCHED);
 
 	/* Sent out here: first everything that could send it to the kernel instead. */
 	if (proto_is_vlan(p.eth->h_proto))
@@ -166,7 +166,7 @@ int xdp_mirror(struct xdp_md *ctx)
 	if (why >= 0) {
 		if (copy <= 0) /* forward all: not copied, and not forwarded either */
 			why = copy ? R_SAMPLED_OUT : R_UNMATCHED;
-		return xdp_exit(&st->fp, XDP_PASS, why);
+		return xdp_exit(&st->exits, XDP_PASS, why);
 	}
 
 	/* The packet as a router sends it on. */
@@ -191,19 +191,19 @@ int xdp_mirror(struct xdp_md *ctx)
 	 * frame fits a page. */
 	st->csum_finished += c.partial && !skb;
 	if (l4csum_exit(ctx, &c, XDP_REDIRECT, skb, csum_scratch.lookup(&zero)) < 0)
-		return xdp_exit(&st->fp, XDP_DROP, R_MALFORMED);
+		return xdp_exit(&st->exits, XDP_DROP, R_MALFORMED);
 	st->forwarded++;
 
 	if (copy <= 0 || (flags_now(cfg) & VTAP_F_MONITOR_NO_XDP)) { /* to the egress alone */
 		st->egress_pending += !skb;
 		why = copy > 0 ? R_CLONE_FAILED : copy ? R_SAMPLED_OUT : R_UNMATCHED;
-		return xdp_exit(&st->fp, bpf_redirect_map(pair, 0, 0), why);
+		return xdp_exit(&st->exits, bpf_redirect_map(pair, 0, 0), why);
 	}
 	st->egress_pending += !skb;
 	st->monitor_pending += !skb;
 	st->cloned_bytes += data_end - data;
 	/* to every device in the pair but the one it came in on */
-	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED,
+	return fp_exit(&st->exits, V_MIRROR, R_MIRRORED,
 		       bpf_redirect_map(pair, 0, BPF_F_BROADCAST | BPF_F_EXCLUDE_INGRESS));
 }
 

@@ -36,7 +36,7 @@
  * program). Generic mode sends each frame as an skb at once and reports no
  * queue: there only refused redirects are counted. */
 struct xdp_mirror_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 	__u64 cloned_bytes;    /* bytes of the frames sent to both, Ethernet header included */
 	__u64 forwarded;       /* frames sent to their egress on the fast path (mirror + redirect) */
 	__u64 csum_finished;   /* of those, TCP/UDP checksums the sender's offload left partial

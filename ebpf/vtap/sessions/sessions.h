@@ -109,7 +109,7 @@ struct sess_stats {
  * (verdict.h): pass (copied by no session: not_ip, malformed, unmatched,
  * sampled_out) or mirror (mirrored: at least one session copies it). */
 struct sess_if_stats {
-	struct fp_counts fp;
+	struct fp_counts exits;
 	__u64 own_copies;   /* copies this program sent, seen again: never copied */
 };
 

@@ -251,7 +251,7 @@ static __always_inline int tap(struct __sk_buff *skb, __u32 dir)
 		st->own_copies++; /* not a frame of the node's: not counted as seen */
 		return VERDICT_PASS;
 	}
-	st->fp.seen++;
+	st->exits.seen++;
 	__u32 linear = skb->data_end - skb->data;
 	if (linear < PARSE_DEPTH && skb->len > linear)
 		bpf_skb_pull_data(skb, skb->len < PARSE_DEPTH ? skb->len : PARSE_DEPTH);
@@ -260,20 +260,20 @@ static __always_inline int tap(struct __sk_buff *skb, __u32 dir)
 	int parsed = parse_l4((void *)(long)skb->data, (void *)(long)skb->data_end, &p, PARSE_L4);
 	/* Fragments and other protocols go on: rules on addresses and protocols match them. */
 	if (parsed == PARSE_NOT_IP || parsed == PARSE_MALFORMED || parsed == PARSE_SHORT_L4)
-		return fp_exit(&st->fp, V_PASS, parse_reason(parsed), VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, parse_reason(parsed), VERDICT_PASS);
 
 	__u32 gen = cfg->gen & 1;
 	struct sess_bits x;
 	if (!classify(&p, parsed, gen, dir, &x))
-		return fp_exit(&st->fp, V_PASS, R_UNMATCHED, VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, R_UNMATCHED, VERDICT_PASS);
 	if (first_bit(&x) < 0)
-		return fp_exit(&st->fp, V_PASS, R_UNMATCHED, VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, R_UNMATCHED, VERDICT_PASS);
 	__u32 take = decide(&x, gen);
 	if (!take)  /* rejected, sampled out or given way: the reason is in the sessions' counters */
-		return fp_exit(&st->fp, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
+		return fp_exit(&st->exits, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
 	skb->cb[0] = SESS_TAG_TAP | take;
 	skb->cb[1] = gen | dir << 1;
-	return fp_exit(&st->fp, V_MIRROR, R_MIRRORED, VERDICT_MIRROR);
+	return fp_exit(&st->exits, V_MIRROR, R_MIRRORED, VERDICT_MIRROR);
 }
 
 int tap_ingress(struct __sk_buff *skb)

@@ -64,7 +64,7 @@ MUTANTS = [
       "{b: (w if up.get(b, True) else 0)", "{b: (w if up.get(b, True) or 1 else 0)",
       "the command line's health results never reach the LB's table", HEALTH),
     M("lb-cli-timeouts-ignored", "lab/fastpaths/lb/command.py",
-      "mode=args.mode, timeouts=read_timeouts(args))", "mode=args.mode, timeouts=None)",
+      "mode=args.mode, timeouts=self.timeouts)", "mode=args.mode, timeouts=None)",
       "--timeout accepted and ignored", (["tests/test_lb_health.py"], [])),
 ]
 

@@ -1,7 +1,8 @@
 """python -m lab lb: a layer-4 load balancer at the XDP hook (ebpf.XdpLoadBalancer),
-with health checks and a live table per backend. In the conventions of `python
--m vtap`: it works in the namespace it starts in, every exit detaches what it
-attached, and the same exit statuses (lab/console.py).
+with health checks and a live table per backend. What is its own is below; the
+lifecycle every tool shares (lab.lifecycle) does the rest: it works in the
+namespace it starts in, every exit detaches what it attached, and the same exit
+statuses.
 
 Backends serve every service of their address family. Their weights can change
 while it runs: with --backends-file, the file (one ADDR:PORT[@WEIGHT] per line)
@@ -11,31 +12,17 @@ connect, --fall times in a row) leaves the Maglev table until it passes --rise
 times; only its own sessions are affected.
 """
 
-import argparse
 import contextlib
 import ipaddress
 import socket
 from pathlib import Path
 
 from ebpf import BpfError, netdev, xdp
-from ebpf.lb.xdp_lb import TIMEOUTS, Backend, Service, XdpLoadBalancer
+from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer
 from lab import hostcheck
-from lab.console import (
-    SIGNALS,
-    LiveTable,
-    UsageError,
-    add_run_options,
-    add_xdp_mode,
-    check_run_options,
-    report_cleanup,
-    require,
-    run_command,
-    run_until_stopped,
-    show_program,
-    warn,
-)
-from lab.exporter import serving
+from lab.console import SIGNALS, LiveTable, UsageError, add_xdp_mode, require, warn
 from lab.hostcheck import PreparedPeers
+from lab.lifecycle import Command
 
 from .health import HealthChecker
 
@@ -73,60 +60,36 @@ senders left partial.
 """
 
 
-def add_arguments(p):
-    p.description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
-                     "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS)
-    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
-    p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
-                   help="tcp or udp; IPv6 in brackets (repeatable)")
-    p.add_argument("--backend", metavar="ADDR:PORT[@WEIGHT]", action="append", default=[],
-                   help="a backend of every service of its family, weight 1 unless given (repeatable)")
-    p.add_argument("--backends-file", metavar="FILE", help="backends, one ADDR:PORT[@WEIGHT] per line, read "
-                   "again whenever the file changes")
-    p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
-    p.add_argument("--self", dest="self_addrs", metavar="ADDR", action="append", default=[],
-                   help="the LB's own address the backends see in NAT mode (default: the interface's first "
-                        "address of each family)")
-    add_xdp_mode(p)
-    p.add_argument("--prepare-peer", action="store_true",
-                   help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
-                        "there while this runs (so the frames it sends back out arrive)")
-    p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
-                   help="tcp: connect to each backend every --check-interval (default %(default)s)")
-    p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
-    p.add_argument("--timeout", metavar="STATE=S", action="append", default=[],
-                   help="how long an idle session of a state lives: syn, established, fin, udp (default "
-                        "syn=10 established=300 fin=10 udp=30; repeatable)")
-    p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
-    p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
-    add_run_options(p, "load balancer programs")
+def backend_lines(path):
+    """(text, where) of each backend line of a --backends-file (UsageError if it cannot be read)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read --backends-file {path}: {e.strerror}") from None
+    return [(ln.split("#", 1)[0].strip(), f"{path} line {i}") for i, ln in enumerate(lines, 1)
+            if ln.split("#", 1)[0].strip()]
 
 
-def read_backends(args):
-    """{Backend: weight} from --backend and --backends-file (UsageError on bad lines)."""
-    entries = [(b, "--backend") for b in args.backend]
-    if args.backends_file:
-        try:
-            lines = Path(args.backends_file).read_text().splitlines()
-        except OSError as e:
-            raise UsageError(f"cannot read --backends-file {args.backends_file}: {e.strerror}") from None
-        entries += [(ln.split("#", 1)[0].strip(), f"{args.backends_file} line {i}") for i, ln in enumerate(lines, 1)
-                    if ln.split("#", 1)[0].strip()]
-    out = {}
+def parse_backends(entries) -> list[WeightedBackend]:
+    """Each (text, where) parsed (UsageError saying where a bad one is)."""
+    out = []
     for text, where in entries:
         try:
-            be, w = Backend.parse(text)
+            out.append(WeightedBackend.parse(text))
         except Exception as e:
             raise UsageError(f"{where}: {e}") from None
-        out[be] = w
     return out
 
 
-def read_timeouts(args):
+def weights_of(*backends) -> dict:
+    """{Backend: weight} of lists of WeightedBackend: a backend given twice takes its last weight."""
+    return {wb.backend: wb.weight for given in backends for wb in given}
+
+
+def read_timeouts(given):
     """{state: seconds} from --timeout STATE=S (UsageError on a bad one)."""
     out = {}
-    for text in args.timeout:
+    for text in given:
         state, _, value = text.partition("=")
         try:
             seconds = float(value)
@@ -137,27 +100,6 @@ def read_timeouts(args):
                              "0 < SECONDS <= 86400")
         out[state] = seconds
     return out
-
-
-def check_args(args):
-    check_run_options(args)
-    if args.cleanup:
-        return
-    read_timeouts(args)
-    require(args, iface="--iface is required (where clients and backends are reached)",
-            service="--service is required (PROTO:VIP:PORT)")
-    try:
-        services = [Service.parse(s) for s in args.service]
-    except Exception as e:
-        raise UsageError(str(e)) from None
-    backends = read_backends(args)
-    if not backends:
-        raise UsageError("no backends: give --backend or --backends-file")
-    for svc in services:
-        if not any(b.addr.version == svc.vip.version for b in backends):
-            raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
-    if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
-        raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
 
 
 class Printer(LiveTable):
@@ -171,13 +113,13 @@ class Printer(LiveTable):
     def header(self, lb, iface, args):
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
         msg = dict(event="attached", iface=iface, mode=args.mode, xdp_mode=args.xdp_mode,
-                   services=[str(s) for s in lb._services], backends=[str(b) for b in lb._backends],
+                   services=[str(s) for s in lb.services], backends=[str(b) for b in lb.backends],
                    lb_ports=ports if args.mode == "nat" else None)
         if self.json:
             self.emit(msg)
         else:
-            self.emit(f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb._services)} service(s), "
-                      f"{len(lb._backends)} backend(s)" + (f"; LB ports {ports}" if args.mode == "nat" else "") +
+            self.emit(f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
+                      f"{len(lb.backends)} backend(s)" + (f"; LB ports {ports}" if args.mode == "nat" else "") +
                       "; Ctrl-C to stop")
 
     def sample(self, lb, weights, health, final=False):
@@ -216,13 +158,6 @@ class Printer(LiveTable):
             self.emit(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
 
 
-def cleanup(all_runs=False):
-    """What killed load balancers left in this namespace: (removed, spared), as lines."""
-    removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
-    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
-    return removed, spared
-
-
 def own_addresses(iface, vips=()):
     """The interface's first global address of each family that is not a VIP:
     the NAT source, and where health checks come from. (The kernel lists a
@@ -247,37 +182,96 @@ def host_findings(args):
     return found
 
 
-def run(args):
-    if args.cleanup:
-        return report_cleanup("lb", *cleanup(args.all))
-    self4, self6 = own_addresses(args.iface, [Service.parse(s).vip for s in args.service])
-    for addr in args.self_addrs:
-        if ":" in addr:
-            self6 = addr
-        else:
-            self4 = addr
-    lb = XdpLoadBalancer(self4=self4, self6=self6, mode=args.mode, timeouts=read_timeouts(args))
-    services = [lb.add_service(s) for s in args.service]
-    weights = read_backends(args)
-    health = HealthChecker(weights, args.check_interval, args.rise, args.fall,
-                           sources={4: self4, 6: self6}) if args.health_check == "tcp" else None
+class LbCommand(Command):
+    name, short = "python -m lab lb", "lb"
+    description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
+                   "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS)
+    examples = EXAMPLES
+    cleans = "load balancer programs"
+    metrics_rows = {"backends": "backend"}
+    metrics_gauges = frozenset({"active_sessions", "weight", "healthy", "unanswered"})
 
-    def apply(weights):
-        up = health.healthy if health else {}
-        for svc in services:
-            lb.set_backends(svc, {b: (w if up.get(b, True) else 0) for b, w in weights.items()
-                                  if b.addr.version == svc.vip.version})
+    def options(self, p):
+        p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
+        p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
+                       help="tcp or udp; IPv6 in brackets (repeatable)")
+        p.add_argument("--backend", metavar="ADDR:PORT[@WEIGHT]", action="append", default=[],
+                       help="a backend of every service of its family, weight 1 unless given (repeatable)")
+        p.add_argument("--backends-file", metavar="FILE", help="backends, one ADDR:PORT[@WEIGHT] per line, read "
+                       "again whenever the file changes")
+        p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
+        p.add_argument("--self", dest="self_addrs", metavar="ADDR", action="append", default=[],
+                       help="the LB's own address the backends see in NAT mode (default: the interface's first "
+                            "address of each family)")
+        add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
+        p.add_argument("--prepare-peer", action="store_true",
+                       help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
+                            "there while this runs (so the frames it sends back out arrive)")
+        p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
+                       help="tcp: connect to each backend every --check-interval (default %(default)s)")
+        p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
+        p.add_argument("--timeout", metavar="STATE=S", action="append", default=[],
+                       help="how long an idle session of a state lives: syn, established, fin, udp (default "
+                            "syn=10 established=300 fin=10 udp=30; repeatable)")
+        p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
+        p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
 
-    apply(weights)
-    if args.ebpf:
-        return show_program(lb)
-    printer = Printer(args.json, args.mode)
-    metrics = serving(printer, args, "lb", rows={"backends": "backend"},
-                      gauges={"active_sessions", "weight", "healthy", "unanswered"})
-    mtime = Path(args.backends_file).stat().st_mtime_ns if args.backends_file else None
-    SIGNALS.check()
-    peers = PreparedPeers()
-    with metrics, lb, contextlib.closing(peers):
+    def parse(self, args):
+        """The timeouts, services and backends, parsed once: what the run uses (and `given`, the --backend
+        ones, which a changed --backends-file is added to again)."""
+        self.timeouts = read_timeouts(args.timeout)
+        require(args, iface="--iface is required (where clients and backends are reached)",
+                service="--service is required (PROTO:VIP:PORT)")
+        try:
+            self.services = [Service.parse(s) for s in args.service]
+        except Exception as e:
+            raise UsageError(str(e)) from None
+        from_file = backend_lines(args.backends_file) if args.backends_file else []
+        self.mtime = Path(args.backends_file).stat().st_mtime_ns if args.backends_file else None
+        self.given = parse_backends((b, "--backend") for b in args.backend)
+        self.weights = weights_of(self.given, parse_backends(from_file))  # {Backend: weight}
+        if not self.weights:
+            raise UsageError("no backends: give --backend or --backends-file")
+        for svc in self.services:
+            if not any(b.addr.version == svc.vip.version for b in self.weights):
+                raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+        if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
+            raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
+
+    def cleanup(self, all_runs=False):
+        """What killed load balancers left in this namespace: (removed, spared), as lines."""
+        removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
+        removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
+        return removed, spared
+
+    def build(self):
+        """The LB with its services and backends (an unknown interface, a service NAT cannot serve:
+        InputError, exit 2), nothing attached."""
+        args = self.args
+        self4, self6 = own_addresses(args.iface, [s.vip for s in self.services])
+        for addr in args.self_addrs:
+            if ":" in addr:
+                self6 = addr
+            else:
+                self4 = addr
+        self.sources = {4: self4, 6: self6}
+        self.lb = XdpLoadBalancer(self4=self4, self6=self6, mode=args.mode, timeouts=self.timeouts)
+        for svc in self.services:
+            self.lb.add_service(svc)
+        self.health = None  # the health checks run from start() on; until then every backend is up
+        self.apply()
+        return self.lb
+
+    def apply(self):
+        """The weights, with a backend its health check holds down at 0, into each service of its family."""
+        up = self.health.healthy if self.health else {}
+        for svc in self.services:
+            self.lb.set_backends(svc, {b: (w if up.get(b, True) else 0) for b, w in self.weights.items()
+                                       if b.addr.version == svc.vip.version})
+
+    def start(self, stack):
+        args, lb = self.args, self.lb
+        peers = stack.enter_context(contextlib.closing(PreparedPeers()))
         lb.load_program()
         SIGNALS.check()
         lb.attach(args.iface, args.xdp_mode)
@@ -287,56 +281,55 @@ def run(args):
             warn(str(finding))
         # the program drops a new session's packet while its backend's MAC is
         # unknown (no-neigh): ask the kernel to resolve them all now
-        sources = {4: self4, 6: self6}
-        for addr in hostcheck.resolve_neighbours([b.addr for b in weights], sources):
+        for addr in hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources):
             warn(f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
                  "until the kernel resolves it")
-        no_neigh = 0
-        if health:
-            health.start()
-        try:
-            printer.header(lb, args.iface, args)
-            printer.sample(lb, weights, health.healthy if health else {})
+        self.no_neigh = 0
+        if args.health_check == "tcp":
+            self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall,
+                                        sources=self.sources)
+            stack.callback(self.health.stop)
+            self.health.start()
 
-            def tick():
-                nonlocal weights, mtime, no_neigh
-                if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
-                    raise BpfError(f"stopped: the program was removed from {args.iface} from outside "
-                                   "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
-                if args.backends_file:
-                    m = Path(args.backends_file).stat().st_mtime_ns
-                    if m != mtime:
-                        mtime = m
-                        try:
-                            new = read_backends(args)
-                        except UsageError as e:
-                            warn(f"kept the backends as they were: {e}")
-                        else:
-                            weights = new
-                            if health:
-                                health.set_backends(weights)
-                            apply(weights)
-                            warn(f"backends now: {', '.join(f'{b}@{w}' for b, w in weights.items())}")
-                if health and health.changed.is_set():
-                    health.changed.clear()
-                    apply(weights)
-                    down = [str(b) for b, ok in health.healthy.items() if not ok]
-                    warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
-                lb.sweep()
-                dropped = lb.counters()["dropped_no_neigh"]
-                if dropped > no_neigh:  # an entry expired or was flushed: ask again, without waiting
-                    no_neigh = dropped
-                    hostcheck.resolve_neighbours([b.addr for b in weights], sources, seconds=0)
-                printer.sample(lb, weights, health.healthy if health else {})
-            run_until_stopped(args.interval, args.duration, tick,
-                              lambda: printer.sample(lb, weights, health.healthy if health else {}, final=True))
-        finally:
-            if health:
-                health.stop()
-    return 0
+    def table(self):
+        self.live = Printer(self.args.json, self.args.mode)
+        return self.live
+
+    def header(self):
+        self.live.header(self.lb, self.args.iface, self.args)
+
+    def sample(self, final=False):
+        self.live.sample(self.lb, self.weights, self.health.healthy if self.health else {}, final=final)
+
+    def tick(self):
+        args, lb, health = self.args, self.lb, self.health
+        if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
+            raise BpfError(f"stopped: the program was removed from {args.iface} from outside "
+                           "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
+        if args.backends_file:
+            m = Path(args.backends_file).stat().st_mtime_ns
+            if m != self.mtime:  # read again only when it changed; the --backend ones as parsed
+                self.mtime = m
+                try:
+                    new = weights_of(self.given, parse_backends(backend_lines(args.backends_file)))
+                except UsageError as e:
+                    warn(f"kept the backends as they were: {e}")
+                else:
+                    self.weights = new
+                    if health:
+                        health.set_backends(self.weights)
+                    self.apply()
+                    warn(f"backends now: {', '.join(f'{b}@{w}' for b, w in self.weights.items())}")
+        if health and health.changed.is_set():
+            health.changed.clear()
+            self.apply()
+            down = [str(b) for b, ok in health.healthy.items() if not ok]
+            warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
+        lb.sweep()
+        dropped = lb.counters()["dropped_no_neigh"]
+        if dropped > self.no_neigh:  # an entry expired or was flushed: ask again, without waiting
+            self.no_neigh = dropped
+            hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources, seconds=0)
 
 
-def main(args):
-    """python -m lab lb (lab/__main__.py parses the arguments)."""
-    SIGNALS.install()
-    return run_command("python -m lab lb", lambda: check_args(args), lambda: run(args))
+COMMAND = LbCommand()

@@ -1,11 +1,10 @@
 """python -m lab redirect: rewrite datagrams to a service so that they reach a
 backend, with ebpf.XdpRedirect at the XDP hook, and give the replies the
-service's address back. In the conventions of `python -m vtap`: it works in the
-namespace it starts in, every exit detaches what it attached, and the same exit
-statuses (lab/console.py).
+service's address back. What is its own is below; the lifecycle every tool
+shares (lab.lifecycle) does the rest: it works in the namespace it starts in,
+every exit detaches what it attached, and the same exit statuses.
 """
 
-import argparse
 import contextlib
 import ipaddress
 
@@ -13,22 +12,9 @@ from ebpf import BpfError, netdev, tc, xdp
 from ebpf.redirect.tc_redirect import TcRedirect
 from ebpf.redirect.xdp_redirect import XdpRedirect
 from lab import hostcheck
-from lab.console import (
-    SIGNALS,
-    LiveTable,
-    add_run_options,
-    add_xdp_mode,
-    check_run_options,
-    renamed,
-    report_cleanup,
-    require,
-    run_command,
-    run_until_stopped,
-    show_program,
-    warn,
-)
-from lab.exporter import serving
+from lab.console import SIGNALS, LiveTable, add_xdp_mode, renamed, require, warn
 from lab.hostcheck import PreparedPeers
+from lab.lifecycle import Command
 
 EXAMPLES = """\
 examples:
@@ -71,35 +57,6 @@ where each direction is translated:
                      a reply arriving with a source of its own (a martian), so it
                      is translated after routing, at TC egress towards the clients
 """
-
-
-def add_arguments(p):
-    p.description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
-                     "backend at the XDP hook, and the source of the backend's replies back to the service."
-                     "\n\n" + NEEDS)
-    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--iface", metavar="IF", action="append", default=[],
-                   help="where the clients' datagrams arrive (repeatable); the program is also attached where "
-                        "each backend is reached, for its replies")
-    p.add_argument("--rule", metavar="PROTO:VIP:PORT=BACKEND:PORT", action="append", default=[],
-                   help="udp or tcp; IPv6 addresses in brackets (repeatable)")
-    p.add_argument("--action", default="pass", choices=("pass", "forward"),
-                   help="pass: the kernel routes the rewritten packet (the report's design); forward: the program "
-                        "looks the route up and sends it out itself (default %(default)s)")
-    add_xdp_mode(p)
-    renamed(p, "--mode", "--xdp-mode")
-    p.add_argument("--prepare-peer", action="store_true",
-                   help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
-                        "program, attach a pass program there while this runs")
-    add_run_options(p, "the redirect programs")
-
-
-def check_args(args):
-    check_run_options(args)
-    if args.cleanup:
-        return
-    require(args, iface="--iface is required (where the clients' datagrams arrive)",
-            rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
 
 
 def counters(prog, egress=None):
@@ -193,71 +150,102 @@ class Printer(LiveTable):
                                                       if prog.action == "forward" else ""))
 
 
-def cleanup(all_runs=False):
-    """What killed redirects left in this namespace: (removed, spared), as lines."""
-    removed, spared = xdp.cleanup("xdp_redirect", spare_live=not all_runs)
-    # the TC egress filters that translate replies for a service address this host holds
-    tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not all_runs)
-    removed += tc_removed
-    spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it" for f in tc_spared]
-    removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
-    return removed, spared
+class RedirectCommand(Command):
+    name, short = "python -m lab redirect", "redirect"
+    description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
+                   "backend at the XDP hook, and the source of the backend's replies back to the service."
+                   "\n\n" + NEEDS)
+    examples = EXAMPLES
+    cleans = "the redirect programs"
+    metrics_rows = {"rules": "rule"}
+    metrics_gauges = frozenset({"unanswered"})
 
+    def options(self, p):
+        p.add_argument("--iface", metavar="IF", action="append", default=[],
+                       help="where the clients' datagrams arrive (repeatable); the program is also attached where "
+                            "each backend is reached, for its replies")
+        p.add_argument("--rule", metavar="PROTO:VIP:PORT=BACKEND:PORT", action="append", default=[],
+                       help="udp or tcp; IPv6 addresses in brackets (repeatable)")
+        p.add_argument("--action", default="pass", choices=("pass", "forward"),
+                       help="pass: the kernel routes the rewritten packet (the report's design); forward: the "
+                            "program looks the route up and sends it out itself (default %(default)s)")
+        add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
+        renamed(p, "--mode", "--xdp-mode")
+        p.add_argument("--prepare-peer", action="store_true",
+                       help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
+                            "program, attach a pass program there while this runs")
 
-def run(args):
-    if args.cleanup:
-        return report_cleanup("redirect", *cleanup(args.all))
-    prog = XdpRedirect(args.rule, action=args.action)
-    with netdev.ipr(None) as ip:
-        for name in args.iface:
-            netdev.ifindex_of(ip, name)
-    ifaces = list(args.iface)
-    for name, backends in prog.reply_interfaces().items():
-        if name not in ifaces:
-            ifaces.append(name)
-            warn(f"also attaching to {name}: replies from {', '.join(dict.fromkeys(backends))} arrive there")
-    local = local_services(prog) if args.action == "pass" else []
-    egress = TcRedirect([str(r) for r in local], action="pass") if local else None
-    for r in local:
-        prog.leave_replies(r)
-    if args.ebpf:
-        return show_program(prog)
-    printer = Printer(args.json)
-    printer.egress = egress
-    metrics = serving(printer, args, "redirect", rows={"rules": "rule"}, gauges={"unanswered"})
-    SIGNALS.check()
-    peers = PreparedPeers()
-    with metrics, prog, contextlib.closing(peers), egress or contextlib.nullcontext():
+    def parse(self, args):
+        require(args, iface="--iface is required (where the clients' datagrams arrive)",
+                rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
+
+    def cleanup(self, all_runs=False):
+        """What killed redirects left in this namespace: (removed, spared), as lines."""
+        removed, spared = xdp.cleanup("xdp_redirect", spare_live=not all_runs)
+        # the TC egress filters that translate replies for a service address this host holds
+        tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not all_runs)
+        removed += tc_removed
+        spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it"
+                   for f in tc_spared]
+        removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
+        return removed, spared
+
+    def build(self):
+        """The XDP program (a bad rule: InputError, exit 2), where it is attached (--iface, and where each
+        backend's replies arrive) and, with pass, the TC egress program for a service address this host
+        holds: every interface checked, nothing attached."""
+        args = self.args
+        self.prog = prog = XdpRedirect(args.rule, action=args.action)
+        with netdev.ipr(None) as ip:
+            for name in args.iface:
+                netdev.ifindex_of(ip, name)
+        self.ifaces = list(args.iface)
+        for name, backends in prog.reply_interfaces().items():
+            if name not in self.ifaces:
+                self.ifaces.append(name)
+                warn(f"also attaching to {name}: replies from {', '.join(dict.fromkeys(backends))} arrive there")
+        self.local = local_services(prog) if args.action == "pass" else []
+        self.egress = TcRedirect([str(r) for r in self.local], action="pass") if self.local else None
+        for r in self.local:
+            prog.leave_replies(r)
+        return prog
+
+    def start(self, stack):
+        args, prog, egress = self.args, self.prog, self.egress
+        peers = stack.enter_context(contextlib.closing(PreparedPeers()))
+        if egress:
+            stack.enter_context(egress)
         prog.load_program()
         if egress:
             egress.load_program()
         SIGNALS.check()
-        for name in ifaces:  # all or nothing: `with prog` detaches what was attached
+        for name in self.ifaces:  # all or nothing: the lifecycle's stack detaches what was attached
             prog.attach(name, args.xdp_mode)
         for name in args.iface if egress else ():
             egress.attach(name, "egress")
         if args.action == "forward" and args.xdp_mode == "native" and args.prepare_peer:
-            for name in ifaces:
+            for name in self.ifaces:
                 if peer := peers.prepare(name):
                     warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        for finding in host_findings(args, prog, ifaces):
+        for finding in host_findings(args, prog, self.ifaces):
             warn(str(finding))
-        SIGNALS.check()
-        printer.header(prog, ifaces, args.xdp_mode, egress=[args.iface, local])
-        printer.sample(prog)
 
-        def tick():
-            gone = xdp.removed_from_outside(prog.xdp_attachments)
-            if gone:
-                raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
-                               "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
-            printer.sample(prog)
-        run_until_stopped(args.interval, args.duration, tick, lambda: printer.sample(prog, final=True))
-    return 0
+    def table(self):
+        self.live = Printer(self.args.json)
+        self.live.egress = self.egress
+        return self.live
+
+    def header(self):
+        self.live.header(self.prog, self.ifaces, self.args.xdp_mode, egress=[self.args.iface, self.local])
+
+    def sample(self, final=False):
+        self.live.sample(self.prog, final=final)
+
+    def tick(self):
+        gone = xdp.removed_from_outside(self.prog.xdp_attachments)
+        if gone:
+            raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
+                           "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
 
 
-def main(args):
-    """python -m lab redirect (lab/__main__.py parses the arguments)."""
-    SIGNALS.install()
-    return run_command("python -m lab redirect", lambda: check_args(args), lambda: run(args))
-
+COMMAND = RedirectCommand()

@@ -1,10 +1,10 @@
 """vtap --sessions FILE: vTAP sessions (ebpf.SessionMirror) from a sessions
 file, re-read whenever it changes.
 
-The command's options, exit statuses, signals and cleanup are the TC vTAP's
-(cli.py); what differs is said here: the sessions file (ebpf/vtap/sessions/config.py for
-its format), the live table (one row per session) and the sender devices a
-killed run leaves.
+The command's options and cleanup are the TC vTAP's (command.py), its exit
+statuses, signals and loop the lifecycle's (lab.lifecycle); what differs is
+said here: the sessions file (ebpf/vtap/sessions/config.py for its format), the
+live table (one row per session) and the sender devices a killed run leaves.
 
 A changed file is read whole and checked before anything changes: a bad one
 is said in one line (file and line) and the sessions in force stay.
@@ -17,24 +17,17 @@ from ebpf import netdev
 from ebpf.errors import BpfError, InputError
 from ebpf.vtap.sessions.config import parse_sessions
 from ebpf.vtap.sessions.tc_sessions import SESSION_COUNTERS, SessionMirror, sender_pid
-from lab.console import SIGNALS, CounterTable, UsageError, run_until_stopped, show_program, warn
-from lab.exporter import Rows, serving
+from lab.console import SIGNALS, CounterTable, UsageError, warn
+from lab.exporter import Rows
 from lab.netns import alive
+
+from .command_base import TapCommand
 
 RATES = ("accepted", "sent")
 TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
 HEADS = {"sampled_out": "SAMPLED"}
 SIMPLE_ONLY = ("--monitor", "--watch", "--watch-file", "--watch-max", "--match", "--sample", "--clone",
                "--xdp-mode", "--forward", "--prepare-peer")
-
-
-def check_args(a):
-    given = [o for o in SIMPLE_ONLY if o in a.options_given(a)]
-    if given:
-        raise UsageError(f"{', '.join(given)} cannot go with --sessions: a session in the file says where copies "
-                         "go, what they are and how many (target, rules, truncate, sample)")
-    if a.hook != "tc":
-        raise UsageError("--sessions runs at the TC hook (--hook tc)")
 
 
 class SessionsFile:
@@ -118,66 +111,84 @@ class Printer(CounterTable):
         super().publish(body)
 
 
-def cleanup(all_runs=False):
-    """Sender devices of killed runs in this namespace (all of them with all_runs)."""
-    removed, spared = [], []
-    with netdev.ipr() as ip:
-        for dev in netdev.devices(ip).values():
-            pid = sender_pid(dev.name or "")
-            if pid is None or dev.kind != "ifb":
-                continue
-            if alive(pid) and pid != os.getpid() and not all_runs:
-                spared.append(f"sender device {dev.name}: a running vtap holds it (pid {pid})")
-                continue
-            ip.link("del", index=dev.index)
-            removed.append(f"sender device {dev.name} (of pid {pid})")
-    return removed, spared
+class SessionsCommand(TapCommand):
+    """`vtap --sessions FILE` (VtapCommand.variant() picks it)."""
 
+    metrics_rows = {"sessions": Rows("session", "session_"), "ifaces": "interface",
+                    "rules": Rows(("session", "rule"), "rule_")}
 
-def run(a):
-    source = SessionsFile(a.sessions)
-    sessions, source.digest = source.read()
-    tap = SessionMirror(sessions, source=a.program)
-    tap.warn = warn
-    if a.iface:
-        ifaces = a.iface
-        for ifname in ifaces:
-            tap.check_iface(ifname, a.direction)
-    else:
-        ifaces, skipped = tap.default_interfaces(a.direction)
-        for name, why in skipped.items():
-            warn(f"not tapping {name}: {why}")
-    if not ifaces:
-        raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets (use --iface)")
-    if a.ebpf:
-        return show_program(tap)
-    printer = Printer(a.json)
-    metrics = serving(printer, a, "vtap", rows={"sessions": Rows("session", "session_"), "ifaces": "interface",
-                                                 "rules": Rows(("session", "rule"), "rule_")})
-    SIGNALS.check()
-    with metrics, tap:
-        tap.load_program()
+    def __init__(self):
+        super().__init__()
+        self.path_said = None  # the last path problem said (said once, until it changes or mends)
+
+    def parse(self, args):
+        given = [o for o in SIMPLE_ONLY if o in args.options_given(args)]
+        if given:
+            raise UsageError(f"{', '.join(given)} cannot go with --sessions: a session in the file says where "
+                             "copies go, what they are and how many (target, rules, truncate, sample)")
+        if args.hook != "tc":
+            raise UsageError("--sessions runs at the TC hook (--hook tc)")
+        self.source = SessionsFile(args.sessions)
+        self.sessions, self.source.digest = self.source.read()
+
+    def cleanup(self, all_runs=False):
+        """Sender devices of killed runs in this namespace (all of them with all_runs)."""
+        removed, spared = [], []
+        with netdev.ipr() as ip:
+            for dev in netdev.devices(ip).values():
+                pid = sender_pid(dev.name or "")
+                if pid is None or dev.kind != "ifb":
+                    continue
+                if alive(pid) and pid != os.getpid() and not all_runs:
+                    spared.append(f"sender device {dev.name}: a running vtap holds it (pid {pid})")
+                    continue
+                ip.link("del", index=dev.index)
+                removed.append(f"sender device {dev.name} (of pid {pid})")
+        return removed, spared
+
+    def build(self):
+        args = self.args
+        self.tap = tap = SessionMirror(self.sessions, source=args.program)
+        tap.warn = warn
+        if args.iface:
+            self.ifaces = args.iface
+            for ifname in self.ifaces:
+                tap.check_iface(ifname, args.direction)
+        else:
+            self.ifaces, skipped = tap.default_interfaces(args.direction)
+            for name, why in skipped.items():
+                warn(f"not tapping {name}: {why}")
+        if not self.ifaces:
+            raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets "
+                             "(use --iface)")
+        return tap
+
+    def start(self, stack):
+        self.tap.load_program()
         SIGNALS.check()
-        tap.attach_many(ifaces, a.direction)
-        SIGNALS.check()
-        printer.header(tap, ifaces, a.direction, a.sessions)
-        printer.sample(*printer.rows(tap))
+        self.tap.attach_many(self.ifaces, self.args.direction)
 
-        said = {"path": None}
+    def table(self):
+        self.live = Printer(self.args.json)
+        return self.live
 
-        def tick():
-            gone = tap.missing()
-            if gone:
-                raise BpfError(f"stopped: {gone}")
-            source.changed(tap)
-            try:
-                if tap.refresh():
-                    warn("a target's route or MTU changed: the sessions follow it")
-                said["path"] = None
-            except InputError as e:
-                if str(e) != said["path"]:  # said once, until it changes or mends
-                    warn(f"{e}; the sessions keep their last path")
-                    said["path"] = str(e)
-            printer.sample(*printer.rows(tap))
-        run_until_stopped(a.interval, a.duration, tick, lambda: printer.sample(*printer.rows(tap), final=True))
-    return 0
+    def header(self):
+        self.live.header(self.tap, self.ifaces, self.args.direction, self.args.sessions)
+
+    def tick(self):
+        """Its filters, the file (applied when it changed) and the targets' paths."""
+        gone = self.tap.missing()
+        if gone:
+            raise BpfError(f"stopped: {gone}")
+        self.source.changed(self.tap)
+        try:
+            if self.tap.refresh():
+                warn("a target's route or MTU changed: the sessions follow it")
+            self.path_said = None
+        except InputError as e:
+            if str(e) != self.path_said:  # said once, until it changes or mends
+                warn(f"{e}; the sessions keep their last path")
+                self.path_said = str(e)
+
+    def sample(self, final=False):
+        self.live.sample(*self.live.rows(self.tap), final=final)

@@ -1,36 +1,25 @@
 """vtap --hook xdp: the XDP vTAP (ebpf.XdpMirror) on a node that routes.
 
-The command's options, exit statuses, signals, live table and cleanup are the
-TC vTAP's (cli.py); what differs is said here: what the node must have (checked
-at start, each lack said with the command that fixes it), which interfaces it
-taps by default, and what it watches while it runs.
+The command's options and cleanup are the TC vTAP's (command.py), its exit
+statuses, signals and loop the lifecycle's (lab.lifecycle); what differs is
+said here: what the node must have (checked at start, each lack said with the
+command that fixes it), which interfaces it taps by default, its live table,
+and what it watches while it runs.
 """
 
 import contextlib
 
 from ebpf import netdev, xdp
-from ebpf.errors import BpfError
 from ebpf.vtap.xdp_mirror import SLOW_REASONS, XdpMirror, can_transmit_xdp
 from lab import hostcheck
-from lab.console import SIGNALS, CounterTable, UsageError, run_until_stopped, show_program, warn
-from lab.exporter import serving
+from lab.console import SIGNALS, CounterTable, UsageError, warn
+
+from .command_base import NO_INTERFACE, TapCommand, Watcher, check_watch_options, watch_fields, watch_list, watch_said
 
 RATES = ("seen", "matched", "cloned", "failed")
 TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", "forwarded", "not_ip", "malformed")
 HEADS = {"sampled_out": "SAMPLED", "to_kernel": "TO-KERNEL", "not_ip": "NOT-IP"}
 PROGRAM = "xdp_mirror"  # the program's name on a hook: what --cleanup looks for
-
-
-def check_args(a):
-    """What cannot apply at XDP, refused in one line (UsageError: exit 2)."""
-    if a.direction != "ingress":
-        raise UsageError(f"--direction {a.direction} cannot apply with --hook xdp: XDP sees frames as they arrive, "
-                         "on the interface they come in on (tap the interfaces traffic comes in on)")
-    if a.clone != "action":
-        raise UsageError("--clone cannot apply with --hook xdp: at XDP the kernel's devmap broadcast makes the copy")
-    if a.xdp_mode == "offload":
-        raise UsageError("--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): "
-                         "native or generic")
 
 
 def families(tap):
@@ -40,15 +29,15 @@ def families(tap):
     return {6 if ":" in w else 4 for w in tap.watch} or {4, 6}
 
 
-def blocking(a, tap, ifaces) -> list:
+def blocking(args, tap, ifaces) -> list:
     """What would leave the vTAP copying nothing: refused at start (exit 2)."""
     found = []
     for name in ifaces:
         found += hostcheck.check_forwarding(name, families(tap), tap.netns,
                                             why=": the fast path sends out only what the node would forward")
-    if a.xdp_mode == "native":
+    if args.xdp_mode == "native":
         veth = hostcheck.veth_peer(tap.monitor, tap.netns) is not None
-        if veth and not a.prepare_peer:
+        if veth and not args.prepare_peer:
             found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
                       for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")]
         elif not veth and can_transmit_xdp(tap.netns, tap.monitor_ifindex) is False:
@@ -75,15 +64,11 @@ class Printer(CounterTable):
         super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces")
 
     def header(self, tap, ifaces, mode):
-        watch = ", ".join(tap.watch[:5]) + (f" and {len(tap.watch) - 5} more" if len(tap.watch) > 5 else "") \
-            if tap.watch is not None else "everything"
         msg = dict(hook="xdp", xdp_mode=mode, monitor=tap.monitor, ifaces=ifaces, egresses=tap.egresses,
-                   watch=None if tap.watch is None else tap.watch[:64],
-                   watch_count=None if tap.watch is None else len(tap.watch),
-                   match=tap.match, sample=tap.sample, forward=tap.forward)
+                   **watch_fields(tap), match=tap.match, sample=tap.sample, forward=tap.forward)
         self.attached(msg, f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
-                           f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch} (match {tap.match}), "
-                           f"sample 1/{tap.sample}; Ctrl-C to stop", names=ifaces)
+                           f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch_said(tap)} "
+                           f"(match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop", names=ifaces)
 
     def reasons(self, totals):
         """The final block's last line: why watched frames went to the kernel."""
@@ -92,29 +77,29 @@ class Printer(CounterTable):
             self.emit(f"{'':8} to the kernel, by reason: {shown}")
 
 
-class Watcher:
-    """What changes outside while it runs, each said once."""
+class XdpWatcher(Watcher):
+    """The XDP vTAP's: its programs, its monitor, and the interfaces the fast
+    path can send out of (its health() rereads them)."""
 
     def __init__(self, tap):
-        self.tap = tap
-        self.monitor_state = "up"
+        super().__init__(tap)
         self.not_egresses = dict(tap.not_egresses)
 
+    def stopped(self, missing):
+        return (f"stopped: the XDP vTAP was removed from {', '.join(a.ifname for a, _ in missing)} "
+                "from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
+
+    def news(self, state, note=""):
+        m = self.tap.monitor
+        return {"up": f"monitor {m} takes copies again",
+                "down": f"monitor {m} is down: its copies are lost (counted as failed)",
+                "no-carrier": f"monitor {m} has no carrier: its copies are lost (counted as failed)",
+                "gone": f"monitor {m} was deleted: its copies are lost (counted as failed)",
+                "no-xdp": f"monitor {m} takes no XDP frames now (a veth whose peer runs no XDP program): "
+                          "frames go to their egress alone, each copy counted as failed"}[state]
+
     def check(self):
-        h = self.tap.health()  # also rereads the egresses
-        if h.missing:
-            raise BpfError(f"stopped: the XDP vTAP was removed from {', '.join(a.ifname for a, _ in h.missing)} "
-                           "from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
-        state = h.monitor_state
-        if state != self.monitor_state:
-            m = self.tap.monitor
-            warn({"up": f"monitor {m} takes copies again",
-                  "down": f"monitor {m} is down: its copies are lost (counted as failed)",
-                  "no-carrier": f"monitor {m} has no carrier: its copies are lost (counted as failed)",
-                  "gone": f"monitor {m} was deleted: its copies are lost (counted as failed)",
-                  "no-xdp": f"monitor {m} takes no XDP frames now (a veth whose peer runs no XDP program): "
-                            "frames go to their egress alone, each copy counted as failed"}[state])
-            self.monitor_state = state
+        h = super().check()  # also rereads the egresses
         now = self.tap.not_egresses
         for name, why in now.items():
             if name not in self.not_egresses:
@@ -123,66 +108,83 @@ class Watcher:
             if name not in now:
                 warn(f"the fast path sends out of {name} again")
         self.not_egresses = dict(now)
+        return h
 
 
-def run(a, watch):
-    tap = XdpMirror(monitor=a.monitor, watch=watch, match=a.match, sample=a.sample, watch_max=a.watch_max,
-                    forward=a.forward, source=a.program)
-    tap.warn = warn
-    if a.iface:
-        ifaces = a.iface
-    else:
-        ifaces, skipped = tap.default_interfaces()
-        for name, why in skipped.items():
-            warn(f"not tapping {name}: {why}")
-    if not ifaces:
-        raise UsageError("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
-                         "(use --iface)")
-    for name in ifaces:  # all names checked before anything is attached
-        tap.check_iface(name, a.xdp_mode)
-    if a.ebpf:
-        return show_program(tap)
-    found = blocking(a, tap, ifaces)
-    if found:
-        raise UsageError("; ".join(map(str, found)))
+class XdpCommand(TapCommand):
+    """`vtap --hook xdp` (VtapCommand.variant() picks it)."""
 
-    printer = Printer(a.json)
-    metrics = serving(printer, a, "vtap", rows={"ifaces": "interface"})
-    peers = hostcheck.PreparedPeers()
-    SIGNALS.check()
-    with metrics, tap, contextlib.closing(peers):
+    def parse(self, args):
+        """What cannot apply at XDP, refused in one line (UsageError: exit 2)."""
+        check_watch_options(args)
+        if args.direction != "ingress":
+            raise UsageError(f"--direction {args.direction} cannot apply with --hook xdp: XDP sees frames as they "
+                             "arrive, on the interface they come in on (tap the interfaces traffic comes in on)")
+        if args.clone != "action":
+            raise UsageError("--clone cannot apply with --hook xdp: at XDP the kernel's devmap broadcast makes the "
+                             "copy")
+        if args.xdp_mode == "offload":
+            raise UsageError("--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): "
+                             "native or generic")
+        self.watch = watch_list(args)
+
+    def cleanup(self, all_runs=False):
+        """What killed XDP vTAPs left in this namespace: their programs, and the pass
+        programs --prepare-peer put on veth peers."""
+        removed, spared = xdp.cleanup(PROGRAM, spare_live=not all_runs)
+        removed += hostcheck.cleanup_peer_programs()
+        return removed, spared
+
+    def build(self):
+        args = self.args
+        self.tap = tap = XdpMirror(monitor=args.monitor, watch=self.watch, match=args.match, sample=args.sample,
+                                   watch_max=args.watch_max, forward=args.forward, source=args.program)
+        tap.warn = warn
+        if args.iface:
+            self.ifaces = args.iface
+        else:
+            self.ifaces, skipped = tap.default_interfaces()
+            for name, why in skipped.items():
+                warn(f"not tapping {name}: {why}")
+        if not self.ifaces:
+            raise UsageError(NO_INTERFACE)
+        for name in self.ifaces:  # all names checked before anything is attached
+            tap.check_iface(name, args.xdp_mode)
+        return tap
+
+    def start(self, stack):
+        args, tap = self.args, self.tap
+        found = blocking(args, tap, self.ifaces)  # after --ebpf, which shows the program on any node
+        if found:
+            raise UsageError("; ".join(map(str, found)))
+        peers = stack.enter_context(contextlib.closing(hostcheck.PreparedPeers()))
         tap.load_program()
         SIGNALS.check()
-        if a.prepare_peer and a.xdp_mode == "native":
+        if args.prepare_peer and args.xdp_mode == "native":
             with netdev.ipr(None) as ip:
                 names = [d.name for d in netdev.devices(ip).values() if d.up and d.name != "lo"]
             for name in names:
                 if peer := peers.prepare(name):
                     warn(f"attached a pass program to {name}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        tap.attach_many(ifaces, a.xdp_mode)
+        tap.attach_many(self.ifaces, args.xdp_mode)
         SIGNALS.check()
-        for finding in egress_findings(tap) + sum((hostcheck.check_gro(n, a.xdp_mode) for n in ifaces), []):
+        for finding in egress_findings(tap) + sum((hostcheck.check_gro(n, args.xdp_mode) for n in self.ifaces), []):
             warn(str(finding))
-        watcher = Watcher(tap)
-        watcher.check()
-        printer.header(tap, ifaces, a.xdp_mode)
-        printer.sample(*tap.snapshot())
+        self.watcher = XdpWatcher(tap)
+        self.watcher.check()
 
-        def tick():
-            watcher.check()
-            printer.sample(*tap.snapshot())
+    def table(self):
+        self.live = Printer(self.args.json)
+        return self.live
 
-        def last():
-            totals, rows = tap.snapshot()
-            printer.sample(totals, rows, final=True)
-            printer.reasons(totals)
-        run_until_stopped(a.interval, a.duration, tick, last)
-    return 0
+    def header(self):
+        self.live.header(self.tap, self.ifaces, self.args.xdp_mode)
 
+    def tick(self):
+        self.watcher.check()
 
-def cleanup(all_runs=False):
-    """What killed XDP vTAPs left in this namespace: their programs, and the pass
-    programs --prepare-peer put on veth peers."""
-    removed, spared = xdp.cleanup(PROGRAM, spare_live=not all_runs)
-    removed += hostcheck.cleanup_peer_programs()
-    return removed, spared
+    def sample(self, final=False):
+        totals, rows = self.tap.snapshot()
+        self.live.sample(totals, rows, final=final)
+        if final:
+            self.live.reasons(totals)

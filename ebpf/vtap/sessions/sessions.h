@@ -1,5 +1,5 @@
 /* sessions.h — structures the vTAP sessions program (tc_sessions.bpf.c) and
- * its Python class (tc_sessions.py, session_tables.py) both read.
+ * its Python class (tc_sessions.py, tables.py) both read.
  *
  * A session is a target (a local interface or a tunnel to a collector), its
  * ordered rules, a truncation length and a sampling rate. Rules are classified

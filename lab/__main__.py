@@ -10,6 +10,7 @@ the registry, lab.fastpath), and demo, bench, jupyter, mutants, cleanup.
 """
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -19,11 +20,7 @@ from dataclasses import dataclass
 from ebpf.errors import BpfError
 from lab.console import ArgumentParser, quiet_stdout
 
-from . import jupyter, mutants
-from .bench import benches as find_benches
-from .cleanup import cleanup
 from .fastpath import fastpaths
-from .fastpaths.vtap.demo import run as run_demo
 from .netns import LabError
 from .runs import live_runs
 
@@ -89,6 +86,18 @@ class Command:
     parser_of: Callable = None  # args -> the parser that says an error of theirs (a subcommand's own)
 
 
+def _late(spec):
+    """"module:function" as a function that imports its module on its first call.
+    Only the command that runs loads its modules: `python -m lab redirect`, which
+    tests and benches start hundreds of times, starts in a third of a second, not
+    after the benches, pandas, scapy and matplotlib (1.4 s of CPU each time)."""
+    module, name = spec.split(":")
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return call
+
+
 def _demo_arguments(p):
     p.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
     p.add_argument("--rate", type=int, default=20000,
@@ -99,7 +108,7 @@ def _demo(args):
     if not 1 <= args.count <= 100_000:
         print("lab: error: --count must be between 1 and 100000", file=sys.stderr)
         return 2
-    return run_demo(count=args.count, rate_pps=args.rate)
+    return _late("lab.fastpaths.vtap.demo:run")(count=args.count, rate_pps=args.rate)
 
 
 def _cleanup_arguments(p):
@@ -108,7 +117,7 @@ def _cleanup_arguments(p):
 
 def _cleanup(args):
     spared = []
-    removed = cleanup(all_runs=args.all, spared=spared)
+    removed = _late("lab.cleanup:cleanup")(all_runs=args.all, spared=spared)
     for what in removed:
         print(f"lab: removed {what}")
     for rid in live_runs():
@@ -120,12 +129,15 @@ def _cleanup(args):
     return 0
 
 
-def _bench_command(benches):
+def _bench_command(find_benches):
+    """`find_benches()`: the bench modules, imported only when a bench runs."""
     parsers = {}
+    found = []
 
     def add_arguments(p):
+        found[:] = find_benches()
         sub = p.add_subparsers(dest="bench", required=True, title="benches")
-        for bench in benches:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
+        for bench in found:  # each bench module registers itself: NAME, SUMMARY, add_arguments, main
             parsers[bench.NAME] = sub.add_parser(bench.NAME, help=bench.SUMMARY, error_name="lab bench")
             bench.add_arguments(parsers[bench.NAME])
 
@@ -135,7 +147,7 @@ def _bench_command(benches):
             print(f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
                   "so the measurements will include its load", file=sys.stderr)
         try:
-            return next(m for m in benches if m.NAME == args.bench).main(args)
+            return next(m for m in found if m.NAME == args.bench).main(args)
         except (ValueError, LabError, BpfError) as e:
             print(f"lab bench: error: {e}", file=sys.stderr)
             return 1
@@ -148,37 +160,51 @@ def _bench_command(benches):
                    parser_of=lambda args: parsers[args.bench])
 
 
-def commands(fps, benches) -> list[Command]:
+def _fastpath_command(fp) -> Command:
+    # the command's module is imported when its parser is built: only for the command that runs
+    return Command(fp.name, fp.title, lambda p: fp.command_object().add_arguments(p),
+                   lambda args: fp.command_object().main(args), error_name=f"python -m lab {fp.name}",
+                   as_root=False)
+
+
+def commands(fps, find_benches) -> list[Command]:
     """Every subcommand: each fast path's (from the registry), then the lab's own."""
-    return [*(Command(fp.name, fp.title, fp.command_object().add_arguments, fp.command_object().main,
-                      error_name=f"python -m lab {fp.name}", as_root=False) for fp in fps),
+    return [*(_fastpath_command(fp) for fp in fps),
             Command("demo", "Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
                     _demo_arguments, _demo),
-            _bench_command(benches),
+            _bench_command(find_benches),
             # the notebooks' code needs root, and says so; JupyterLab itself does not
             Command("jupyter", "JupyterLab with the notebooks and the project's kernel, on 127.0.0.1 only",
-                    jupyter.add_arguments, jupyter.main, error_name="lab jupyter", as_root=False),
+                    _late("lab.jupyter:add_arguments"), _late("lab.jupyter:main"), error_name="lab jupyter",
+                    as_root=False),
             Command("mutants", "one-line mutants of the programs: which test kills each (not part of make test)",
-                    mutants.add_arguments, mutants.main, error_name="lab mutants", as_root=False),
+                    _late("lab.mutants:add_arguments"), _late("lab.mutants:main"), error_name="lab mutants",
+                    as_root=False),
             Command("cleanup", "remove what crashed runs left: lab namespaces, daemons' files, and each fast "
                     "path's programs in this namespace", _cleanup_arguments, _cleanup)]
 
 
 def _main(argv=None):
-    benches, fps = find_benches(), fastpaths()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    fps = fastpaths()
+    find_benches = _late("lab.bench:benches")
+    known = {c.name: c for c in commands(fps, find_benches)}
+    # Only the command named is built (its options, its modules); without one, the
+    # top-level help lists every fast path and bench.
+    chosen = argv[0] if argv and argv[0] in known else None
+    epilog = EXAMPLES if chosen else _fastpaths_help(fps) + "\n" + _benches_help(find_benches()) + "\n" + EXAMPLES
     # error_name: argparse's errors (one line, exit 2) name each command as its other errors do
     p = ArgumentParser(prog="python -m lab", error_name="lab",
                        description="eBPF vTAP Lab: namespace testbeds and experiments",
-                       epilog=_fastpaths_help(fps) + "\n" + _benches_help(benches) + "\n" + EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, title="commands")
-    known = {c.name: c for c in commands(fps, benches)}
     parsers = {}  # each command's own, which names it in its errors
     for c in known.values():
         parsers[c.name] = sub.add_parser(c.name, help=c.help, error_name=c.error_name,
                                          **({"description": c.description} if c.description else {}),
                                          **({"epilog": c.epilog} if c.epilog else {}))
-        c.add_arguments(parsers[c.name])
+        if c.name == chosen:
+            c.add_arguments(parsers[c.name])
     args, extra = p.parse_known_args(argv)
     if extra:  # said by the command they were given to, as its other errors are
         command = known[args.cmd]

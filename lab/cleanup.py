@@ -52,6 +52,8 @@ def _peer_programs() -> list[str]:
     done, _ = XdpPeerPass.cleanup(None)  # this namespace (a user's veth peer may be here)
     removed = [f"{what} (this namespace)" for what in done]
     for name in sorted(os.listdir(netns.NETNS_DIR)) if os.path.isdir(netns.NETNS_DIR) else []:
+        if netns.foreign(name):
+            continue
         try:
             done, _ = XdpPeerPass.cleanup(name)
         except Exception:  # a namespace going away meanwhile

@@ -34,16 +34,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from ebpf.netdev import ifindex_of
-
 from . import netns
+from .counters import IFACE_FIELDS, IfaceCounters, iface_counters  # noqa: F401 (their old home)
+from .paths import IN_CHECKOUT, REPO
 
 # mpstat's columns, from /proc/stat's fields (user and nice include guest time).
 CPU_COLUMNS = ["usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle"]
 _STAT_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"]
 USER_HZ = os.sysconf("SC_CLK_TCK")
-REPO = Path(__file__).resolve().parent.parent
-IN_CHECKOUT = (REPO / "pyproject.toml").exists()  # False for an installed wheel (site-packages)
 RESULTS_DIR = REPO / "datasets" / "results"
 PAPER_DIR = REPO / "datasets" / "paper"  # the source documents' tables (datasets/paper/README.md)
 
@@ -69,12 +67,8 @@ def read_proc_stat(path="/proc/stat") -> dict:
     return cpus
 
 
-def cpu_percent(before: dict, after: dict, elapsed_ns=None) -> dict:
-    """mpstat's columns (percent) between two readings of one CPU, plus busy_ns:
-    the time it was neither idle nor waiting for I/O. With elapsed_ns (the wall
-    time between the readings, times the cores for "all"), busy is elapsed minus
-    idle and iowait, and the busy columns share it in the tick's proportions (see
-    the module's docstring); without, everything comes from the tick's counts."""
+def _interval_ns(before: dict, after: dict, elapsed_ns=None) -> dict:
+    """Nanoseconds of each mpstat column between two readings of one CPU, and total_ns."""
     d = {k: after[k] - before[k] for k in _STAT_FIELDS}
     cols = {
         "usr": d["user"] - d["guest"], "nice": d["nice"] - d["guest_nice"], "sys": d["system"],
@@ -84,20 +78,35 @@ def cpu_percent(before: dict, after: dict, elapsed_ns=None) -> dict:
     ticks = sum(d[k] for k in _STAT_FIELDS if k not in ("guest", "guest_nice"))
     tick_ns = 1e9 / USER_HZ
     if elapsed_ns is None:
-        total_ns = ticks * tick_ns
         ns = {k: v * tick_ns for k, v in cols.items()}
-    else:
-        total_ns = max(elapsed_ns, (d["idle"] + d["iowait"]) * tick_ns)
-        busy = total_ns - (d["idle"] + d["iowait"]) * tick_ns
-        sampled = ticks - d["idle"] - d["iowait"]
-        ns = {k: (v / sampled * busy if sampled else 0.0) for k, v in cols.items()}
-        if not sampled:
-            ns["sys"] = busy  # busy between ticks only: kernel work, the tick never saw it
-        ns["idle"], ns["iowait"] = d["idle"] * tick_ns, d["iowait"] * tick_ns
-    pct = {k: (100.0 * v / total_ns if total_ns else 0.0) for k, v in ns.items()}
+        ns["total_ns"] = ticks * tick_ns
+        return ns
+    total_ns = max(elapsed_ns, (d["idle"] + d["iowait"]) * tick_ns)
+    busy = total_ns - (d["idle"] + d["iowait"]) * tick_ns
+    sampled = ticks - d["idle"] - d["iowait"]
+    ns = {k: (v / sampled * busy if sampled else 0.0) for k, v in cols.items()}
+    if not sampled:
+        ns["sys"] = busy  # busy between ticks only: kernel work, the tick never saw it
+    ns["idle"], ns["iowait"] = d["idle"] * tick_ns, d["iowait"] * tick_ns
+    ns["total_ns"] = total_ns
+    return ns
+
+
+def _percent(ns: dict) -> dict:
+    total_ns = ns["total_ns"]
+    pct = {k: (100.0 * ns[k] / total_ns if total_ns else 0.0) for k in CPU_COLUMNS}
     pct["busy_ns"] = total_ns - ns["idle"] - ns["iowait"]
     pct["total_ns"] = total_ns
     return pct
+
+
+def cpu_percent(before: dict, after: dict, elapsed_ns=None) -> dict:
+    """mpstat's columns (percent) between two readings of one CPU, plus busy_ns:
+    the time it was neither idle nor waiting for I/O. With elapsed_ns (the wall
+    time between the readings, times the cores for "all"), busy is elapsed minus
+    idle and iowait, and the busy columns share it in the tick's proportions (see
+    the module's docstring); without, everything comes from the tick's counts."""
+    return _percent(_interval_ns(before, after, elapsed_ns))
 
 
 class CpuSampler:
@@ -143,56 +152,38 @@ class CpuSampler:
     def seconds(self):
         return self._readings[-1][0] - self._readings[0][0] if len(self._readings) > 1 else 0.0
 
-    @staticmethod
-    def _between(t0, a, t1, b):
-        cores = len(b) - 1  # every key but "all"
-        return [{"cpu": cpu, **cpu_percent(a[cpu], b[cpu], (t1 - t0) * 1e9 * (cores if cpu == "all" else 1))}
-                for cpu in b]
+    def _intervals(self):
+        """{cpu: ns} for each pair of consecutive readings."""
+        out = []
+        for (t0, a), (t1, b) in zip(self._readings, self._readings[1:], strict=False):
+            cores = len(b) - 1  # every key but "all"
+            out.append((t1, {cpu: _interval_ns(a[cpu], b[cpu], (t1 - t0) * 1e9 * (cores if cpu == "all" else 1))
+                             for cpu in b}))
+        return out
 
     def samples(self) -> pd.DataFrame:
         rows = []
-        for (t0, a), (t1, b) in zip(self._readings, self._readings[1:], strict=False):  # consecutive pairs
-            rows += [{"t": round(t1 - self._readings[0][0], 3), **r} for r in self._between(t0, a, t1, b)]
+        for t1, per_cpu in self._intervals():
+            rows += [{"t": round(t1 - self._readings[0][0], 3), "cpu": cpu, **_percent(ns)}
+                     for cpu, ns in per_cpu.items()]
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        (t0, first), (t1, last) = self._readings[0], self._readings[-1]
-        return pd.DataFrame(self._between(t0, first, t1, last)).set_index("cpu")
+        """The window's sums of the samples' nanoseconds: computed over the whole window
+        at once, the clamp of total to idle (an interval whose idle ticks outrun its
+        wall time, the tick and the reading not lining up) would fall differently, and
+        the window's busy time would not be the sum of its seconds' busy times."""
+        totals = {}
+        for _, per_cpu in self._intervals():
+            for cpu, ns in per_cpu.items():
+                acc = totals.setdefault(cpu, dict.fromkeys(ns, 0.0))
+                for k, v in ns.items():
+                    acc[k] += v
+        return pd.DataFrame([{"cpu": cpu, **_percent(ns)} for cpu, ns in totals.items()]).set_index("cpu")
 
     def busy_ns(self, core) -> float:
         """Busy nanoseconds of one core (or "all") over the whole window."""
         return float(self.summary().loc[core, "busy_ns"])
-
-
-# --- interface counters ----------------------------------------------------
-
-IFACE_FIELDS = ["rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped"]
-
-
-def iface_counters(ns, ifname) -> dict:
-    """rx/tx packets, bytes and drops of one interface in a lab namespace (netlink)."""
-    with netns.ipr(ns) as ip:
-        stats = ip.get_links(ifindex_of(ip, ifname, ns))[0].get_attr("IFLA_STATS64")
-    return {k: stats[k] for k in IFACE_FIELDS}
-
-
-class IfaceCounters:
-    """Counters of several (namespace, interface) pairs, read together; delta()
-    gives what happened since the last mark()."""
-
-    def __init__(self, where: dict):
-        self.where = where  # label -> (ns, ifname)
-        self._base = {}
-
-    def read(self) -> dict:
-        return {label: iface_counters(ns, ifn) for label, (ns, ifn) in self.where.items()}
-
-    def mark(self):
-        self._base = self.read()
-
-    def delta(self) -> dict:
-        now = self.read()
-        return {label: {k: now[label][k] - self._base[label][k] for k in IFACE_FIELDS} for label in now}
 
 
 # --- results ---------------------------------------------------------------

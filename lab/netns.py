@@ -2,7 +2,10 @@
 
 Every name the lab creates starts with PREFIX ("vtl-"), and the functions that
 remove or kill refuse any other name: the lab can never delete a namespace it did
-not make, and never works in the root namespace.
+not make, and never works in the root namespace. VTL_NETNS_PREFIX gives a lab
+process (and what it starts) a prefix of its own, "vt" and 1-4 letters or digits
+and "-": it then sees, and cleans up, only its own runs. The test suite's parallel
+workers each have one, so that one's `lab cleanup` never takes the other's runs.
 
 No Python code runs in a forked copy of this process here (commands are started
 with subprocess, which execs at once). A namespace is made as `ip netns add` makes
@@ -20,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -30,7 +34,27 @@ from pathlib import Path
 from ebpf import netdev
 from ebpf.errors import BpfError
 
-PREFIX = "vtl-"
+_PREFIX_FORM = re.compile(r"vt[a-z0-9]{1,4}-")
+
+
+def _prefix(value) -> str:
+    """The lab's namespace prefix: VTL_NETNS_PREFIX if it has the form (no other
+    name may start with a lab prefix, nor one lab prefix with another), else "vtl-"."""
+    if value is None:
+        return "vtl-"
+    if not _PREFIX_FORM.fullmatch(value):
+        raise SystemExit(f"lab: error: VTL_NETNS_PREFIX={value!r}: a lab namespace prefix is \"vt\", "
+                         "1-4 lower-case letters or digits and \"-\" (such as vt1-); unset it for vtl-")
+    return value
+
+
+PREFIX = _prefix(os.environ.get("VTL_NETNS_PREFIX"))
+
+
+def foreign(name) -> bool:
+    """A namespace of another lab instance (another prefix): never this one's to clean."""
+    head = name.split("-", 1)[0] + "-"
+    return "-" in name and head != PREFIX and (head == "vtl-" or bool(_PREFIX_FORM.fullmatch(head)))
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = netdev.CLONE_NEWNET
 MS_BIND = 0x1000

@@ -1,7 +1,8 @@
 """The run registry: which lab runs exist, which process owns each, which are dead.
 
 A run is one Topology's namespaces, all named "vtl-<run id>-<host>". Its owner
-writes RUN_DIR/<run id>.pid when it builds and removes it when it tears down;
+writes RUN_DIR/vtl-<run id>.pid when it builds and removes it when it tears down
+(vtl-: the namespace prefix, lab.netns.PREFIX);
 a daemon keeps its files in RUN_DIR/<namespace>[.<key>]<suffix>. A notebook
 kernel that is restarted, crashes or is killed never runs its teardown: its
 namespaces and run file stay, and the owner named there is gone. Everything
@@ -36,22 +37,26 @@ def new_run_id() -> str:
             return run_id
 
 
+def _run_file(run_id) -> Path:
+    return RUN_DIR / f"{netns.PREFIX}{run_id}.pid"
+
+
 def started(run_id):
     """This process owns run `run_id` from now on (its namespaces are about to exist)."""
     LIVE_RUNS.add(run_id)
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    (RUN_DIR / f"{run_id}.pid").write_text(f"{os.getpid()}\n")
+    _run_file(run_id).write_text(f"{os.getpid()}\n")
 
 
 def ended(run_id):
     """Run `run_id` is torn down: no owner, no run file."""
-    (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
+    _run_file(run_id).unlink(missing_ok=True)
     LIVE_RUNS.discard(run_id)
 
 
 def _owner(run_id):
     try:
-        return int((RUN_DIR / f"{run_id}.pid").read_text())
+        return int(_run_file(run_id).read_text())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -91,7 +96,8 @@ def stale_run_files(known) -> list[Path]:
     do) and no living owner."""
     if not RUN_DIR.exists():
         return []
-    return [p for p in RUN_DIR.glob("*.pid") if p.stem not in known and not owner_alive(p.stem)]
+    return [p for p in RUN_DIR.glob(f"{netns.PREFIX}*.pid")
+            if run_of(p.stem) not in known and not owner_alive(run_of(p.stem))]
 
 
 def orphaned_run_dirs(suffix) -> list[Path]:
@@ -99,7 +105,7 @@ def orphaned_run_dirs(suffix) -> list[Path]:
     namespace is gone: the daemon died with it, and only its files are left."""
     if not RUN_DIR.exists():
         return []
-    return [d for d in RUN_DIR.glob(f"*{suffix}") if not netns.exists(d.name.split(".", 1)[0])]
+    return [d for d in RUN_DIR.glob(f"{netns.PREFIX}*{suffix}") if not netns.exists(d.name.split(".", 1)[0])]
 
 
 def notice(out=None) -> str | None:

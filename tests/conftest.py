@@ -12,6 +12,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# The suite runs in two processes (pytest-xdist, pyproject's addopts). Each is a lab
+# instance of its own, with its own namespace prefix (lab.netns): its runs, dead
+# ones, daemons and `lab cleanup` are its own, and the other's are never seen as
+# its leftovers. Set before lab is imported, and inherited by every command,
+# bench and notebook kernel a test starts.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    os.environ["VTL_NETNS_PREFIX"] = f"vt{_WORKER[2:]}-"
+
 from lab import cgroups, daemons, netns, runs  # noqa: E402
 from lab.cleanup import remove_leftovers  # noqa: E402
 from lab.fastpaths.lb import peers as balancers  # noqa: E402,F401 (its daemons register their run directories)
@@ -50,9 +59,9 @@ def pytest_sessionstart(session):
 def _daemon_leftovers():
     """Daemons' run directories and cgroups, but another live process's (named
     for a namespace of its runs): a second suite or a bench is no test's leftover."""
-    dirs = {d for suffix in daemons.kinds() for d in RUN_DIR.glob(f"*{suffix}")}
-    found = dirs | set(cgroups.lab_cgroups())
-    return {d for d in found if not (d.name.startswith(netns.PREFIX) and _another_live_owner(d.name.split(".")[0]))}
+    dirs = {d for suffix in daemons.kinds() for d in RUN_DIR.glob(f"{netns.PREFIX}*{suffix}")}
+    found = dirs | {c for c in cgroups.lab_cgroups() if c.name.startswith(netns.PREFIX)}
+    return {d for d in found if not _another_live_owner(d.name.split(".")[0])}
 
 
 def _another_live_owner(name):
@@ -75,7 +84,7 @@ def no_leftovers():
     for run_id, names in dead.items():
         for name in names:
             netns.remove(name)
-        (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
+        (RUN_DIR / f"{netns.PREFIX}{run_id}.pid").unlink(missing_ok=True)
     assert not dead, f"a lab run's owner exited without its teardown, leaving {sorted(sum(dead.values(), []))}"
     # another live process's runs are its own (a second suite, a bench, a notebook): never ours to remove
     left = {n for n in set(netns.lab_namespaces()) - before if not _another_live_owner(n)}

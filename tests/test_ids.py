@@ -42,8 +42,10 @@ def lab_cmd(*args, timeout=600, **kw):
 
 
 def suricata_leftovers():
-    """Run directories, cgroups and processes of lab Suricatas."""
-    dirs = sorted(RUN_DIR.glob(f"*{ids.SUFFIX}")) if RUN_DIR.exists() else []
+    """Run directories, cgroups and processes of this lab instance's Suricatas (the
+    suite's other worker is another instance: lab.netns.PREFIX)."""
+    mine = f"{RUN_DIR}/{netns.PREFIX}".encode()
+    dirs = sorted(RUN_DIR.glob(f"{netns.PREFIX}*{ids.SUFFIX}")) if RUN_DIR.exists() else []
     procs = []
     for p in os.listdir("/proc"):
         if p.isdigit():
@@ -51,9 +53,13 @@ def suricata_leftovers():
                 cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if cmd and cmd[0].endswith(b"suricata") and any(str(RUN_DIR).encode() in c for c in cmd):
+            if cmd and cmd[0].endswith(b"suricata") and any(mine in c for c in cmd):
                 procs.append(int(p))
-    return dirs, cgroups.lab_cgroups(), procs
+    return dirs, own_cgroups(), procs
+
+
+def own_cgroups():
+    return [c for c in cgroups.lab_cgroups() if c.name.startswith(netns.PREFIX)]
 
 
 # --- the generator and its truth -------------------------------------------------------
@@ -148,7 +154,7 @@ def test_suricata_bad_input_is_one_line(tmp_path):
             ids.Suricata(t.ns("b"), "eth0", tmp_path / "missing.rules")
         with pytest.raises(ValueError, match=r"outside 1\.\."):
             ids.Suricata(t.ns("b"), "eth0", attacks.RULES, quota_pct=1000)
-    assert not list(RUN_DIR.glob(f"*{ids.SUFFIX}")) and not cgroups.lab_cgroups()
+    assert not list(RUN_DIR.glob(f"{netns.PREFIX}*{ids.SUFFIX}")) and not own_cgroups()
 
 
 # --- the bench ----------------------------------------------------------------------------

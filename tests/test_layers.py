@@ -5,8 +5,11 @@ every import statement, deferred ones included (a deferred import is still a
 dependency, only a hidden one)."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGES = ("ebpf", "lab", "vtap")
@@ -95,3 +98,23 @@ def test_the_walk_sees_imports():
     assert {"ebpf.program", "ebpf.errors"} <= graph["ebpf.vtap.tc_mirror"] | graph["ebpf.vtap.mirror_base"]
     assert "lab.runs" in graph["lab.topology"] and "lab.runs" in graph["lab.cleanup"]
     assert any(d.startswith("ebpf") for d in graph["lab.cleanup"])
+
+
+HEAVY = ("pandas", "scapy", "matplotlib", "nbformat")
+
+
+@pytest.mark.parametrize("argv", [["-m", "lab", "redirect", "--help"], ["-m", "lab", "lb", "--help"],
+                                  ["-m", "lab", "cleanup", "--help"], ["-m", "vtap", "--help"],
+                                  ["-m", "lab.traffic.filetransfer", "--help"]])
+def test_a_command_started_in_a_namespace_loads_only_what_it_runs(argv):
+    """Commands, generators and servers start in namespaces hundreds of times a
+    bench or a suite: `python -m lab redirect` loaded every bench, pandas, scapy
+    and matplotlib first (1.4 s of CPU), a file-transfer server pandas for one
+    path. Read from the interpreter's own import log (-X importtime)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in r.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "lab" in loaded or "vtap" in loaded  # the log is read
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

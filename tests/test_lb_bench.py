@@ -150,7 +150,7 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
     clients = {c for w, n in zip(webs, seen, strict=True) for c in w.clients()[n:]}
     assert clients == ({tb.client4} if name == "direct" else {tb.lb4})   # through the LB, from its address
     # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
-    assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"*{s}")]
+    assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"{netns.PREFIX}*{s}")]
     assert peer.pids() == [] and xdp.attached(lbns) == [] and nft.tables(lbns, "ip") == []
     assert {k: netns.read_sysctl(lbns, k) for k in sysctls} == sysctls
 
@@ -297,7 +297,7 @@ def test_committed_notebook04_holds_its_figures():
 
 
 def _lb_run_dirs():
-    return {d for s in (".proxy", ".xdp-lb") for d in daemons.RUN_DIR.glob(f"*{s}")}
+    return {d for s in (".proxy", ".xdp-lb") for d in daemons.RUN_DIR.glob(f"{netns.PREFIX}*{s}")}
 
 
 def _comm(pid):

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from helpers import snmp, wait_for
 
 from lab import testbeds
@@ -134,6 +135,32 @@ def test_busy_time_is_wall_time_minus_idle(tmp_path):
     assert p["busy_ns"] == 0.5e9 and p["total_ns"] == 1e9
     assert p["idle"] == 50 and p["usr"] == 25 and p["sys"] == 25
     assert abs(sum(p[c] for c in CPU_COLUMNS) - 100) < 1e-9
+
+
+def test_the_windows_busy_time_is_the_sum_of_its_seconds():
+    """The bench writes each trial's busy time and its seconds' busy times, and the
+    two must agree. A reading lands between ticks: one interval counts more idle
+    ticks than its wall time holds (clamped up to them), the next fewer. Computed
+    over the whole window at once, the clamp fell differently, and a CI run's
+    router core was busy 40.0 ms in the trial and 40.9 ms in its seconds."""
+    def reading(user, idle):
+        fields = f"{user} 0 0 {idle} 0 0 0 0 0 0"
+        return {"all": read_fields(fields), 0: read_fields(fields)}
+
+    def read_fields(text):
+        return dict(zip(["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest",
+                         "guest_nice"], map(int, text.split()), strict=True))
+
+    tick = USER_HZ // 100 or 1  # 10 ms in ticks
+    cpu = CpuSampler()
+    # 0.1 s, 0.1 s: the first interval saw 12 ticks of idle in 10 ticks of time, the second 6 and 2 busy
+    cpu._readings = [(0.0, reading(0, 0)), (0.1, reading(0, 12 * tick)), (0.2, reading(2 * tick, 18 * tick))]
+    seconds = cpu.samples()
+    for core in ("all", 0):
+        per = seconds[seconds["cpu"] == core]
+        assert cpu.summary().loc[core, "busy_ns"] == pytest.approx(per["busy_ns"].sum(), rel=1e-9)
+        assert cpu.summary().loc[core, "total_ns"] == pytest.approx(per["total_ns"].sum(), rel=1e-9)
+    assert cpu.summary().loc[0, "busy_ns"] == pytest.approx(0.1e9 - 6 * tick * 1e9 / USER_HZ)
 
 
 def test_rig_gives_a_receiving_dut_a_socket_so_frames_cost_no_icmp():

@@ -304,20 +304,20 @@ def test_a_dead_runs_leftovers_are_said_once_with_what_removes_them(capsys):
         topo.add_host("a")
         with topo:
             err = capsys.readouterr().err.strip().splitlines()
-            said = [ln for ln in err if f"vtl-{run_id}-*" in ln]
+            said = [ln for ln in err if f"{netns.PREFIX}{run_id}-*" in ln]
             assert len(said) == 1 and "3 namespaces" in said[0]
             assert "python -m lab cleanup" in said[0] and "lab.remove_leftovers()" in said[0]
             tap = TcMirror(monitor="lo")
             tap.compile()  # a program starting says nothing new: said once
             tap.close()
-            assert f"vtl-{run_id}-*" not in capsys.readouterr().err
+            assert f"{netns.PREFIX}{run_id}-*" not in capsys.readouterr().err
             removed = remove_leftovers()  # the dead run's, never this process's live one
-            assert sum(f"vtl-{run_id}-" in r for r in removed) == 3
+            assert sum(f"{netns.PREFIX}{run_id}-" in r for r in removed) == 3
             assert not [r for r in removed if topo.prefix in r] and netns.exists(topo.ns("a"))
             assert run_id not in dead_runs() and not (RUN_DIR / f"{run_id}.pid").exists()
     finally:
         for name in netns.lab_namespaces():
-            if name.startswith(f"vtl-{run_id}-"):
+            if name.startswith(f"{netns.PREFIX}{run_id}-"):
                 netns.remove(name)
         (RUN_DIR / f"{run_id}.pid").unlink(missing_ok=True)
 
@@ -382,7 +382,8 @@ def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
             "tap.close(); tb.close(); print('closed', tap.hooks())", timeout=120, output_hook=hook)
         text = "".join(outputs)
         assert "ERROR" not in text, text
-        assert "interrupted True hooks ['eth0 ingress (tc) in netns vtl-" in text and "mon {'w': 40}" in text, text
+        assert "interrupted True hooks ['eth0 ingress (tc) in netns " + netns.PREFIX in text, text
+        assert "mon {'w': 40}" in text, text
         assert "closed []" in text
         stopped = re.search(r"after the interrupt (\d+) frames in 1.5 s; sent before it (\d+)", text)
         assert stopped and int(stopped.group(1)) == 0 and 0 < int(stopped.group(2)) < 1500, text

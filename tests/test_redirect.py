@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 300
 
 
+@pytest.fixture(scope="module")
+def idle_rtb():
+    """One testbed for the tests that only start the command and find nothing
+    attached after it (each checks that): built once, not fourteen times."""
+    with testbeds.router_testbed() as tb:
+        yield tb
+
+
 @pytest.fixture
 def rtb(request):
     """TX checksum offload on at the client and server, as a veth comes; a test
@@ -192,41 +200,41 @@ def redirect_cli(tb, *args, **kw):
      "offload needs a NIC that runs BPF, such as Netronome nfp: Invalid argument"),
     (["--iface", "eth0"], 2, "--rule is required"),
 ])
-def test_bad_input_is_one_line_and_attaches_nothing(rtb, args, status, message):
-    r = redirect_cli(rtb, *args)
+def test_bad_input_is_one_line_and_attaches_nothing(idle_rtb, args, status, message):
+    r = redirect_cli(idle_rtb, *args)
     assert r.returncode == status, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
     others = [ln for ln in r.stderr.splitlines() if ": error: " not in ln and ": warning: " not in ln
               and not ln.startswith(("usage:", " "))]  # argparse's usage lines come with its errors
     assert len(errors) == 1 and message in errors[0] and not others, r.stderr
-    assert xdp.attached(rtb.ns("dut")) == []
+    assert xdp.attached(idle_rtb.ns("dut")) == []
 
 
-def test_the_old_spelling_of_the_xdp_mode_still_works_and_says_so(rtb):
+def test_the_old_spelling_of_the_xdp_mode_still_works_and_says_so(idle_rtb):
     """--mode was the redirect's XDP mode before every tool spelled it --xdp-mode;
     for one release it means the same, with a note."""
-    r = redirect_cli(rtb, "--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--mode", "offload")
+    r = redirect_cli(idle_rtb, "--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--mode", "offload")
     assert r.returncode == 1, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0] == ("python -m lab redirect: warning: --mode is now --xdp-mode; the old spelling goes in the "
                         "next release"), r.stderr
     assert "offload needs a NIC that runs BPF" in lines[-1], r.stderr
-    assert xdp.attached(rtb.ns("dut")) == []
+    assert xdp.attached(idle_rtb.ns("dut")) == []
 
 
-def test_not_root(rtb):
-    r = rtb.topo.run("dut", ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "lab",
-                             "redirect", "--iface", "eth0", "--rule", rtb.rules()[0]],
-                     check=False, capture_output=True, text=True, cwd=ROOT)
+def test_not_root(idle_rtb):
+    r = idle_rtb.topo.run("dut", ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "lab",
+                                  "redirect", "--iface", "eth0", "--rule", idle_rtb.rules()[0]],
+                          check=False, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.startswith("python -m lab redirect: error: must run as root"), r.stderr
 
 
-def test_verifier_rejection_shows_the_verifiers_line(rtb, tmp_path):
+def test_verifier_rejection_shows_the_verifiers_line(idle_rtb, tmp_path):
     broken = unchecked_copy(ROOT / "ebpf/redirect/xdp_redirect.bpf.c", "ctx->data", tmp_path)
     code = ("import sys; from ebpf import XdpRedirect\n"
-            f"p = XdpRedirect({rtb.rules()!r}, source={str(broken)!r})\n"
+            f"p = XdpRedirect({idle_rtb.rules()!r}, source={str(broken)!r})\n"
             "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
-    r = rtb.topo.run("dut", [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    r = idle_rtb.topo.run("dut", [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.startswith("VerifierError verifier rejected xdp_redirect: ") and "packet" in r.stdout, r.stdout
 
 

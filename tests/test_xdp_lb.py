@@ -45,7 +45,7 @@ def lab(request):
             sink.close()
             for w in webs + webs6:
                 w.close()
-    assert not list(RUN_DIR.glob(f"*{SUFFIX}"))
+    assert not list(RUN_DIR.glob(f"{netns.PREFIX}*{SUFFIX}"))
 
 
 def get(tb, url, n):

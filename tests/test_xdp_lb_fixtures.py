@@ -53,11 +53,18 @@ def net():
         yield t
 
 
-@pytest.fixture
-def rig(net):
+@pytest.fixture(scope="module")
+def default_rig(net):
     r = Rig(net)
     yield r
     r.close()
+
+
+@pytest.fixture
+def rig(default_rig):
+    """The default service, as a new program has it: the module's one program, reset."""
+    default_rig.reset()
+    return default_rig
 
 
 def checksums_valid(frame: bytes) -> bool:

@@ -16,18 +16,7 @@ from ..metrics import write_results
 from ..testbeds import lb_testbed
 from ..traffic import GENERATORS
 from ..traffic.partial import partial
-from .common import (
-    FCS,
-    Progress,
-    add_options,
-    checked_options,
-    close_all,
-    columns_first,
-    interleaved,
-    parse_list,
-    summarize,
-    udp_frames,
-)
+from . import common
 
 NAME = "xdp-cost"
 SUMMARY = "a program's own ns per packet (kernel BPF statistics), whole vs partial sender checksums"
@@ -52,20 +41,20 @@ BPF_STATS_RUN_TIME = 0
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    add_options(p, trials=5, duration=2.0, peers=PROGRAMS, old_peers="--programs")
+    common.add_options(p, trials=5, duration=2.0, peers=PROGRAMS, old_peers="--programs")
     p.add_argument("--sizes", default="64,1518", help="frame sizes in bytes with FCS (default %(default)s)")
     p.add_argument("--sender-csum", default=",".join(CSUMS), help="whole and/or partial (default %(default)s)")
     p.add_argument("--rate", type=int, default=100000, help="frames per second (default %(default)s)")
 
 
 def main(a):
-    programs, _ = checked_options(a, PROGRAMS, "program")
-    sizes = parse_list(a.sizes, int, what="size")
-    csums = parse_list(a.sender_csum, str, CSUMS, "sender checksum")
+    programs, _ = common.checked_options(a, PROGRAMS, "program")
+    sizes = common.parse_list(a.sizes, int, what="size")
+    csums = common.parse_list(a.sender_csum, str, CSUMS, "sender checksum")
     if not 1000 <= a.rate <= 1000000:
         raise ValueError(f"--rate must be 1000..1000000 frames/s, not {a.rate}")
     df, path = run(programs, sizes, csums, a.trials, a.duration, a.rate, a.out)
-    s = summarize(df, ["program", "size", "sender_csum"], ["ns_per_run"])
+    s = common.summarize(df, ["program", "size", "sender_csum"], ["ns_per_run"])
     print("\nmedian [min..max] ns per run of the program")
     for _, r in s.iterrows():
         print(f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} {r['ns_per_run_median']:7.0f} "
@@ -117,7 +106,7 @@ def _programs(tb, names):
 def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True):
     rows = []
     variants = [(p, c) for p in programs for c in csums]
-    bar = Progress(trials * len(sizes) * len(variants)) if progress else None
+    bar = common.Progress(trials * len(sizes) * len(variants)) if progress else None
     tb = lb_testbed(backends=1)
     with tb, BpfRunStats(), XdpSink("pass") as sink:
         # the generator's frames enter the switch through the client's port: a
@@ -126,11 +115,11 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
         progs = _programs(tb, programs)
         gens = {}
         try:
-            for trial, size, (name, csum) in interleaved(trials, sizes, variants):
+            for trial, size, (name, csum) in common.interleaved(trials, sizes, variants):
                 prog = progs[name]
                 key = (name, size, csum)
                 if key not in gens:
-                    frames = udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
+                    frames = common.udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
                                         tb.topo.mac(tb.lb, "eth0"), size, 1, dport=PORT[name])
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
@@ -150,10 +139,10 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                 if bar:
                     bar.step(f"{name} {csum} {size}B trial {trial}")
         finally:
-            close_all(gens, progs)
-    df = columns_first(rows, COLUMNS)
+            common.close_all(gens, progs)
+    df = common.columns_first(rows, COLUMNS)
     params = {"programs": programs, "sizes": sizes, "sender_csum": csums, "trials": trials, "duration_s": duration,
-              "rate_pps": rate, "fcs": FCS}
+              "rate_pps": rate, "fcs": common.FCS}
     return df, write_results(df, "xdp_cost", params, out)
 
 

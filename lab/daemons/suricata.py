@@ -360,7 +360,7 @@ class Suricata(Daemon):
         exists (their processes died with it)."""
         removed = super().leftovers()
         for cg in lab_cgroups():
-            if not netns.exists(cg.name.split(".", 1)[0]):
+            if cg.name.startswith(netns.PREFIX) and not netns.exists(cg.name.split(".", 1)[0]):
                 remove_cgroup(cg)
                 removed.append(f"cgroup {cg}")
         return removed

@@ -13,15 +13,31 @@
 
 Every source has send(count=None, seconds=..., rate_pps=None) -> SendReport.
 """
-from .filetransfer import FileTransfer, FileTransferServer
-from .frames import Capture, ExactFrames, Flow, Marker, build, flow_frames, packet_socket, send_frames
-from .iperf import Iperf3
-from .report import MAX_PACKETS, MAX_SECONDS, SendReport
-from .trafgen import TrafgenGenerator
-from .xdpgen import XdpGenerator
+from importlib import import_module
 
-GENERATORS = {"xdp": XdpGenerator, "trafgen": TrafgenGenerator}
+# Imported on first use: a generator's own process (`python -m lab.traffic.filetransfer`
+# in a namespace, started dozens of times per bench) then loads only what it runs,
+# not scapy, BCC and pandas for every sibling module (a second of CPU per start).
+_LAZY = {
+    "FileTransfer": ".filetransfer", "FileTransferServer": ".filetransfer",
+    "Capture": ".frames", "ExactFrames": ".frames", "Flow": ".frames", "Marker": ".frames", "build": ".frames",
+    "flow_frames": ".frames", "packet_socket": ".frames", "send_frames": ".frames",
+    "Iperf3": ".iperf",
+    "MAX_PACKETS": ".report", "MAX_SECONDS": ".report", "SendReport": ".report",
+    "TrafgenGenerator": ".trafgen", "XdpGenerator": ".xdpgen",
+}
 
-__all__ = ["Capture", "ExactFrames", "FileTransfer", "FileTransferServer", "Flow", "GENERATORS", "Iperf3",
-           "MAX_PACKETS", "MAX_SECONDS", "Marker", "SendReport", "TrafgenGenerator", "XdpGenerator", "build",
-           "flow_frames", "packet_socket", "send_frames"]
+__all__ = sorted([*_LAZY, "GENERATORS"])
+
+
+def __getattr__(name):
+    if name == "GENERATORS":
+        # each generator's module, so that whoever names one gets the class
+        return {"xdp": __getattr__("XdpGenerator"), "trafgen": __getattr__("TrafgenGenerator")}
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {"GENERATORS"})

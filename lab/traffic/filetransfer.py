@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from .. import netns
-from ..metrics import REPO
+from ..paths import REPO
 from .generator import Generator, run_bounded
 from .report import ETH_HLEN, UDP_HLEN, ip_hlen
 

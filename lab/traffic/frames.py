@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .. import netns
-from ..metrics import iface_counters
+from ..counters import iface_counters
 from .report import MAX_PACKETS, MAX_SECONDS, SendReport
 
 ETH_P_ALL = 0x0003

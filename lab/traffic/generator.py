@@ -14,7 +14,7 @@ import time
 from ebpf.netdev import ifindex_of
 
 from .. import netns
-from ..metrics import iface_counters
+from ..counters import iface_counters
 from .report import SendReport, check_bounds
 
 

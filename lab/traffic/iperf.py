@@ -28,7 +28,7 @@ import subprocess
 import time
 
 from .. import netns
-from ..metrics import iface_counters
+from ..counters import iface_counters
 from .generator import Generator, run_bounded
 from .report import ETH_HLEN, MAX_LOAD_PACKETS, UDP_HLEN, ip_hlen
 

@@ -18,18 +18,7 @@ import time
 import pandas as pd
 
 from lab import metrics, netns
-from lab.bench.common import (
-    FCS,
-    Progress,
-    add_options,
-    checked_options,
-    close_all,
-    columns_first,
-    interleaved,
-    parse_list,
-    summarize,
-    udp_frames,
-)
+from lab.bench import common
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, CpuSampler, write_results
 from lab.rig import Rig
@@ -55,7 +44,7 @@ COLUMNS = ["peer", "mode", "size", "trial", "offered_pps", "duration_s", "sent_p
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    add_options(p, trials=3, duration=2.0, peers=list(PEERS), cpus="generator,DUT")
+    common.add_options(p, trials=3, duration=2.0, peers=list(PEERS), cpus="generator,DUT")
     p.add_argument("--xdp-modes", default="native", help="XDP modes the xdp peer runs in (default %(default)s)")
     renamed(p, "--modes", "--xdp-modes")
     p.add_argument("--sizes", default="64", help="frame sizes in bytes with FCS (default %(default)s)")
@@ -63,9 +52,9 @@ def add_arguments(p):
 
 
 def main(args):
-    peers, cpus = checked_options(args, list(PEERS), "peer", cpus="generator,DUT")
-    modes = parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
-    sizes = parse_list(args.sizes, int, what="size")
+    peers, cpus = common.checked_options(args, list(PEERS), "peer", cpus="generator,DUT")
+    modes = common.parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
+    sizes = common.parse_list(args.sizes, int, what="size")
     if not 1000 <= args.rate <= 1_000_000:
         raise ValueError(f"--rate must be 1000..1000000 frames/s, not {args.rate}")
     df, path = run(peers, modes, sizes, args.trials, args.duration, args.rate, cpus, args.out)
@@ -115,15 +104,15 @@ class PairRig(Rig):
 def run(peers, modes, sizes, trials, duration, rate, cpus=(0, 1), out=None, progress=True):
     gen_cpu, dut_cpu = cpus
     rows, chosen = [], variants(peers, modes)
-    bar = Progress(trials * len(sizes) * len(chosen)) if progress else None
+    bar = common.Progress(trials * len(sizes) * len(chosen)) if progress else None
     with PairRig(gen_cpu, dut_cpu) as rig:
         t = rig.tb
         made = {v: PEERS[v[0]](t.ns("dut"), "eth0", [f"udp:{PORT}"], v[1]) for v in chosen}
         gens = {}
         try:
-            for trial, size, v in interleaved(trials, sizes, chosen):
+            for trial, size, v in common.interleaved(trials, sizes, chosen):
                 if size not in gens:
-                    frames = udp_frames(t.addr("src", "eth0"), t.addr("dut", "eth0"), t.mac("src", "eth0"),
+                    frames = common.udp_frames(t.addr("src", "eth0"), t.addr("dut", "eth0"), t.mac("src", "eth0"),
                                         t.mac("dut", "eth0"), size, dport=PORT)
                     gens[size] = GENERATORS["xdp"](t.ns("src"), "eth0", frames, cpu=gen_cpu).open()
                 m = rig.run(gens[size], made[v], duration, rate)
@@ -137,16 +126,16 @@ def run(peers, modes, sizes, trials, duration, rate, cpus=(0, 1), out=None, prog
                 if bar:
                     bar.step(f"{made[v].label} {size}B trial {trial}")
         finally:
-            close_all(gens, made)
-    df = columns_first(rows, COLUMNS)
+            common.close_all(gens, made)
+    df = common.columns_first(rows, COLUMNS)
     params = {"peers": peers, "modes": modes, "sizes": sizes, "trials": trials, "duration_s": duration,
-              "rate_pps": rate, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "port": PORT, "fcs_bytes": FCS}
+              "rate_pps": rate, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "port": PORT, "fcs_bytes": common.FCS}
     return df, write_results(df, "port_filter", params, out)
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     d = df.assign(label=df["peer"] + df["mode"].fillna("").map(lambda m: f":{m}" if m else ""))
-    return summarize(d, ["size", "label"], ["dut_ns_per_pkt", "dropped"])
+    return common.summarize(d, ["size", "label"], ["dut_ns_per_pkt", "dropped"])
 
 
 def print_summary(df, stream=sys.stdout):

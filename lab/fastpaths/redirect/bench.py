@@ -23,18 +23,7 @@ import sys
 import pandas as pd
 
 from lab import testbeds
-from lab.bench.common import (
-    FCS,
-    Progress,
-    add_options,
-    checked_options,
-    close_all,
-    columns_first,
-    interleaved,
-    parse_list,
-    summarize,
-    udp_frames,
-)
+from lab.bench import common
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, write_results
 from lab.traffic import GENERATORS
@@ -73,7 +62,7 @@ def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--workload", default="transfer", choices=("transfer", "rate"),
                    help="a file transfer (the report's) or frames at a rate (default %(default)s)")
-    add_options(p, trials=5, duration=3.0, peers=METHOD_ORDER, old_peers="--methods",
+    common.add_options(p, trials=5, duration=3.0, peers=METHOD_ORDER, old_peers="--methods",
                 cpus="generator (and client, server),router")
     p.add_argument("--xdp-modes", default="native,generic",
                    help="XDP modes the xdp-* methods run in (default %(default)s)")
@@ -103,8 +92,8 @@ def method_specs(methods, modes):
 
 
 def main(args):
-    methods, cpus = checked_options(args, METHOD_ORDER, "method", cpus="generator,router")
-    modes = parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
+    methods, cpus = common.checked_options(args, METHOD_ORDER, "method", cpus="generator,router")
+    modes = common.parse_list(args.xdp_modes, str, ["native", "generic"], "mode")
     specs = method_specs(methods, modes)
     if args.workload == "transfer":
         size = _size(args.transfer_size)
@@ -112,10 +101,10 @@ def main(args):
             raise ValueError(f"--transfer-size must be 1K..4G, not {args.transfer_size}")
         df, paths = run_transfer(specs, args.trials, size, args.family, cpus, args.out, vip=args.vip)
     else:
-        sizes = parse_list(args.sizes, int, what="size")
-        flows = parse_list(args.flows, int, what="flow count")
-        rates = [None if r == "ceiling" else int(r) for r in parse_list(args.rates, str, what="rate")]
-        csums = parse_list(args.sender_csum, str, ["whole", "partial"], "sender checksum")
+        sizes = common.parse_list(args.sizes, int, what="size")
+        flows = common.parse_list(args.flows, int, what="flow count")
+        rates = [None if r == "ceiling" else int(r) for r in common.parse_list(args.rates, str, what="rate")]
+        csums = common.parse_list(args.sender_csum, str, ["whole", "partial"], "sender checksum")
         df, paths = run_rate(specs, args.trials, sizes, flows, rates, args.duration, args.family, cpus, args.out,
                              csums=csums, vip=args.vip)
     print_summary(df)
@@ -132,11 +121,11 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
     """The report's workload. Returns (DataFrame, [CSV paths])."""
     gen_cpu, dut_cpu = cpus
     rows, seconds_rows = [], []
-    bar = Progress(trials * len(specs)) if progress else None
+    bar = common.Progress(trials * len(specs)) if progress else None
     with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         methods = {s: make_method(s, rig.tb) for s in specs}
         try:
-            for trial, _, spec in interleaved(trials, [size], specs):
+            for trial, _, spec in common.interleaved(trials, [size], specs):
                 m = methods[spec]
                 r = rig.run_transfer(m, size, seconds=max(60.0, size / 2e6), family=family)
                 rep, cpu = r["report"], r["cpu"]
@@ -156,8 +145,8 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
                 if bar:
                     bar.step(f"{m.label} trial {trial}")
         finally:
-            close_all(methods)
-    df = columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
+            common.close_all(methods)
+    df = common.columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
     params = {"workload": "transfer", "methods": specs, "trials": trials, "bytes": size, "family": family,
               "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "vip": vip}
     path = write_results(df, "redirect_transfer", params, out)
@@ -174,20 +163,20 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
     rows = []
     settings = [(s, f, r) for s in sizes for f in flows_list for r in rates]
     variants = [(spec, c) for spec in specs for c in csums]
-    bar = Progress(trials * len(settings) * len(variants)) if progress else None
+    bar = common.Progress(trials * len(settings) * len(variants)) if progress else None
     with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         methods = {s: make_method(s, tb) for s in specs}
         gens = {}
         try:
-            for trial, setting, (spec, csum) in interleaved(trials, settings, variants):
+            for trial, setting, (spec, csum) in common.interleaved(trials, settings, variants):
                 size, nflows, rate = setting
                 m = methods[spec]
                 to, port = m.target(family)
                 key = (size, nflows, to, port, csum)
                 if key not in gens:
                     src = tb.client4 if family == 4 else tb.client6
-                    frames = udp_frames(src, to, tb.topo.mac(tb.client, "eth0"), tb.topo.mac(tb.dut, tb.dut_in),
+                    frames = common.udp_frames(src, to, tb.topo.mac(tb.client, "eth0"), tb.topo.mac(tb.dut, tb.dut_in),
                                         size, nflows, base_sport=20000, dport=port)
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
@@ -209,11 +198,11 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                 if bar:
                     bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} trial {trial}")
         finally:
-            close_all(gens, methods)
-    df = columns_first(rows, COLUMNS)
+            common.close_all(gens, methods)
+    df = common.columns_first(rows, COLUMNS)
     params = {"workload": "rate", "methods": specs, "trials": trials, "sizes": sizes, "flows": flows_list,
               "rates": rates, "duration_s": duration, "family": family, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu,
-              "fcs": FCS, "sender_csum": list(csums), "vip": vip}
+              "fcs": common.FCS, "sender_csum": list(csums), "vip": vip}
     return df, [write_results(df, "redirect_rate", params, out)]
 
 
@@ -226,7 +215,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     values = ["dut_ns_per_pkt", "cpu_soft", "cpu_sys"] + (["forwarded_pps"] if df["workload"].iloc[0] == "rate"
                                                           else ["goodput_mbps", "dut_busy_ms"])
     d = df.fillna({"size": 0})
-    return summarize(d, keys, values)
+    return common.summarize(d, keys, values)
 
 
 def print_summary(df, stream=sys.stdout):

@@ -22,17 +22,7 @@ from ebpf import netdev
 from ebpf.instruments.xdp_sink import XdpSink
 from ebpf.redirect.xdp_redirect import XdpRedirect
 from lab import testbeds
-from lab.bench.common import (
-    Progress,
-    add_options,
-    checked_options,
-    close_all,
-    columns_first,
-    interleaved,
-    parse_list,
-    summarize,
-    udp_frames,
-)
+from lab.bench import common
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, write_results
 from lab.peer import Peer
@@ -110,7 +100,7 @@ class XdpProgram(Peer):
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    add_options(p, trials=5, duration=3.0, peers=PROGRAMS, old_peers="--programs", cpus="generator,router")
+    common.add_options(p, trials=5, duration=3.0, peers=PROGRAMS, old_peers="--programs", cpus="generator,router")
     p.add_argument("--xdp-modes", default=",".join(MODES), help="any of %(default)s (default: all)")
     renamed(p, "--modes", "--xdp-modes")
     p.add_argument("--sizes", default="64", help="frame sizes with FCS (default %(default)s)")
@@ -119,10 +109,10 @@ def add_arguments(p):
 
 
 def main(args):
-    programs, cpus = checked_options(args, PROGRAMS, "program", cpus="generator,router")
-    modes = parse_list(args.xdp_modes, str, MODES, "mode")
-    sizes = parse_list(args.sizes, int, what="size")
-    rates = [None if r == "ceiling" else int(r) for r in parse_list(args.rates, str, what="rate")]
+    programs, cpus = common.checked_options(args, PROGRAMS, "program", cpus="generator,router")
+    modes = common.parse_list(args.xdp_modes, str, MODES, "mode")
+    sizes = common.parse_list(args.sizes, int, what="size")
+    rates = [None if r == "ceiling" else int(r) for r in common.parse_list(args.rates, str, what="rate")]
     df, path = run(programs, modes, sizes, rates, args.trials, args.duration, cpus, args.out)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
@@ -149,7 +139,7 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
     run_modes = [m for m in modes if m != "offload"]
     variants = [(p, m) for p in programs for m in run_modes]
     settings = [(s, r) for s in sizes for r in rates]
-    bar = Progress(max(1, trials * len(settings) * len(variants))) if progress else None
+    bar = common.Progress(max(1, trials * len(settings) * len(variants))) if progress else None
     with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         if "offload" in modes:
@@ -157,10 +147,10 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
         peers = {v: XdpProgram(tb, *v) for v in variants}
         gens = {}
         try:
-            for trial, (size, rate), variant in interleaved(trials, settings, variants):
+            for trial, (size, rate), variant in common.interleaved(trials, settings, variants):
                 peer = peers[variant]
                 if size not in gens:
-                    frames = udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
+                    frames = common.udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
                                         tb.topo.mac(tb.dut, tb.dut_in), size, 1, dport=tb.service_port)
                     gens[size] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=gen_cpu).open()
                 r = rig.run_rate(gens[size], peer, seconds=duration, rate_pps=rate)
@@ -177,8 +167,8 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
                 if bar:
                     bar.step(f"{peer.name} {size}B {rate or 'max'} trial {trial}")
         finally:
-            close_all(gens, peers)
-    df = columns_first(rows, COLUMNS)  # offload rows alone lack most columns
+            common.close_all(gens, peers)
+    df = common.columns_first(rows, COLUMNS)  # offload rows alone lack most columns
     params = {"programs": programs, "modes": modes, "sizes": sizes, "rates": rates, "trials": trials,
               "duration_s": duration, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
     return df, write_results(df, "xdp_modes", params, out)
@@ -187,7 +177,7 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
 def print_summary(df, stream=sys.stdout):
     ok = df[df["status"] == "ok"]
     if len(ok):
-        s = summarize(ok, ["program", "mode", "size", "offered_pps"], ["handled_pps", "dut_ns_per_pkt"])
+        s = common.summarize(ok, ["program", "mode", "size", "offered_pps"], ["handled_pps", "dut_ns_per_pkt"])
         stream.write("\nmedian [min..max] over trials; ns of router CPU per handled packet\n")
         for _, r in s.iterrows():
             offered = "max" if not r["offered_pps"] else f"{r['offered_pps'] / 1e3:.0f}k"

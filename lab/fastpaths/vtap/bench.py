@@ -14,19 +14,7 @@ import sys
 import pandas as pd
 
 from lab import testbeds
-from lab.bench.common import (
-    FCS,
-    SIZES,
-    Progress,
-    add_options,
-    checked_options,
-    close_all,
-    columns_first,
-    interleaved,
-    parse_list,
-    summarize,
-    udp_frames,
-)
+from lab.bench import common
 from lab.bench.xdp_cost import BpfRunStats, run_stats
 from lab.metrics import CPU_COLUMNS, write_results
 from lab.traffic import GENERATORS
@@ -78,9 +66,9 @@ def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--testbed", default="1", help="1, 2, 3 or a list, 1,2,3 (default %(default)s); 3 routes, "
                    "where the XDP vTAP (ebpf-xdp) runs")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
+    p.add_argument("--sizes", default=",".join(map(str, common.SIZES)),
                    help="frame sizes in bytes with FCS (default: the paper's, %(default)s)")
-    add_options(p, trials=5, duration=5.0, peers=MIRROR_ORDER, old_peers="--mirrors", cpus="generator,DUT")
+    common.add_options(p, trials=5, duration=5.0, peers=MIRROR_ORDER, old_peers="--mirrors", cpus="generator,DUT")
     p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS),
                    help="packet source: our XDP generator or netsniff-ng's trafgen (default %(default)s)")
     p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default %(default)s)")
@@ -95,9 +83,9 @@ def add_arguments(p):
 
 
 def main(args):
-    tbs = parse_list(args.testbed, int, [1, 2, 3], "testbed")
-    sizes = parse_list(args.sizes, int, what="size")
-    mirrors, cpus = checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
+    tbs = common.parse_list(args.testbed, int, [1, 2, 3], "testbed")
+    sizes = common.parse_list(args.sizes, int, what="size")
+    mirrors, cpus = common.checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
     if args.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
         for name in mirrors:
             missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
@@ -106,9 +94,9 @@ def main(args):
                                  f"{', '.join(map(str, MIRRORS[name].testbeds))})")
     if args.rate is not None and args.rate <= 0:
         raise ValueError(f"--rate must be a positive number of packets/s, not {args.rate}")
-    sessions = {"rules": parse_list(args.rules, int, what="rule count"),
-                "targets": parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
-                "truncate": parse_list(args.truncate, int, what="truncation")}
+    sessions = {"rules": common.parse_list(args.rules, int, what="rule count"),
+                "targets": common.parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
+                "truncate": common.parse_list(args.truncate, int, what="truncation")}
     if not all(1 <= n <= 256 for n in sessions["rules"]):
         raise ValueError("--rules: 1 to 256 rules")
     if not all(t == 0 or 64 <= t <= 9000 for t in sessions["truncate"]):
@@ -132,8 +120,8 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
         "testbed": tb_no, "mirror": mirror.name, "size": size, "trial": trial, "duration_s": round(secs, 3),
         "sender_pps": rep.pps, "receiver_pps": rx["packets"] / secs, "monitor_pps": mon["packets"] / secs,
         # Mbps of frames with FCS, as the sizes are given
-        "receiver_mbps": (rx["bytes"] + FCS * rx["packets"]) * 8 / secs / 1e6,
-        "monitor_mbps": (mon["bytes"] + FCS * mon["packets"]) * 8 / secs / 1e6,
+        "receiver_mbps": (rx["bytes"] + common.FCS * rx["packets"]) * 8 / secs / 1e6,
+        "monitor_mbps": (mon["bytes"] + common.FCS * mon["packets"]) * 8 / secs / 1e6,
         "receiver_loss": 1 - rx["packets"] / rep.packets if rep.packets else 0.0,
         "monitor_loss": ((1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none"
                          else None),
@@ -181,7 +169,7 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
     rows = []
     todo = variants(mirrors, sessions)
     total = sum(trials * len(sizes) * len([v for v in todo if t in MIRRORS[v[1]].testbeds]) for t in testbed_nos)
-    bar = Progress(total) if progress else None
+    bar = common.Progress(total) if progress else None
     for tb_no in testbed_nos:
         here = [v for v in todo if tb_no in MIRRORS[v[1]].testbeds]
         tunnels = any(kw.get("target", "local") != "local" for _, _, kw in here)
@@ -198,9 +186,9 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                 for label, name, kw in here:
                     peers[label] = MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu,
                                                  **kw)
-                for trial, size, label in interleaved(trials, sizes, [v[0] for v in here]):
+                for trial, size, label in common.interleaved(trials, sizes, [v[0] for v in here]):
                     if size not in gens:
-                        frames = udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
+                        frames = common.udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
                                             dport=rig.udp_port)  # the port of the receiving DUT's socket
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
@@ -214,8 +202,8 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
                     if bar:
                         bar.step(f"tb{tb_no} {label} {size}B trial {trial}")
             finally:
-                close_all(gens, peers)
-    df = columns_first(rows, COLUMNS)
+                common.close_all(gens, peers)
+    df = common.columns_first(rows, COLUMNS)
     params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
               "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
               "dut_cpu": dut_cpu, "rate_pps": rate_pps, "sessions": sessions}
@@ -237,7 +225,7 @@ def with_variant(df: pd.DataFrame) -> pd.DataFrame:
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     df = with_variant(df)
-    s = summarize(df, ["testbed", "size", "mirror", "variant"],
+    s = common.summarize(df, ["testbed", "size", "mirror", "variant"],
                   ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
     s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
     return s.sort_values(["testbed", "size", "order", "variant"]).drop(columns="order").reset_index(drop=True)

@@ -20,8 +20,6 @@ include/ (the parsing, checksum, rewriting headers and the one exit, verdict.h).
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
 """
-from importlib import import_module
-
 from .errors import (
     AttachError,
     BpfError,
@@ -32,6 +30,7 @@ from .errors import (
     PrivilegeError,
     VerifierError,
 )
+from .lazy import lazy
 
 _LAZY = {"BpfProgram": ".program", "TcMirror": ".vtap.tc_mirror", "XdpMirror": ".vtap.xdp_mirror",
          "SessionMirror": ".vtap.sessions.tc_sessions", "Session": ".vtap.sessions.config",
@@ -47,7 +46,4 @@ __all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError"
            "XdpRedirect", "XdpSink", "load_sessions"]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, _LAZY)

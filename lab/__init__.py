@@ -12,7 +12,7 @@ What a notebook or a script imports, directly from here:
 
 The names are imported on first use, so `import lab` stays light.
 """
-from importlib import import_module
+from ebpf.lazy import lazy
 
 _LAZY = {
     "testbed1": ".testbeds", "testbed2": ".testbeds", "testbed3": ".testbeds", "router_testbed": ".testbeds",
@@ -27,11 +27,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy(__name__, _LAZY)

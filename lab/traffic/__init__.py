@@ -13,7 +13,7 @@
 
 Every source has send(count=None, seconds=..., rate_pps=None) -> SendReport.
 """
-from importlib import import_module
+from ebpf.lazy import lazy
 
 # Imported on first use: a generator's own process (`python -m lab.traffic.filetransfer`
 # in a namespace, started dozens of times per bench) then loads only what it runs,
@@ -30,14 +30,6 @@ _LAZY = {
 __all__ = sorted([*_LAZY, "GENERATORS"])
 
 
-def __getattr__(name):
-    if name == "GENERATORS":
-        # each generator's module, so that whoever names one gets the class
-        return {"xdp": __getattr__("XdpGenerator"), "trafgen": __getattr__("TrafgenGenerator")}
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | {"GENERATORS"})
+__getattr__, __dir__ = lazy(__name__, _LAZY, made={
+    # each generator's module, so that whoever names one gets the class
+    "GENERATORS": lambda: {"xdp": __getattr__("XdpGenerator"), "trafgen": __getattr__("TrafgenGenerator")}})

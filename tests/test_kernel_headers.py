@@ -6,11 +6,13 @@ import ipaddress
 import struct
 
 import pytest
+from bcc import BPF
 from scapy.layers.inet import IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop
 from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
 from scapy.packet import Raw
 
+import ebpf
 from ebpf import BpfProgram, testrun
 
 NEW4, NEW6, NEW_PORT = "198.18.7.7", "2001:2:0:7::7", 8083
@@ -254,3 +256,45 @@ def test_what_must_not_be_touched_is_not(prog, name, frame, verdict):
     data = bytes(frame)
     r = testrun.run(prog, data)
     assert r.verdict == verdict and r.data == data
+
+
+# Each program class, built as its smallest user would (the arguments it cannot do without).
+PROGRAMS = {
+    "TcMirror": lambda: ebpf.TcMirror(monitor="lo"),
+    "XdpMirror": lambda: ebpf.XdpMirror(monitor="lo"),
+    "SessionMirror": lambda: ebpf.SessionMirror([ebpf.Session(target="lo")]),
+    "XdpRedirect": lambda: ebpf.XdpRedirect(),
+    "TcRedirect": lambda: ebpf.TcRedirect(),
+    "XdpLoadBalancer": lambda: ebpf.XdpLoadBalancer(),
+    "XdpPortFilter": lambda: ebpf.XdpPortFilter(["udp:9"]),
+    "XdpSink": lambda: ebpf.XdpSink(),
+    "XdpGen": lambda: ebpf.XdpGen(),
+    "XdpPeerPass": lambda: ebpf.XdpPeerPass(),
+}
+# Kernel headers (not uapi) a program may name: linux/socket.h is entered and
+# skipped by its guard (parsing_helpers.h), linux/in6.h is a few lines.
+KERNEL_OWN_ALLOWED = {"include/linux/socket.h", "include/linux/in6.h"}
+
+
+def test_every_program_class_is_in_the_header_check():
+    classes = {n for n in ebpf.__all__ if isinstance(getattr(ebpf, n), type)
+               and issubclass(getattr(ebpf, n), BpfProgram) and n != "BpfProgram"}
+    assert classes == set(PROGRAMS), "add the new program class to PROGRAMS"
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_compile_reads_uapi_headers_not_the_kernels_own(name, capfd):
+    """BCC puts the kernel's include/ before include/uapi, so a uapi header that
+    includes <linux/socket.h> (in.h, tcp.h) got the kernel's own, and through it
+    199 headers of the kernel into every compile, two thirds of its time. clang's
+    -H lists every header a compile opens."""
+    prog = PROGRAMS[name]()
+    capfd.readouterr()
+    bpf = BPF(text=prog.c_text().encode(), cflags=[*prog.cflags, "-H"])
+    bpf.cleanup()
+    listed = [ln.split(" ", 1)[1].strip() for ln in capfd.readouterr().err.splitlines()
+              if ln.startswith(".") and " " in ln and set(ln.split(" ", 1)[0]) == {"."}]
+    assert listed, "clang -H listed no header: the check would pass on anything"
+    kernel_own = {h for h in listed if "/uapi/" not in h and not h.startswith(("include/uapi/", "/virtual/"))
+                  and "/ebpf/" not in h}
+    assert kernel_own <= KERNEL_OWN_ALLOWED, sorted(kernel_own)[:10]

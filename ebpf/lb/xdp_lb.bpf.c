@@ -43,7 +43,6 @@
  * the verdict and the reason.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/socket.h>
 #include "parsing_helpers.h"
 #include "rewrite_helpers.h"
 #include "verdict.h"

@@ -46,7 +46,6 @@
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
-#include <linux/socket.h>
 #include "parsing_helpers.h"
 #include "xdp_redirect.h"
 #include "redirect_match.h" /* the maps, the parse and the lookup, shared with xdp_redirect.bpf.c */

@@ -31,7 +31,6 @@
  * and the reason.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/socket.h>
 #include "parsing_helpers.h"
 #include "rewrite_helpers.h"
 #include "xdp_redirect.h"

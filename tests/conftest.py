@@ -4,6 +4,7 @@ tool; under CI=true that is a failure (see require())."""
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,14 @@ sys.path.insert(0, str(ROOT))
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw"):
     os.environ["VTL_NETNS_PREFIX"] = f"vt{_WORKER[2:]}-"
+
+# Tests send SIGINT to the commands they start, as Ctrl-C at a terminal would. A
+# suite started in the background of a script (`make test &`) inherits SIGINT
+# ignored, and so would every command it starts: Python then installs no
+# KeyboardInterrupt for it, and an interrupted bench ran to its end (exit 0).
+# The commands get the terminal's default, however the suite was started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from lab import cgroups, daemons, netns, runs  # noqa: E402
 from lab.cleanup import remove_leftovers  # noqa: E402

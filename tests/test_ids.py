@@ -315,7 +315,7 @@ def test_interrupted_bench_removes_everything_itself(tmp_path):
     proc = _start_bench_and_wait_for_both_idses(tmp_path)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "lab: interrupted; everything this run started has been removed"
     assert "Traceback" not in err
     assert suricata_leftovers() == before and set(netns.lab_namespaces()) == namespaces

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The suite runs in two processes (pytest-xdist, pyproject's addopts). Each is a lab
+# The suite runs in parallel processes (pytest-xdist, pyproject's addopts). Each is a lab
 # instance of its own, with its own namespace prefix (lab.netns): its runs, dead
 # ones, daemons and `lab cleanup` are its own, and the other's are never seen as
 # its leftovers. Set before lab is imported, and inherited by every command,

@@ -88,7 +88,7 @@ def test_a_dead_runs_leftovers_are_removed_first_and_a_run_left_late_is_named(tm
 
 
 def test_a_lab_instance_with_a_prefix_of_its_own_neither_sees_nor_cleans_anothers():
-    """The suite's two workers are two lab instances (VTL_NETNS_PREFIX): one's dead
+    """The suite's workers are lab instances of their own (VTL_NETNS_PREFIX): one's dead
     run is not the other's leftover, and the other's `lab cleanup` leaves it; the
     owning instance's cleanup removes it. A prefix of another form is refused."""
     other = {**os.environ, "VTL_NETNS_PREFIX": "vt9z-"}

@@ -84,10 +84,11 @@ class Sampler:
         self._run(seconds)
         return self.rates
 
-    def _run(self, seconds, each=None):
+    def _run(self, seconds, each=None, read_first=True):
         seconds = self._bounded(seconds)
         try:
-            self.sample_once()
+            if read_first:
+                self.sample_once()
             deadline = time.monotonic() + seconds
             while not self._stop.is_set():
                 left = deadline - time.monotonic()
@@ -121,7 +122,12 @@ class Sampler:
             raise RuntimeError("this sampler is already running")
         seconds = self._bounded(seconds)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(seconds,), name="lab-sampler", daemon=True)
+        # The first read here, before start() returns: read by the thread, it could
+        # come after the first packets of the traffic the caller starts next
+        # (`with Sampler(tap): tb.send(...)`), which the counts would then miss.
+        self.sample_once()
+        self._thread = threading.Thread(target=self._run, args=(seconds, None, False), name="lab-sampler",
+                                        daemon=True)
         self._thread.start()
         return self
 

@@ -280,6 +280,27 @@ def test_sampler_rates_add_up_to_the_counters(tb1):
         tap.close()
 
 
+def test_a_started_sampler_has_read_before_the_traffic_after_it():
+    """`with Sampler(tap): tb.send(...)` counts every packet sent in the block: the
+    first read is taken before start() returns. Read by the sampler's thread, it came
+    after the first copy once frames were built fast (299 of 300 counted, CI). Here
+    the thread is held until the counter has moved: a first read of it sees 7."""
+    value, gate = [0], threading.Event()
+
+    def source():
+        if threading.current_thread() is not threading.main_thread():
+            gate.wait(5)
+        return {"n": value[0]}
+
+    s = Sampler(source, interval=0.05).start()
+    value[0] = 7
+    gate.set()
+    time.sleep(0.12)
+    s.stop()
+    assert s.reads[0] == {("", "n"): 0} and s.reads[-1] == {("", "n"): 7}
+    assert s.counts["n"].iloc[-1] - s.counts["n"].iloc[0] == 7
+
+
 KILLED_RUN = """
 import os, sys, time
 from lab import testbed1

@@ -9,6 +9,7 @@ tried and failed.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -237,6 +238,8 @@ class LiveTable:
         self._replies = None
         self.silent = set()
         self.exporter = None  # --metrics (lab.exporter): gets every sample
+        self._held = None  # lines kept by holding()
+        self._after_header = []
 
     def publish(self, body: dict):
         """A sample as --metrics serves it (the same counters as the table)."""
@@ -286,7 +289,29 @@ class LiveTable:
         return unanswered, silent
 
     def emit(self, obj):
-        say(json.dumps(obj) if isinstance(obj, dict) else obj, self.out)
+        line = json.dumps(obj) if isinstance(obj, dict) else obj
+        if self._held is not None:
+            self._held.append(line)
+            return
+        say(line, self.out)
+
+    @contextlib.contextmanager
+    def holding(self):
+        """Hold what is emitted inside, and emit it when the block ends: the first
+        sample's counters are read before "attached" is said (traffic a user starts
+        on that line is then all in the run's totals and averages), and shown after it."""
+        self._held = held = []
+        try:
+            yield
+        finally:
+            self._held = None
+        self._after_header = held
+
+    def release(self):
+        """Emit what holding() kept."""
+        held, self._after_header = self._after_header, []
+        for line in held:
+            say(line, self.out)
 
 
 class CounterTable(LiveTable):

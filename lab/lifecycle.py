@@ -140,8 +140,10 @@ class Command:
             stack.enter_context(prog)
             self.start(stack)
             SIGNALS.check()
+            with table.holding():  # the baseline is read before "attached", and shown after it
+                self.sample()
             self.header()  # after the start's warnings: "attached" means ready
-            self.sample()
+            table.release()
 
             def tick():
                 self.tick()

@@ -117,7 +117,7 @@ def flow_frames(flow: Flow, marker: Marker, src_mac: str, dst_mac: str) -> list[
     if flow.fragment or flow.count <= 1 or (flow.proto == "tcp" and (flow.count - 1) * 1000 > 0xFFFFFFFF):
         return scapy_flow_frames(flow, marker, src_mac, dst_mac)
     first = bytearray(scapy_flow_frames(flow, marker, src_mac, dst_mac, seqs=[0])[0])
-    return [bytes(first)] + [_patched(first, flow, marker, seq, src_mac, dst_mac) for seq in range(1, flow.count)]
+    return [bytes(first)] + [_patched(first, flow, marker, seq) for seq in range(1, flow.count)]
 
 
 def scapy_flow_frames(flow: Flow, marker: Marker, src_mac: str, dst_mac: str, seqs=None) -> list[bytes]:
@@ -154,7 +154,7 @@ def _csum(data) -> int:
     return ~total & 0xFFFF
 
 
-def _patched(first: bytearray, flow, marker, seq, src_mac, dst_mac) -> bytes:
+def _patched(first: bytearray, flow, marker, seq) -> bytes:
     """Frame `seq` of the flow whose frame 0 is `first`."""
     f = bytearray(first)
     l3 = 14 + 4 * len(flow.vlans)

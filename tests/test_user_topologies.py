@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -70,8 +71,9 @@ def fix_forwarding(tb, args):
     """Run the command, read the line it refuses with, and run the fix it prints."""
     r = netns.run(tb.ns("lb"), [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"], check=False,
                   capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    fix = re.search(r"for this interface only: (sysctl -w .*)$", r.stderr.strip()).group(1)
+    *said, refusal = r.stderr.strip().splitlines()  # the other start-up checks' findings first
+    assert r.returncode == 2 and " error: " in refusal and all(" warning: " in w for w in said), r.stderr
+    fix = re.search(r"for this interface only: (sysctl -w .*)$", refusal).group(1)
     assert fix == "sysctl -w net.ipv4.conf.eth0.forwarding=1 net.ipv6.conf.eth0.forwarding=1"
     netns.run(tb.ns("lb"), fix.split(), capture_output=True)
 
@@ -98,6 +100,50 @@ def test_lb_nat_serves_a_plain_segment_on_default_offloads(xdp_mode):
         assert not any("will be lost" in w for w in warnings)
         # --prepare-peer's program is gone with the tool
         assert not [a for a in xdp.attached(tb.ns("switch")) if a[0] == "lb"]
+
+
+SENDER = """
+import socket, sys, time
+socks = [(socket.socket(socket.AF_INET6 if ':' in a else socket.AF_INET, socket.SOCK_DGRAM), a)
+         for a in sys.argv[2:]]
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    for s, a in socks:
+        try:
+            s.sendto(b'x' * 64, (a, %d))
+        except OSError:
+            pass  # the ICMP errors of the time before the LB attached
+    time.sleep(0.001)
+""" % PORT
+
+
+def test_lb_started_under_traffic_from_cold_caches_drops_nothing_for_a_neighbour():
+    """Found by hand: clients already sending when the LB starts, no backend's
+    MAC known yet. The LB attached before it had the kernel resolve the
+    backends (and before it prepared the veth peer), so the first packets of
+    each flow were dropped (no-neigh): a TCP client waited a second for its
+    SYN again. Now both are ready before the program attaches."""
+    with user_segment() as tb:
+        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
+                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        procs = echo_servers(tb.topo, tb.backends)
+        sender = tb.topo.popen("client", [sys.executable, "-c", SENDER, "30", tb.vip4, tb.vip6])
+        tool = None
+        try:
+            time.sleep(0.2)  # the client's datagrams reach the LB's kernel; no backend's MAC is known there
+            known = netns.run(tb.ns("lb"), ["ip", "neigh", "show"], capture_output=True, text=True).stdout
+            assert not [b for i in range(2) for b in (tb.backend4(i), tb.backend6(i)) if f"{b} " in known], known
+            tool = Tool(tb.ns("lb"), "lb", *lb_args(tb), "--prepare-peer", interval=0.2)
+            tool.out.wait_for('"counters"', timeout=10)
+            tool.out.wait_for('"counters"', timeout=10)
+            final, warnings = tool.stop()
+        finally:
+            if tool:
+                tool.kill()
+            stop_all([*procs, sender])
+        assert final["dropped_no_neigh"] == 0, (final, warnings)
+        assert final["to_backend"] > 0 and final["to_client"] > 0, final
+        assert not any("no neighbour entry" in w for w in warnings), warnings
 
 
 def test_lb_dsr_serves_a_plain_segment_both_families():

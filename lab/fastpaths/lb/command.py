@@ -274,17 +274,19 @@ class LbCommand(Command):
         peers = stack.enter_context(contextlib.closing(PreparedPeers()))
         lb.load_program()
         SIGNALS.check()
-        lb.attach(args.iface, args.xdp_mode)
+        # Everything the program needs from the hosts around it is ready before it attaches, for
+        # clients already sending: the peer's program (or what it sends back out is lost) and the
+        # backends' MACs (or it drops a new session's packet, no-neigh: a TCP client then waits a
+        # second for its SYN's retransmission, a UDP client loses its datagram).
         if args.prepare_peer and args.xdp_mode == "native" and (peer := peers.prepare(args.iface)):
             warn(f"attached a pass program to {args.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        for finding in host_findings(args):
-            warn(str(finding))
-        # the program drops a new session's packet while its backend's MAC is
-        # unknown (no-neigh): ask the kernel to resolve them all now
         for addr in hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources):
             warn(f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
                  "until the kernel resolves it")
         self.no_neigh = 0
+        for finding in host_findings(args):
+            warn(str(finding))
+        lb.attach(args.iface, args.xdp_mode)
         if args.health_check == "tcp":
             self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall,
                                         sources=self.sources)

@@ -11,9 +11,11 @@ setup:
 demo: setup
 	$(PY) -m lab demo
 
-# The linter (ruff, configured in pyproject.toml) first: CI runs exactly this.
+# The linter and the formatter's check (ruff, configured in pyproject.toml) first:
+# CI runs exactly this. `.venv/bin/ruff format .` rewrites what the check refuses.
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -20,6 +20,7 @@ include/ (the parsing, checksum, rewriting headers and the one exit, verdict.h).
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
 """
+
 from .errors import (
     AttachError,
     BpfError,
@@ -32,18 +33,47 @@ from .errors import (
 )
 from .lazy import lazy
 
-_LAZY = {"BpfProgram": ".program", "TcMirror": ".vtap.tc_mirror", "XdpMirror": ".vtap.xdp_mirror",
-         "SessionMirror": ".vtap.sessions.tc_sessions", "Session": ".vtap.sessions.config",
-         "Rule": ".vtap.sessions.config", "load_sessions": ".vtap.sessions.config",
-         "XdpRedirect": ".redirect.xdp_redirect", "TcRedirect": ".redirect.tc_redirect",
-         "XdpLoadBalancer": ".lb.xdp_lb", "XdpPortFilter": ".port_filter.xdp_port_filter",
-         "XdpSink": ".instruments.xdp_sink", "XdpGen": ".instruments.xdp_gen",
-         "XdpPeerPass": ".instruments.xdp_peer_pass"}
+_LAZY = {
+    "BpfProgram": ".program",
+    "TcMirror": ".vtap.tc_mirror",
+    "XdpMirror": ".vtap.xdp_mirror",
+    "SessionMirror": ".vtap.sessions.tc_sessions",
+    "Session": ".vtap.sessions.config",
+    "Rule": ".vtap.sessions.config",
+    "load_sessions": ".vtap.sessions.config",
+    "XdpRedirect": ".redirect.xdp_redirect",
+    "TcRedirect": ".redirect.tc_redirect",
+    "XdpLoadBalancer": ".lb.xdp_lb",
+    "XdpPortFilter": ".port_filter.xdp_port_filter",
+    "XdpSink": ".instruments.xdp_sink",
+    "XdpGen": ".instruments.xdp_gen",
+    "XdpPeerPass": ".instruments.xdp_peer_pass",
+}
 
-__all__ = ["AttachError", "BpfError", "BpfProgram", "CompileError", "InputError", "NoSuchInterface",
-           "NoSuchNamespace", "PrivilegeError", "Rule", "Session", "SessionMirror", "TcMirror", "TcRedirect",
-           "VerifierError", "XdpGen", "XdpLoadBalancer", "XdpMirror", "XdpPeerPass", "XdpPortFilter",
-           "XdpRedirect", "XdpSink", "load_sessions"]
+__all__ = [
+    "AttachError",
+    "BpfError",
+    "BpfProgram",
+    "CompileError",
+    "InputError",
+    "NoSuchInterface",
+    "NoSuchNamespace",
+    "PrivilegeError",
+    "Rule",
+    "Session",
+    "SessionMirror",
+    "TcMirror",
+    "TcRedirect",
+    "VerifierError",
+    "XdpGen",
+    "XdpLoadBalancer",
+    "XdpMirror",
+    "XdpPeerPass",
+    "XdpPortFilter",
+    "XdpRedirect",
+    "XdpSink",
+    "load_sessions",
+]
 
 
 __getattr__, __dir__ = lazy(__name__, _LAZY)

@@ -18,8 +18,10 @@ class Shown:
     def describe(self) -> dict:
         """What repr() shows: the source, where attached, settings (subclasses add
         theirs) and, once loaded, the main counters."""
-        d = {"source": self.source_path.name,
-             "attached": ", ".join(self.hooks()) or ("nowhere (compiled)" if self.bpf else "nowhere (not loaded yet)")}
+        d = {
+            "source": self.source_path.name,
+            "attached": ", ".join(self.hooks()) or ("nowhere (compiled)" if self.bpf else "nowhere (not loaded yet)"),
+        }
         return d
 
     def _shown_counters(self):
@@ -48,16 +50,22 @@ class Shown:
             d, shown = self.describe(), self._shown_counters()
         except Exception as e:
             return f"<b>{type(self).__name__}</b> ({escape(str(e))})"
-        rows = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
-                       f"{escape(str(v))}</td></tr>" for k, v in d.items())
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>{escape(str(v))}</td></tr>"
+            for k, v in d.items()
+        )
         if shown:
-            rows += ("<tr><th style='text-align:left'>counters</th><td style='text-align:left'>"
-                     + ", ".join(f"{escape(k)} {v:,}" for k, v in shown.items()) + "</td></tr>")
+            rows += (
+                "<tr><th style='text-align:left'>counters</th><td style='text-align:left'>"
+                + ", ".join(f"{escape(k)} {v:,}" for k, v in shown.items())
+                + "</td></tr>"
+            )
         return f"<b>{escape(type(self).__name__)}</b><table>{rows}</table>"
 
     def counters_frame(self):
         """counter_rows() as a pandas DataFrame: a row per ROWS, a column per counter."""
         import pandas as pd  # noqa: PLC0415 -- heavy; only this optional view needs pandas
+
         rows = self.counter_rows()
         frame = pd.DataFrame.from_dict(rows, orient="index")
         frame.index.name = self.ROWS

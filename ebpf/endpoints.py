@@ -18,7 +18,7 @@ from ebpf.errors import InputError
 
 PROTOS = ("udp", "tcp")
 ENDPOINT = r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)"  # a regex: ADDR and PORT, IPv6 in brackets
-SERVICE = rf"(udp|tcp):{ENDPOINT}"               # PROTO, ADDR and PORT
+SERVICE = rf"(udp|tcp):{ENDPOINT}"  # PROTO, ADDR and PORT
 
 
 def text(addr, port) -> str:

@@ -40,14 +40,32 @@ LOWER_KINDS = {"vlan", "macvlan", "macvtap", "ipvlan", "ipvtap"}
 MEMBER_KINDS = {"bridge", "bond", "team"}
 # Tunnels: the attribute naming the underlay device (if set), and those naming
 # the remote end (pyroute2's names; ip6gre's are its own).
-TUNNEL_LINK_ATTRS = {"vxlan": "IFLA_VXLAN_LINK", "gre": "IFLA_GRE_LINK", "gretap": "IFLA_GRE_LINK",
-                     "erspan": "IFLA_GRE_LINK", "ip6gre": "IFLA_IP6GRE_LINK", "ip6gretap": "IFLA_IP6GRE_LINK",
-                     "ip6erspan": "IFLA_IP6GRE_LINK", "ipip": "IFLA_IPIP_LINK", "sit": "IFLA_IPIP_LINK",
-                     "ip6tnl": "IFLA_IP6TNL_LINK", "vti": "IFLA_VTI_LINK", "vti6": "IFLA_VTI_LINK",
-                     "geneve": None}
-TUNNEL_REMOTE_ATTRS = ("IFLA_VXLAN_GROUP", "IFLA_VXLAN_GROUP6", "IFLA_GRE_REMOTE", "IFLA_IP6GRE_REMOTE",
-                       "IFLA_GENEVE_REMOTE", "IFLA_GENEVE_REMOTE6", "IFLA_IPIP_REMOTE", "IFLA_IP6TNL_REMOTE",
-                       "IFLA_VTI_REMOTE")
+TUNNEL_LINK_ATTRS = {
+    "vxlan": "IFLA_VXLAN_LINK",
+    "gre": "IFLA_GRE_LINK",
+    "gretap": "IFLA_GRE_LINK",
+    "erspan": "IFLA_GRE_LINK",
+    "ip6gre": "IFLA_IP6GRE_LINK",
+    "ip6gretap": "IFLA_IP6GRE_LINK",
+    "ip6erspan": "IFLA_IP6GRE_LINK",
+    "ipip": "IFLA_IPIP_LINK",
+    "sit": "IFLA_IPIP_LINK",
+    "ip6tnl": "IFLA_IP6TNL_LINK",
+    "vti": "IFLA_VTI_LINK",
+    "vti6": "IFLA_VTI_LINK",
+    "geneve": None,
+}
+TUNNEL_REMOTE_ATTRS = (
+    "IFLA_VXLAN_GROUP",
+    "IFLA_VXLAN_GROUP6",
+    "IFLA_GRE_REMOTE",
+    "IFLA_IP6GRE_REMOTE",
+    "IFLA_GENEVE_REMOTE",
+    "IFLA_GENEVE_REMOTE6",
+    "IFLA_IPIP_REMOTE",
+    "IFLA_IP6TNL_REMOTE",
+    "IFLA_VTI_REMOTE",
+)
 # Tunnels whose copies leave through an interface netlink does not name
 # (wireguard's peers live in genetlink, xfrm's in policies): copy_path() cannot
 # follow them, and says so through opaque().
@@ -109,6 +127,7 @@ def wrap_socket(sock, make) -> Netlink:
         except BaseException:
             os.close(fd)
             raise
+
     return Netlink(made)
 
 
@@ -145,11 +164,11 @@ class Device:
     name: str
     kind: str | None
     up: bool
-    carrier: bool             # the link is up too (IFF_LOWER_UP): a veth whose peer is down has none
+    carrier: bool  # the link is up too (IFF_LOWER_UP): a veth whose peer is down has none
     mtu: int
     master: int | None
-    link: int | None          # IFLA_LINK: veth peer, vlan lower; None when in another namespace
-    data: object              # IFLA_INFO_DATA (kind-specific attributes) or None
+    link: int | None  # IFLA_LINK: veth peer, vlan lower; None when in another namespace
+    data: object  # IFLA_INFO_DATA (kind-specific attributes) or None
 
 
 def devices(ip) -> dict[int, Device]:
@@ -158,12 +177,16 @@ def devices(ip) -> dict[int, Device]:
         info = msg.get_attr("IFLA_LINKINFO")
         elsewhere = msg.get_attr("IFLA_LINK_NETNSID") is not None
         out[msg["index"]] = Device(
-            msg["index"], msg.get_attr("IFLA_IFNAME"),
+            msg["index"],
+            msg.get_attr("IFLA_IFNAME"),
             info.get_attr("IFLA_INFO_KIND") if info is not None else None,
-            bool(msg["flags"] & IFF_UP), bool(msg["flags"] & IFF_LOWER_UP), msg.get_attr("IFLA_MTU") or 0,
+            bool(msg["flags"] & IFF_UP),
+            bool(msg["flags"] & IFF_LOWER_UP),
+            msg.get_attr("IFLA_MTU") or 0,
             msg.get_attr("IFLA_MASTER"),
             None if elsewhere else msg.get_attr("IFLA_LINK"),
-            info.get_attr("IFLA_INFO_DATA") if info is not None else None)
+            info.get_attr("IFLA_INFO_DATA") if info is not None else None,
+        )
     return out
 
 
@@ -244,8 +267,7 @@ def copy_path(ip, monitor_ifindex, depth=8) -> dict[tuple[int, str], str]:
             if master.kind == "bridge":  # flooded or forwarded to the other ports
                 for m in members(master.index):
                     if m.index != idx:
-                        egress(m.index, f"a port of {master.name}, which floods what {dev.name} receives",
-                               left - 1)
+                        egress(m.index, f"a port of {master.name}, which floods what {dev.name} receives", left - 1)
 
     egress(monitor_ifindex, "the monitor itself", depth)
     return path

@@ -38,5 +38,7 @@ def message() -> str | None:
     lacking = missing()
     if not lacking:
         return None
-    return f"must run as root (loading BPF programs and changing TC hooks needs {NEEDS}; this process lacks " \
-           f"{' and '.join(lacking)})"
+    return (
+        f"must run as root (loading BPF programs and changing TC hooks needs {NEEDS}; this process lacks "
+        f"{' and '.join(lacking)})"
+    )

@@ -35,13 +35,16 @@ INCLUDE = HERE / "include"  # headers every program may use: parsing, checksums,
 
 def _names(prefix):
     """The verdicts (V_) or reasons (R_) of include/verdict.h, lowercase, by index."""
-    found = sorted((v, n) for n, v in defines("include/verdict.h").items()
-                   if n.startswith(prefix) and n not in (prefix + "COUNT", prefix + "SLOTS"))
-    return [n[len(prefix):].lower() for _, n in found]
+    found = sorted(
+        (v, n)
+        for n, v in defines("include/verdict.h").items()
+        if n.startswith(prefix) and n not in (prefix + "COUNT", prefix + "SLOTS")
+    )
+    return [n[len(prefix) :].lower() for _, n in found]
 
 
 VERDICTS = _names("V_")  # what a program did with a frame: pass, drop, tx, redirect, mirror, aborted
-REASONS = _names("R_")   # why: not_ip, malformed, fragment, unmatched, ...
+REASONS = _names("R_")  # why: not_ip, malformed, fragment, unmatched, ...
 
 
 def import_bcc():
@@ -82,15 +85,17 @@ def _inline(text, source, header, header_text) -> str:
     if len(at) != 1:
         raise BpfError(f"{source} must include {header} once, on a line of its own (it includes it {len(at)} times)")
     i = at[0]
-    lines[i:i + 1] = [f'#line 1 "{header}"', header_text.rstrip("\n"), f'#line {i + 2} "{source}"']
+    lines[i : i + 1] = [f'#line 1 "{header}"', header_text.rstrip("\n"), f'#line {i + 2} "{source}"']
     return "\n".join(lines)
 
 
 def _verifier_summary(log: str) -> str:
     """The line of a verifier log that says why: the last line that is neither an
     instruction dump, a register state, nor the closing statistics."""
-    noise = re.compile(r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
-                       r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+)")
+    noise = re.compile(
+        r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
+        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+)"
+    )
     lines = [ln.strip() for ln in log.splitlines()]
     for line in reversed(lines):
         if not noise.match(line):
@@ -100,10 +105,12 @@ def _verifier_summary(log: str) -> str:
 
 def _exits(fps) -> dict:
     """A struct fp_counts per CPU, summed and named."""
-    return {"seen": sum(f.seen for f in fps),
-            "verdict": {n: sum(f.verdict[i] for f in fps) for i, n in enumerate(VERDICTS)},
-            "reason": {n: sum(f.reason[i] for f in fps) for i, n in enumerate(REASONS)},
-            "dropped": {n: sum(f.dropped[i] for f in fps) for i, n in enumerate(REASONS)}}
+    return {
+        "seen": sum(f.seen for f in fps),
+        "verdict": {n: sum(f.verdict[i] for f in fps) for i, n in enumerate(VERDICTS)},
+        "reason": {n: sum(f.reason[i] for f in fps) for i, n in enumerate(REASONS)},
+        "dropped": {n: sum(f.dropped[i] for f in fps) for i, n in enumerate(REASONS)},
+    }
 
 
 class BpfProgram(Shown):
@@ -117,8 +124,8 @@ class BpfProgram(Shown):
     """
 
     SOURCE: str = ""
-    ROWS = "total"              # what counter_rows() is per: "interface", "backend", "rule", ...
-    MAIN_COUNTERS: tuple = ()   # the counters repr() shows (all of them when empty)
+    ROWS = "total"  # what counter_rows() is per: "interface", "backend", "rule", ...
+    MAIN_COUNTERS: tuple = ()  # the counters repr() shows (all of them when empty)
     # Which of verdict.h's verdicts and reasons the program gives, in the order
     # its counters show them; DROPS: the reasons it drops for, each also counted
     # as dropped_<reason>. exits() has them all, for checking these lists.
@@ -216,8 +223,7 @@ class BpfProgram(Shown):
         return fn
 
     # --- attaching ----------------------------------------------------------
-    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf",
-                  mirror_ifindex=0):
+    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf", mirror_ifindex=0):
         """Attach `function` as a cls_bpf filter on ifname's clsact ingress or
         egress hook, next to whatever filters are already there: direct-action,
         or with mirror_ifindex a classifier whose matches a mirred action copies
@@ -236,9 +242,11 @@ class BpfProgram(Shown):
         for f in self._tc_filters:
             named = f.name == function or f.name.endswith(":" + function)  # tc names it owner+clsact:function
             if named and f.ifname == ifname and f.direction in directions and f.netns == netns:
-                raise InputError(f"{type(self).__name__} is already attached to {ifname} {f.direction}"
-                                 f"{' in netns ' + netns if netns else ''}: attaching again would run it twice "
-                                 "on every frame; nothing changed (detach or close() it first)")
+                raise InputError(
+                    f"{type(self).__name__} is already attached to {ifname} {f.direction}"
+                    f"{' in netns ' + netns if netns else ''}: attaching again would run it twice "
+                    "on every frame; nothing changed (detach or close() it first)"
+                )
 
     # Subclasses that attach per interface override these two; attach_many() is theirs too.
     netns = None  # the namespace the object attaches in (None: this one)
@@ -290,8 +298,10 @@ class BpfProgram(Shown):
         self._tell_skb_mode(mode)  # first: a second mode is refused for what it is, wherever
         for a in self._xdp:
             if a.ifname == ifname and a.netns == netns:
-                raise InputError(f"{type(self).__name__} is already attached to {a.where}: nothing changed "
-                                 "(detach or close() it first)")
+                raise InputError(
+                    f"{type(self).__name__} is already attached to {a.where}: nothing changed "
+                    "(detach or close() it first)"
+                )
         with interrupts.held():
             a = xdp.attach(netns, ifname, fn.fd, mode)
             self._xdp.append(a)
@@ -310,8 +320,10 @@ class BpfProgram(Shown):
         generic = mode == "generic"
         for a in self._xdp:
             if (a.mode == "generic") != generic:
-                raise InputError(f"attaching in {mode} mode: this program is already attached in {a.mode} mode "
-                                 f"at {a.where}; one program runs in one XDP mode (load another for the other)")
+                raise InputError(
+                    f"attaching in {mode} mode: this program is already attached in {a.mode} mode "
+                    f"at {a.where}; one program runs in one XDP mode (load another for the other)"
+                )
         flag[flag.Key(0)] = flag.Leaf(int(generic))
 
     def _load_offloaded(self, function, ifname, netns):
@@ -443,4 +455,3 @@ class BpfProgram(Shown):
     def __exit__(self, *exc):
         self.close()
         return False
-

@@ -39,8 +39,8 @@ CLSACT_HANDLE = 0xFFFF0000
 ETH_P_ALL = 0x0003  # host order: pyroute2 applies htons
 CREATED_MARK = "+clsact"
 TCA_BPF_FLAG_ACT_DIRECT = 1
-TC_ACT_UNSPEC = -1          # an action control of "continue": on to the next filter
-TCA_EGRESS_MIRROR = 2       # tc_mirred.h eaction
+TC_ACT_UNSPEC = -1  # an action control of "continue": on to the next filter
+TCA_EGRESS_MIRROR = 2  # tc_mirred.h eaction
 
 
 def _decode_program_ids():
@@ -49,8 +49,7 @@ def _decode_program_ids():
     which is how we recognise our own filter. Extend its table once, before use."""
     o = sched_bpf.options
     if not any(name == "TCA_BPF_ID" for name, _ in o.nla_map):
-        o.nla_map = o.nla_map + (("TCA_BPF_FLAGS_GEN", "uint32"), ("TCA_BPF_TAG", "hex"),
-                                 ("TCA_BPF_ID", "uint32"))
+        o.nla_map = o.nla_map + (("TCA_BPF_FLAGS_GEN", "uint32"), ("TCA_BPF_TAG", "hex"), ("TCA_BPF_ID", "uint32"))
         o._nlmsg_base__compiled_nla = False  # recompiled from the new table at next use
 
 
@@ -66,11 +65,11 @@ class TcFilter:
     prio: int
     handle: int
     name: str
-    runs_after: int = 0   # priorities of other filters that see frames before ours (and may stop them)
+    runs_after: int = 0  # priorities of other filters that see frames before ours (and may stop them)
     mirror_ifindex: int = 0  # classifier filters: where the filter's mirred action copies to
-    failed_base: int = 0     # the action's failure count at the owner's last counter reset
-    failed_seen: int = 0     # failures since then, as last read (kept if the filter vanishes)
-    prog_id: int = 0         # the kernel's id of the program: what makes this filter ours
+    failed_base: int = 0  # the action's failure count at the owner's last counter reset
+    failed_seen: int = 0  # failures since then, as last read (kept if the filter vanishes)
+    prog_id: int = 0  # the kernel's id of the program: what makes this filter ours
 
     @property
     def where(self):
@@ -81,11 +80,12 @@ class TcFilter:
 @dataclass
 class Entry:
     """One filter as the kernel dumps it."""
+
     prio: int
     handle: int
-    name: str        # cls_bpf's name ("" for other kinds)
-    prog_id: int     # cls_bpf's program id (0 for other kinds)
-    msg: object      # the dumped message (actions and their counters)
+    name: str  # cls_bpf's name ("" for other kinds)
+    prog_id: int  # cls_bpf's program id (0 for other kinds)
+    msg: object  # the dumped message (actions and their counters)
 
     @property
     def mirror_ifindex(self):
@@ -108,8 +108,15 @@ def entries(ip, ifindex, parent) -> list[Entry]:
     for msg in _filter_msgs(ip, ifindex, parent):
         opts = msg.get_attr("TCA_OPTIONS")
         bpf = opts is not None and msg.get_attr("TCA_KIND") == "bpf"
-        out.append(Entry(msg["info"] >> 16, msg["handle"], (opts.get_attr("TCA_BPF_NAME") if bpf else None) or "",
-                         (opts.get_attr("TCA_BPF_ID") if bpf else None) or 0, msg))
+        out.append(
+            Entry(
+                msg["info"] >> 16,
+                msg["handle"],
+                (opts.get_attr("TCA_BPF_NAME") if bpf else None) or "",
+                (opts.get_attr("TCA_BPF_ID") if bpf else None) or 0,
+                msg,
+            )
+        )
     return out
 
 
@@ -153,10 +160,16 @@ def _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex
     would end classification after our filter."""
     opts = [["TCA_BPF_FD", prog_fd], ["TCA_BPF_NAME", name], ["TCA_BPF_CLASSID", 1]]
     if mirror_ifindex:
-        parms = {"index": 0, "capab": 0, "action": TC_ACT_UNSPEC, "refcnt": 0, "bindcnt": 0,
-                 "eaction": TCA_EGRESS_MIRROR, "ifindex": mirror_ifindex}
-        act = {"attrs": [["TCA_ACT_KIND", "mirred"],
-                         ["TCA_ACT_OPTIONS", {"attrs": [["TCA_MIRRED_PARMS", parms]]}]]}
+        parms = {
+            "index": 0,
+            "capab": 0,
+            "action": TC_ACT_UNSPEC,
+            "refcnt": 0,
+            "bindcnt": 0,
+            "eaction": TCA_EGRESS_MIRROR,
+            "ifindex": mirror_ifindex,
+        }
+        act = {"attrs": [["TCA_ACT_KIND", "mirred"], ["TCA_ACT_OPTIONS", {"attrs": [["TCA_MIRRED_PARMS", parms]]}]]}
         opts += [["TCA_BPF_FLAGS", 0], ["TCA_BPF_ACT", {"attrs": [["TCA_ACT_PRIO_1", act]]}]]
     else:
         opts.append(["TCA_BPF_FLAGS", TCA_BPF_FLAG_ACT_DIRECT])
@@ -193,8 +206,11 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
             if not created:
                 # A sibling attach of ours may have created it: inherit its mark so
                 # whichever of our filters goes last also removes the qdisc.
-                created = any(owned_by(n, owner) and CREATED_MARK in n
-                              for p in PARENTS.values() for _, _, n in _filters(ip, ifindex, p))
+                created = any(
+                    owned_by(n, owner) and CREATED_MARK in n
+                    for p in PARENTS.values()
+                    for _, _, n in _filters(ip, ifindex, p)
+                )
             name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
             for attempt in range(3):
                 prio, handle, runs_after = _place(ip, ifindex, parent)
@@ -210,8 +226,7 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
             if created and not any(_filters(ip, ifindex, p) for p in PARENTS.values()):
                 ip.tc("del", "clsact", index=ifindex)
             raise AttachError(f"attaching {prog_name} to {ifname} {direction}: {netlink_reason(e)}") from None
-    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex,
-                    prog_id=prog_id)
+    return TcFilter(netns, ifname, ifindex, direction, prio, handle, name, runs_after, mirror_ifindex, prog_id=prog_id)
 
 
 def retarget(f: TcFilter, prog_fd, mirror_ifindex):
@@ -219,8 +234,9 @@ def retarget(f: TcFilter, prog_fd, mirror_ifindex):
     the kernel swaps the filter atomically, so no frame misses the tap."""
     with ipr(f.netns) as ip:
         try:
-            _bpf_filter(ip, f.ifindex, PARENTS[f.direction], f.prio, f.handle, prog_fd, f.name,
-                        mirror_ifindex, replace=True)
+            _bpf_filter(
+                ip, f.ifindex, PARENTS[f.direction], f.prio, f.handle, prog_fd, f.name, mirror_ifindex, replace=True
+            )
         except NetlinkError as e:
             raise AttachError(f"retargeting the mirror on {f.where}: {netlink_reason(e)}") from None
     f.mirror_ifindex = mirror_ifindex
@@ -246,8 +262,11 @@ def first_action_stats(msg) -> dict | None:
     stats = act.get_attr("TCA_ACT_STATS")
     basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
     queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
-    return {"packets": basic["packets"] if basic else 0, "bytes": basic["bytes"] if basic else 0,
-            "failed": (queue["overlimits"] + queue["drops"]) if queue else 0}
+    return {
+        "packets": basic["packets"] if basic else 0,
+        "bytes": basic["bytes"] if basic else 0,
+        "failed": (queue["overlimits"] + queue["drops"]) if queue else 0,
+    }
 
 
 def _is_ours(f: TcFilter, e: Entry):
@@ -273,8 +292,7 @@ def action_stats(f: TcFilter) -> dict:
 
 
 def _delete(ip, ifindex, parent, prio, handle):
-    ip.tc("del-filter", "bpf", index=ifindex, parent=parent, prio=prio, handle=handle,
-          protocol=ETH_P_ALL)
+    ip.tc("del-filter", "bpf", index=ifindex, parent=parent, prio=prio, handle=handle, protocol=ETH_P_ALL)
 
 
 def drop_clsact_if_unused(ip, ifindex) -> bool:
@@ -308,11 +326,12 @@ def detach(f: TcFilter) -> bool:
 @dataclass
 class Found:
     """A filter named for an owner, as found on some hook of a namespace."""
+
     ifname: str
     ifindex: int
     direction: str
     entry: Entry
-    pids: list            # processes holding its program: empty for an orphan
+    pids: list  # processes holding its program: empty for an orphan
 
     @property
     def where(self):
@@ -358,8 +377,10 @@ def cleanup(owner, netns=None, spare_live=True) -> tuple[list[str], list[Found]]
                 _delete(ip, f.ifindex, PARENTS[f.direction], f.entry.prio, f.entry.handle)
             except NetlinkError as e:
                 raise AttachError(f"removing filter {f.entry.name} on {f.where}: {netlink_reason(e)}") from None
-            removed.append(f"filter {f.entry.name} on {f.where}" + (f" (live: pid {', '.join(map(str, f.pids))})"
-                                                                     if f.live else ""))
+            removed.append(
+                f"filter {f.entry.name} on {f.where}"
+                + (f" (live: pid {', '.join(map(str, f.pids))})" if f.live else "")
+            )
         for ifindex in sorted({f.ifindex for f in found if CREATED_MARK in f.entry.name}):
             if drop_clsact_if_unused(ip, ifindex):
                 removed.append(f"clsact qdisc on {next(f.ifname for f in found if f.ifindex == ifindex)}")
@@ -374,8 +395,10 @@ def hook_snapshot(netns=None):
         for link in ip.get_links():
             ifindex = link["index"]
             has = has_clsact(ip, ifindex)
-            filters = sorted((d, p, h, n) for d, par in PARENTS.items() for p, h, n in _filters(ip, ifindex, par)) \
-                if has else []
+            filters = (
+                sorted((d, p, h, n) for d, par in PARENTS.items() for p, h, n in _filters(ip, ifindex, par))
+                if has
+                else []
+            )
             snap[link.get_attr("IFLA_IFNAME")] = (has, filters)
     return snap
-

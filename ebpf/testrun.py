@@ -30,30 +30,55 @@ MAX_FRAME = 9216  # room for the output frame: a program may grow it (encapsulat
 
 class _TestRunOpts(ctypes.Structure):
     """struct bpf_test_run_opts (libbpf 1.x, bpf.h)."""
+
     _fields_ = [
         ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32),
+        ("data_in", ctypes.c_void_p),
+        ("data_out", ctypes.c_void_p),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_void_p),
+        ("ctx_out", ctypes.c_void_p),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("repeat", ctypes.c_int),
+        ("duration", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
     ]
 
 
 class XdpMd(ctypes.Structure):
     """struct xdp_md, the context an XDP program sees (uapi bpf.h)."""
-    _fields_ = [(n, ctypes.c_uint32) for n in
-                ("data", "data_end", "data_meta", "ingress_ifindex", "rx_queue_index", "egress_ifindex")]
+
+    _fields_ = [
+        (n, ctypes.c_uint32)
+        for n in ("data", "data_end", "data_meta", "ingress_ifindex", "rx_queue_index", "egress_ifindex")
+    ]
 
 
 class SkbCtx(ctypes.Structure):
     """The head of struct __sk_buff (uapi bpf.h), up to the fields a test run
     takes from user space that we set; the kernel zero-fills the rest."""
-    _fields_ = [(n, ctypes.c_uint32) for n in ("len", "pkt_type", "mark", "queue_mapping", "protocol",
-                                                "vlan_present", "vlan_tci", "vlan_proto", "priority",
-                                                "ingress_ifindex", "ifindex")]
+
+    _fields_ = [
+        (n, ctypes.c_uint32)
+        for n in (
+            "len",
+            "pkt_type",
+            "mark",
+            "queue_mapping",
+            "protocol",
+            "vlan_present",
+            "vlan_tci",
+            "vlan_proto",
+            "priority",
+            "ingress_ifindex",
+            "ifindex",
+        )
+    ]
 
 
 _libbpf = None
@@ -77,11 +102,11 @@ def libbpf():
 
 @dataclass
 class TestRun:
-    retval: int        # the program's return value (an XDP verdict, a TC action)
-    data: bytes        # the frame as the program left it
-    duration_ns: int   # mean run time per repeat, as the kernel measured it
+    retval: int  # the program's return value (an XDP verdict, a TC action)
+    data: bytes  # the frame as the program left it
+    duration_ns: int  # mean run time per repeat, as the kernel measured it
 
-    __test__ = False   # not a test class, whatever pytest thinks of the name
+    __test__ = False  # not a test class, whatever pytest thinks of the name
 
     @property
     def verdict(self):
@@ -96,10 +121,15 @@ def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_c
     program left skb->csum out of step with the bytes."""
     data = ctypes.create_string_buffer(bytes(frame), len(frame))
     out = ctypes.create_string_buffer(MAX_FRAME)
-    opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts),
-                        data_in=ctypes.cast(data, ctypes.c_void_p), data_size_in=len(frame),
-                        data_out=ctypes.cast(out, ctypes.c_void_p), data_size_out=MAX_FRAME, repeat=repeat,
-                        flags=BPF_F_TEST_SKB_CHECKSUM_COMPLETE if checksum_complete else 0)
+    opts = _TestRunOpts(
+        sz=ctypes.sizeof(_TestRunOpts),
+        data_in=ctypes.cast(data, ctypes.c_void_p),
+        data_size_in=len(frame),
+        data_out=ctypes.cast(out, ctypes.c_void_p),
+        data_size_out=MAX_FRAME,
+        repeat=repeat,
+        flags=BPF_F_TEST_SKB_CHECKSUM_COMPLETE if checksum_complete else 0,
+    )
     ctx = None
     if xdp:
         ctx = XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
@@ -110,7 +140,7 @@ def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_c
         opts.ctx_size_in = ctypes.sizeof(ctx)
     if libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)) != 0:
         raise BpfError(f"BPF_PROG_TEST_RUN: {os.strerror(ctypes.get_errno())}")
-    return TestRun(opts.retval, out.raw[:opts.data_size_out], opts.duration)
+    return TestRun(opts.retval, out.raw[: opts.data_size_out], opts.duration)
 
 
 class LiveFrames:
@@ -127,10 +157,13 @@ class LiveFrames:
         self._ctx = XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
         self._opts = _TestRunOpts(
             sz=ctypes.sizeof(_TestRunOpts),
-            data_in=ctypes.cast(self._data, ctypes.c_void_p), data_size_in=len(frame),
+            data_in=ctypes.cast(self._data, ctypes.c_void_p),
+            data_size_in=len(frame),
             ctx_in=ctypes.cast(ctypes.pointer(self._ctx), ctypes.c_void_p),
             ctx_size_in=ctypes.sizeof(XdpMd),
-            flags=BPF_F_TEST_XDP_LIVE_FRAMES, batch_size=batch_size)
+            flags=BPF_F_TEST_XDP_LIVE_FRAMES,
+            batch_size=batch_size,
+        )
         self._run = libbpf().bpf_prog_test_run_opts
 
     def run(self, repeat: int):

@@ -30,10 +30,19 @@ SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 29
 class _PerfEventAttr(ctypes.Structure):
     """The head of struct perf_event_attr (uapi perf_event.h), up to what we set;
     `size` tells the kernel how much of it we give."""
-    _fields_ = [("type", ctypes.c_uint32), ("size", ctypes.c_uint32), ("config", ctypes.c_uint64),
-                ("sample_period", ctypes.c_uint64), ("sample_type", ctypes.c_uint64),
-                ("read_format", ctypes.c_uint64), ("flags", ctypes.c_uint64),
-                ("wakeup_events", ctypes.c_uint32), ("bp_type", ctypes.c_uint32), ("config1", ctypes.c_uint64)]
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,16 +54,22 @@ def _read(category, event, name) -> str:
             return path.read_text()
     script = f"mount -t tracefs nodev /sys/kernel/tracing && cat /sys/kernel/tracing/events/{category}/{event}/{name}"
     try:
-        out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         out = None
         why = str(e)
     if out is not None and out.returncode == 0:
         return out.stdout
     why = out.stderr.strip() if out is not None else why
-    raise BpfError(f"cannot read the trace event {category}:{event} (tracefs is not mounted here, and mounting "
-                   f"it privately failed: {why}); fix: mount -t tracefs nodev /sys/kernel/tracing")
+    raise BpfError(
+        f"cannot read the trace event {category}:{event} (tracefs is not mounted here, and mounting "
+        f"it privately failed: {why}); fix: mount -t tracefs nodev /sys/kernel/tracing"
+    )
 
 
 def fields(category, event) -> dict[str, int]:
@@ -72,8 +87,9 @@ def attach(prog_fd, category, event) -> int:
     """Run the (BPF_PROG_TYPE_TRACEPOINT) program on every hit of the event;
     returns the perf event's fd: close it to detach."""
     tp_id = int(_read(category, event, "id"))
-    attr = _PerfEventAttr(type=PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(_PerfEventAttr), config=tp_id,
-                          sample_period=1, wakeup_events=1)
+    attr = _PerfEventAttr(
+        type=PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(_PerfEventAttr), config=tp_id, sample_period=1, wakeup_events=1
+    )
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.syscall(SYS_PERF_EVENT_OPEN, ctypes.byref(attr), -1, 0, -1, 0)  # any process, CPU 0: every CPU
     if fd < 0:

@@ -66,20 +66,29 @@ def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
         if attached_mode(ip, ifindex):
             raise AttachError(f"attaching XDP to {ifname}: a program is already attached")
         try:
-            ip.link("set", index=ifindex, xdp={"attrs": [
-                ("IFLA_XDP_FD", prog_fd),
-                ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]})
+            ip.link(
+                "set",
+                index=ifindex,
+                xdp={
+                    "attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]
+                },
+            )
         except NetlinkError as e:
             need = f"{OFFLOAD_NEEDS}: " if mode == "offload" else ""
             # a device whose driver has no XDP hook of its own (vxlan, a tunnel, ...): say what works
-            hint = " (its driver has no native XDP: use mode generic)" if (
-                mode == "native" and e.code == errno.EOPNOTSUPP) else ""
+            hint = (
+                " (its driver has no native XDP: use mode generic)"
+                if (mode == "native" and e.code == errno.EOPNOTSUPP)
+                else ""
+            )
             if mode == "native" and e.code == errno.ERANGE:
                 # veth: a native XDP frame must fit a page, so its peer's MTU is
                 # bounded (3506 with 4 KB pages), and the kernel's ack often
                 # does not reach us: only the errno's text would
-                hint = (" (a veth's peer MTU must fit a native XDP frame, at most about 3506 bytes: "
-                        "lower the MTU of both ends, e.g. ip link set dev PEER mtu 1500, or use mode generic)")
+                hint = (
+                    " (a veth's peer MTU must fit a native XDP frame, at most about 3506 bytes: "
+                    "lower the MTU of both ends, e.g. ip link set dev PEER mtu 1500, or use mode generic)"
+                )
             raise AttachError(f"attaching XDP ({mode}) to {ifname}: {need}{netdev.netlink_reason(e)}{hint}") from None
     return XdpAttachment(netns, ifname, ifindex, mode, prog_fd)
 
@@ -106,14 +115,23 @@ def detach(a: XdpAttachment) -> bool:
             if not ip.link_lookup(index=a.ifindex):
                 return False  # the device is gone, and our program with it
             try:
-                ip.link("set", index=a.ifindex, xdp={"attrs": [
-                    ("IFLA_XDP_FD", -1), ("IFLA_XDP_EXPECTED_FD", a.prog_fd),
-                    ("IFLA_XDP_FLAGS", MODES[a.mode] | XDP_FLAGS_REPLACE)]})
+                ip.link(
+                    "set",
+                    index=a.ifindex,
+                    xdp={
+                        "attrs": [
+                            ("IFLA_XDP_FD", -1),
+                            ("IFLA_XDP_EXPECTED_FD", a.prog_fd),
+                            ("IFLA_XDP_FLAGS", MODES[a.mode] | XDP_FLAGS_REPLACE),
+                        ]
+                    },
+                )
             except NetlinkError as e:
                 # EEXIST: another program (or none) is on the hook; EBUSY: a bpf_link
                 # holds it. Both also have rarer causes, so look before calling it not ours.
-                if e.code in (errno.EEXIST, errno.EBUSY) and \
-                        attached_prog_id(ip, a.ifindex, a.mode) != prog_id(a.prog_fd):
+                if e.code in (errno.EEXIST, errno.EBUSY) and attached_prog_id(ip, a.ifindex, a.mode) != prog_id(
+                    a.prog_fd
+                ):
                     return False
                 raise
     except (FileNotFoundError, NoSuchNamespace):
@@ -144,8 +162,7 @@ def removed_from_outside(attachments) -> list[str]:
     gone = []
     for ns in {a.netns for a in attachments}:
         on = {(ifindex, mode, pid) for _, ifindex, mode, pid in attached(ns)}
-        gone += [a.ifname for a in attachments
-                 if a.netns == ns and (a.ifindex, a.mode, prog_id(a.prog_fd)) not in on]
+        gone += [a.ifname for a in attachments if a.netns == ns and (a.ifindex, a.mode, prog_id(a.prog_fd)) not in on]
     return gone
 
 
@@ -167,9 +184,17 @@ def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str
             if fd < 0:
                 continue  # gone in the meantime
             try:
-                ip.link("set", index=ifindex, xdp={"attrs": [
-                    ("IFLA_XDP_FD", -1), ("IFLA_XDP_EXPECTED_FD", fd),
-                    ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE)]})
+                ip.link(
+                    "set",
+                    index=ifindex,
+                    xdp={
+                        "attrs": [
+                            ("IFLA_XDP_FD", -1),
+                            ("IFLA_XDP_EXPECTED_FD", fd),
+                            ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE),
+                        ]
+                    },
+                )
                 removed.append(f"{prog_name} on {ifname} ({mode})")
             except NetlinkError as e:
                 if e.code not in (errno.EEXIST, errno.ENODEV):  # replaced or gone meanwhile
@@ -200,7 +225,7 @@ def _genl(sock, family, cmd, attrs: bytes) -> dict:
     out, off = {}, 20
     while off + 4 <= length:
         alen, atype = struct.unpack_from("=HH", data, off)
-        out[atype & 0x3FFF] = data[off + 4:off + alen]
+        out[atype & 0x3FFF] = data[off + 4 : off + alen]
         off += (alen + 3) & ~3
     return out
 

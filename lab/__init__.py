@@ -12,16 +12,29 @@ What a notebook or a script imports, directly from here:
 
 The names are imported on first use, so `import lab` stays light.
 """
+
 from ebpf.lazy import lazy
 
 _LAZY = {
-    "testbed1": ".testbeds", "testbed2": ".testbeds", "testbed3": ".testbeds", "router_testbed": ".testbeds",
+    "testbed1": ".testbeds",
+    "testbed2": ".testbeds",
+    "testbed3": ".testbeds",
+    "router_testbed": ".testbeds",
     "lb_testbed": ".testbeds",
-    "pair": ".testbeds", "Testbed": ".testbeds", "Topology": ".topology",
-    "Flow": ".traffic", "Marker": ".traffic", "build": ".traffic", "send_frames": ".traffic",
-    "Capture": ".traffic", "SendReport": ".traffic",
-    "Sampler": ".sampler", "sample": ".sampler", "live": ".sampler",
-    "dead_runs": ".runs", "remove_leftovers": ".cleanup",
+    "pair": ".testbeds",
+    "Testbed": ".testbeds",
+    "Topology": ".topology",
+    "Flow": ".traffic",
+    "Marker": ".traffic",
+    "build": ".traffic",
+    "send_frames": ".traffic",
+    "Capture": ".traffic",
+    "SendReport": ".traffic",
+    "Sampler": ".sampler",
+    "sample": ".sampler",
+    "live": ".sampler",
+    "dead_runs": ".runs",
+    "remove_leftovers": ".cleanup",
 }
 
 __all__ = sorted(_LAZY)

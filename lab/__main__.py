@@ -75,6 +75,7 @@ class Command:
     parser names it in errors, its options and its main(args) -> exit status.
     `as_root`: the lab checks for root and makes SIGTERM unwind like Ctrl-C
     before main() (a fast path's command does both itself, in lab.console)."""
+
     name: str
     help: str
     add_arguments: Callable
@@ -87,7 +88,7 @@ class Command:
 
 
 def _late(spec):
-    """"module:function" as a function that imports its module on its first call.
+    """ "module:function" as a function that imports its module on its first call.
     Only the command that runs loads its modules: `python -m lab redirect`, which
     tests and benches start hundreds of times, starts in a third of a second, not
     after the benches, pandas, scapy and matplotlib (1.4 s of CPU each time)."""
@@ -95,13 +96,15 @@ def _late(spec):
 
     def call(*args, **kwargs):
         return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
     return call
 
 
 def _demo_arguments(p):
     p.add_argument("--count", type=int, default=1000, help="packets per flow (default %(default)s)")
-    p.add_argument("--rate", type=int, default=20000,
-                   help="packets per second, all flows together (default %(default)s)")
+    p.add_argument(
+        "--rate", type=int, default=20000, help="packets per second, all flows together (default %(default)s)"
+    )
 
 
 def _demo(args):
@@ -144,44 +147,75 @@ def _bench_command(find_benches):
     def main(args):
         others = live_runs()
         if others:  # two benches at once ran, and each measured the other's load (40 us/pkt instead of 0.5)
-            print(f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
-                  "so the measurements will include its load", file=sys.stderr)
+            print(
+                f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "
+                "so the measurements will include its load",
+                file=sys.stderr,
+            )
         try:
             return next(m for m in found if m.NAME == args.bench).main(args)
         except (ValueError, LabError, BpfError) as e:
             print(f"lab bench: error: {e}", file=sys.stderr)
             return 1
 
-    return Command("bench", "benchmarks that write CSV + sidecar to datasets/results", add_arguments, main,
-                   error_name="lab bench",
-                   description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
-                               "datasets/results or --out, and prints a table of medians.",
-                   epilog="run python -m lab bench NAME --help for a bench's options and examples",
-                   parser_of=lambda args: parsers[args.bench])
+    return Command(
+        "bench",
+        "benchmarks that write CSV + sidecar to datasets/results",
+        add_arguments,
+        main,
+        error_name="lab bench",
+        description="Benchmarks: each writes a CSV (one row per run) and a JSON sidecar to "
+        "datasets/results or --out, and prints a table of medians.",
+        epilog="run python -m lab bench NAME --help for a bench's options and examples",
+        parser_of=lambda args: parsers[args.bench],
+    )
 
 
 def _fastpath_command(fp) -> Command:
     # the command's module is imported when its parser is built: only for the command that runs
-    return Command(fp.name, fp.title, lambda p: fp.command_object().add_arguments(p),
-                   lambda args: fp.command_object().main(args), error_name=f"python -m lab {fp.name}",
-                   as_root=False)
+    return Command(
+        fp.name,
+        fp.title,
+        lambda p: fp.command_object().add_arguments(p),
+        lambda args: fp.command_object().main(args),
+        error_name=f"python -m lab {fp.name}",
+        as_root=False,
+    )
 
 
 def commands(fps, find_benches) -> list[Command]:
     """Every subcommand: each fast path's (from the registry), then the lab's own."""
-    return [*(_fastpath_command(fp) for fp in fps),
-            Command("demo", "Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows",
-                    _demo_arguments, _demo),
-            _bench_command(find_benches),
-            # the notebooks' code needs root, and says so; JupyterLab itself does not
-            Command("jupyter", "JupyterLab with the notebooks and the project's kernel, on 127.0.0.1 only",
-                    _late("lab.jupyter:add_arguments"), _late("lab.jupyter:main"), error_name="lab jupyter",
-                    as_root=False),
-            Command("mutants", "one-line mutants of the programs: which test kills each (not part of make test)",
-                    _late("lab.mutants:add_arguments"), _late("lab.mutants:main"), error_name="lab mutants",
-                    as_root=False),
-            Command("cleanup", "remove what crashed runs left: lab namespaces, daemons' files, and each fast "
-                    "path's programs in this namespace", _cleanup_arguments, _cleanup)]
+    return [
+        *(_fastpath_command(fp) for fp in fps),
+        Command(
+            "demo", "Testbed 1 with the vTAP and a bounded mix of watched and unwatched flows", _demo_arguments, _demo
+        ),
+        _bench_command(find_benches),
+        # the notebooks' code needs root, and says so; JupyterLab itself does not
+        Command(
+            "jupyter",
+            "JupyterLab with the notebooks and the project's kernel, on 127.0.0.1 only",
+            _late("lab.jupyter:add_arguments"),
+            _late("lab.jupyter:main"),
+            error_name="lab jupyter",
+            as_root=False,
+        ),
+        Command(
+            "mutants",
+            "one-line mutants of the programs: which test kills each (not part of make test)",
+            _late("lab.mutants:add_arguments"),
+            _late("lab.mutants:main"),
+            error_name="lab mutants",
+            as_root=False,
+        ),
+        Command(
+            "cleanup",
+            "remove what crashed runs left: lab namespaces, daemons' files, and each fast "
+            "path's programs in this namespace",
+            _cleanup_arguments,
+            _cleanup,
+        ),
+    ]
 
 
 def _main(argv=None):
@@ -194,15 +228,23 @@ def _main(argv=None):
     chosen = argv[0] if argv and argv[0] in known else None
     epilog = EXAMPLES if chosen else _fastpaths_help(fps) + "\n" + _benches_help(find_benches()) + "\n" + EXAMPLES
     # error_name: argparse's errors (one line, exit 2) name each command as its other errors do
-    p = ArgumentParser(prog="python -m lab", error_name="lab",
-                       description="eBPF vTAP Lab: namespace testbeds and experiments",
-                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="python -m lab",
+        error_name="lab",
+        description="eBPF vTAP Lab: namespace testbeds and experiments",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True, title="commands")
     parsers = {}  # each command's own, which names it in its errors
     for c in known.values():
-        parsers[c.name] = sub.add_parser(c.name, help=c.help, error_name=c.error_name,
-                                         **({"description": c.description} if c.description else {}),
-                                         **({"epilog": c.epilog} if c.epilog else {}))
+        parsers[c.name] = sub.add_parser(
+            c.name,
+            help=c.help,
+            error_name=c.error_name,
+            **({"description": c.description} if c.description else {}),
+            **({"epilog": c.epilog} if c.epilog else {}),
+        )
         if c.name == chosen:
             c.add_arguments(parsers[c.name])
     args, extra = p.parse_known_args(argv)

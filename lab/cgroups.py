@@ -16,6 +16,7 @@ CGROUP_NAME = "vtap-lab"
 
 class CpuCgroup:
     """A cgroup of our own with a CFS bandwidth limit: `pct` percent of one core."""
+
     PERIOD_US = 100_000
     V2_ROOT = Path("/sys/fs/cgroup")
     V2_HYBRID = Path("/sys/fs/cgroup/unified")
@@ -39,8 +40,9 @@ class CpuCgroup:
                 continue
         if (cls.V1_CPU / "cpu.cfs_quota_us").exists():
             return cls.V1_CPU
-        raise LabError("no cgroup cpu controller (neither cgroup v2 cpu.max nor v1 cpu.cfs_quota_us): "
-                       "CPU quotas need one")
+        raise LabError(
+            "no cgroup cpu controller (neither cgroup v2 cpu.max nor v1 cpu.cfs_quota_us): CPU quotas need one"
+        )
 
     @property
     def v2(self):

@@ -41,7 +41,7 @@ def cleanup(all_runs=False, spared=None) -> list[str]:
     removed += _peer_programs()
     # files a killed file-transfer server was receiving into
     for spool in SPOOL_DIR.glob(f"{SPOOL_PREFIX}*-*"):
-        pid = spool.name[len(SPOOL_PREFIX):].split("-", 1)[0]
+        pid = spool.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not netns.alive(int(pid)):
             spool.unlink(missing_ok=True)
             removed.append(f"file-transfer spool file {spool}")

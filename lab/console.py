@@ -45,9 +45,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def options_given(self, a) -> list[str]:
         """The options of namespace `a` whose value is not their default: those
         given on the command line, but for one given its default value."""
-        return [act.option_strings[-1] for act in self._actions
-                if act.option_strings and not isinstance(act, _Renamed)  # said once, by its new name
-                and getattr(a, act.dest, act.default) != act.default]
+        return [
+            act.option_strings[-1]
+            for act in self._actions
+            if act.option_strings
+            and not isinstance(act, _Renamed)  # said once, by its new name
+            and getattr(a, act.dest, act.default) != act.default
+        ]
 
 
 class _Renamed(argparse.Action):
@@ -60,8 +64,11 @@ class _Renamed(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         name = getattr(parser, "error_name", None) or parser.prog
         try:
-            print(f"{name}: warning: {option_string} is now {self.new}; the old spelling goes in the next release",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{name}: warning: {option_string} is now {self.new}; the old spelling goes in the next release",
+                file=sys.stderr,
+                flush=True,
+            )
         except (BrokenPipeError, ValueError):
             pass
         setattr(namespace, self.dest, values)
@@ -71,8 +78,17 @@ def renamed(p, old, new):
     """Take `old`, an option's former spelling, for one release: it sets what
     `new` (added to `p` before) sets, and says so on stderr."""
     action = p._option_string_actions[new]
-    p.add_argument(old, dest=action.dest, action=_Renamed, new=new, choices=action.choices, default=action.default,
-                   type=action.type, metavar=action.metavar, help=argparse.SUPPRESS)
+    p.add_argument(
+        old,
+        dest=action.dest,
+        action=_Renamed,
+        new=new,
+        choices=action.choices,
+        default=action.default,
+        type=action.type,
+        metavar=action.metavar,
+        help=argparse.SUPPRESS,
+    )
 
 
 XDP_MODES = ("native", "generic", "offload")
@@ -82,9 +98,13 @@ def add_xdp_mode(p, default="native"):
     """--xdp-mode, as every tool spells it. XDP modes: native runs the program in
     the driver, before the kernel builds an skb (veth has it); generic runs it
     after, on any interface, slower; offload runs it on a NIC that runs BPF."""
-    p.add_argument("--xdp-mode", default=default, choices=XDP_MODES,
-                   help="native (in the driver), generic (any interface, after the skb is built) or offload "
-                        "(on a NIC that runs BPF) (default %(default)s)")
+    p.add_argument(
+        "--xdp-mode",
+        default=default,
+        choices=XDP_MODES,
+        help="native (in the driver), generic (any interface, after the skb is built) or offload "
+        "(on a NIC that runs BPF) (default %(default)s)",
+    )
 
 
 class Stop(Exception):
@@ -175,15 +195,20 @@ def quiet_stdout():
 def add_run_options(p, cleans):
     """The options every command line that runs a program shares, in its words:
     `cleans` says what --cleanup removes. `p` is an ArgumentParser of this module."""
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between counter lines (default 1)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between counter lines (default 1)")
     p.add_argument("--duration", type=float, metavar="S", help="detach and exit after S seconds")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    p.add_argument("--metrics", metavar="ADDR:PORT",
-                   help="serve the live table's counters as Prometheus metrics on ADDR:PORT (/metrics; "
-                        "127.0.0.1:9464, [::1]:9464, or :9464 for every address of the namespace)")
-    p.add_argument("--cleanup", action="store_true",
-                   help=f"remove {cleans} that a killed run left in this namespace; those of running ones are spared")
+    p.add_argument(
+        "--metrics",
+        metavar="ADDR:PORT",
+        help="serve the live table's counters as Prometheus metrics on ADDR:PORT (/metrics; "
+        "127.0.0.1:9464, [::1]:9464, or :9464 for every address of the namespace)",
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help=f"remove {cleans} that a killed run left in this namespace; those of running ones are spared",
+    )
     p.add_argument("--all", action="store_true", help="with --cleanup: remove those of running ones too")
     # For developers: print the C text as it will be compiled.
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
@@ -270,13 +295,20 @@ class LiveTable:
     def event(self, final, body: dict):
         """One JSON object: a sample's counters, or the final one's with the
         run's `seconds` (its rates are averages over them)."""
-        self.emit({"event": "final" if final else "counters", "time": round(time.time(), 3), **body,
-                   **({"seconds": round(self.seconds, 3)} if final else {})})
+        self.emit(
+            {
+                "event": "final" if final else "counters",
+                "time": round(time.time(), 3),
+                **body,
+                **({"seconds": round(self.seconds, 3)} if final else {}),
+            }
+        )
 
     def replies(self, name, sent, answered, what="packets sent"):
         """(packets sent since the last reply, whether that has gone on long enough
         to say so); warns once when `name` turns silent and once when it answers again."""
         from lab.hostcheck import ReplyWatch  # noqa: PLC0415 -- hostcheck pulls pyroute2; --help imports console
+
         if self._replies is None:
             self._replies = ReplyWatch()
         unanswered, silent = self._replies.update(name, sent, answered, time.monotonic())
@@ -335,9 +367,11 @@ class CounterTable(LiveTable):
 
     def sample(self, totals, rows, final=False):
         dt, (base, base_rows) = self.interval((totals, rows), final)
-        body = {**totals, **{f"{k}_pps": round(v, 1) for k, v in self.rates(totals, base, self.rate_keys,
-                                                                              dt).items()},
-                self.rows_name: rows}
+        body = {
+            **totals,
+            **{f"{k}_pps": round(v, 1) for k, v in self.rates(totals, base, self.rate_keys, dt).items()},
+            self.rows_name: rows,
+        }
         self.publish(body)
         if self.json:
             self.event(final, body)
@@ -348,13 +382,20 @@ class CounterTable(LiveTable):
         w = self.width
         label, header = self.block(final)
         if header:
-            self.emit(f"{'SUMMARY' if final else 'TIME':8} {self.key:{w}} " +
-                      " ".join(f"{k.upper() + '/s':>10}" for k in self.rate_keys) + " | " +
-                      " ".join(f"{self.heads.get(k, k.upper()):>10}" for k in self.totals))
+            self.emit(
+                f"{'SUMMARY' if final else 'TIME':8} {self.key:{w}} "
+                + " ".join(f"{k.upper() + '/s':>10}" for k in self.rate_keys)
+                + " | "
+                + " ".join(f"{self.heads.get(k, k.upper()):>10}" for k in self.totals)
+            )
         for name, c in shown:
             r = self.rates(c, base_rows.get(name, {}) if name != "all" else base, self.rate_keys, dt)
-            self.emit(f"{label:8} {name:{w}} " + " ".join(f"{r[k]:>10.0f}" for k in self.rate_keys) + " | " +
-                      " ".join(f"{c[k]:>10}" for k in self.totals))
+            self.emit(
+                f"{label:8} {name:{w}} "
+                + " ".join(f"{r[k]:>10.0f}" for k in self.rate_keys)
+                + " | "
+                + " ".join(f"{c[k]:>10}" for k in self.totals)
+            )
 
 
 def report_cleanup(name, removed, spared):
@@ -404,8 +445,10 @@ def run_command(name, check, body):
         if lacking:
             raise UsageError(lacking)
         from ebpf.program import import_bcc  # noqa: PLC0415 -- pulls pyroute2; its ImportError is said below
+
         import_bcc()
         from lab import runs  # noqa: PLC0415 -- pulls pyroute2 (lab.netns); its ImportError is said below
+
         runs.notice()  # what dead runs left, said once, before this run adds its own
         return body()
     except (UsageError, InputError) as e:
@@ -417,8 +460,10 @@ def run_command(name, check, body):
         quiet_stdout()
         return 0
     except ImportError as e:
-        print(f"{name}: error: Python package {e.name!r} is missing; run `make setup` as root and use "
-              ".venv/bin/python", file=sys.stderr)
+        print(
+            f"{name}: error: Python package {e.name!r} is missing; run `make setup` as root and use .venv/bin/python",
+            file=sys.stderr,
+        )
         return 1
     except BpfError as e:
         print(f"{name}: error: {e}", file=sys.stderr)

@@ -67,12 +67,15 @@ HELP = {
     "egress_dropped": "frames the egress device dropped",
     "redirect_errors": "redirects the kernel refused",
 }
-PREFIXED_HELP = {"dropped_": "frames dropped because: ", "slow_": "frames left to the kernel because: ",
-                 "monitor_": "at the monitor: "}
+PREFIXED_HELP = {
+    "dropped_": "frames dropped because: ",
+    "slow_": "frames left to the kernel because: ",
+    "monitor_": "at the monitor: ",
+}
 
 
 def parse_listen(text) -> tuple[str, int]:
-    """"ADDR:PORT" or "[ADDR6]:PORT" or ":PORT" (all addresses)."""
+    """ "ADDR:PORT" or "[ADDR6]:PORT" or ":PORT" (all addresses)."""
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise InputError(f"--metrics {text}: expected ADDR:PORT (127.0.0.1:9464, [::1]:9464 or :9464)")
@@ -90,7 +93,7 @@ def _help(name):
         return HELP[name]
     for prefix, said in PREFIXED_HELP.items():
         if name.startswith(prefix):
-            return said + name[len(prefix):].replace("_", " ")
+            return said + name[len(prefix) :].replace("_", " ")
     return name.replace("_", " ")
 
 
@@ -98,6 +101,7 @@ def _help(name):
 class Rows:
     """How a group of rows of a sample is exported: its label (or labels, for
     rows keyed "a\\x1fb"), and a prefix for its metrics' names."""
+
     label: str | tuple
     prefix: str = ""
 
@@ -111,6 +115,7 @@ class Exporter:
 
     def __init__(self, tool, listen, rows=None, gauges=(), skip=()):
         from prometheus_client import CollectorRegistry  # noqa: PLC0415 -- slow; only --metrics needs it
+
         self.tool = tool
         self.host, self.port = parse_listen(listen)
         self.rows = {k: v if isinstance(v, Rows) else Rows(v) for k, v in (rows or {}).items()}
@@ -123,6 +128,7 @@ class Exporter:
 
     def start(self):
         from prometheus_client import start_http_server  # noqa: PLC0415 -- slow; only --metrics needs it
+
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         except OSError as e:
@@ -149,6 +155,7 @@ class Exporter:
     # --- prometheus_client's Collector interface --------------------------------------
     def _family(self, families, name, prefix, labels):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415 -- for --metrics only
+
         full = f"{self.tool}_{prefix}{name}"
         if full not in families:
             kind = GaugeMetricFamily if name in self.gauges else CounterMetricFamily
@@ -163,7 +170,7 @@ class Exporter:
             labels = list(spec.label) if isinstance(spec.label, tuple) else [spec.label]
             for row, counters in (sample.get(key) or {}).items():
                 values = row.split("\x1f") if len(labels) > 1 else [row]
-                for name, v in (counters.items() if isinstance(counters, dict) else ()):
+                for name, v in counters.items() if isinstance(counters, dict) else ():
                     if self._wanted(name, v):
                         in_rows.add(spec.prefix + name)
                         self._family(families, name, spec.prefix, labels).add_metric(values, float(v))
@@ -175,8 +182,11 @@ class Exporter:
     def _wanted(self, name, value):
         if name in self.skip or name.endswith("_pps") or name in ("time", "seconds", "event"):
             return False
-        return isinstance(value, (int, float)) and not isinstance(value, bool) or \
-            (isinstance(value, bool) and name in self.gauges)
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            or (isinstance(value, bool) and name in self.gauges)
+        )
 
 
 def serving(table, a, tool, **kw):

@@ -35,21 +35,21 @@ from . import fastpaths as package
 
 @dataclass(frozen=True)
 class FastPath:
-    name: str                 # its command: python -m lab NAME
-    title: str                # what it does, in one line
-    hook: str                 # where in the kernel it runs
-    program: str              # "module:Class" of its kernel program
-    command: str              # module of its command line (see the protocol above)
-    example: str              # one command line a user types
-    compared_with: str        # the tools people would use instead, in words
-    peers: str = ""           # module with PEERS
-    benches: tuple = ()       # bench modules
-    plots: tuple = ()         # modules of the figures its notebooks draw from the benches' CSVs
-    doc: str = ""             # its manual, relative to the repository root
-    order: int = 100          # where it stands in lists (--help, the README)
-    variants: tuple = ()      # "module:Class" of its other kernel programs: the same job at another
-                              # hook (the vTAP's XDP twin), under the same command and peers
-    checks: str = ""          # module with EXITS and MUTANTS (see the protocol above)
+    name: str  # its command: python -m lab NAME
+    title: str  # what it does, in one line
+    hook: str  # where in the kernel it runs
+    program: str  # "module:Class" of its kernel program
+    command: str  # module of its command line (see the protocol above)
+    example: str  # one command line a user types
+    compared_with: str  # the tools people would use instead, in words
+    peers: str = ""  # module with PEERS
+    benches: tuple = ()  # bench modules
+    plots: tuple = ()  # modules of the figures its notebooks draw from the benches' CSVs
+    doc: str = ""  # its manual, relative to the repository root
+    order: int = 100  # where it stands in lists (--help, the README)
+    variants: tuple = ()  # "module:Class" of its other kernel programs: the same job at another
+    # hook (the vTAP's XDP twin), under the same command and peers
+    checks: str = ""  # module with EXITS and MUTANTS (see the protocol above)
 
     def module(self, dotted):
         return importlib.import_module(dotted)
@@ -92,15 +92,16 @@ class ExitCheck:
     (198.18.9.9, 2001:2:0:9::9): not IP, cut short, fragments, other protocols.
     Every program must count them in one verdict (pass) and the reason every
     program gives them, as far as it looks into a frame."""
-    program: str              # "module:Class" of the program it runs (as FastPath.program names it)
-    kwargs: dict = None       # its arguments (plain data: the declaration stays light)
-    hook: str = "xdp"         # which test run: "xdp", or "tc" (an skb: some cut-short frames are refused)
-    function: str = ""        # the function to load ("" : the class's load_program())
-    slot: int = 0             # the counters' index (per interface programs: 1, the test run's lo)
-    sees: str = "l4"          # how far it looks: "l4" (to the ports: every reason as parse_l4() names it),
-                              # "ip" (the IP header whole: not_ip and malformed, the rest unmatched),
-                              # "l3" (to the addresses: not_ip, the rest unmatched)
-    make: str = ""            # "module:function" that builds it, where kwargs cannot (default: the class)
+
+    program: str  # "module:Class" of the program it runs (as FastPath.program names it)
+    kwargs: dict = None  # its arguments (plain data: the declaration stays light)
+    hook: str = "xdp"  # which test run: "xdp", or "tc" (an skb: some cut-short frames are refused)
+    function: str = ""  # the function to load ("" : the class's load_program())
+    slot: int = 0  # the counters' index (per interface programs: 1, the test run's lo)
+    sees: str = "l4"  # how far it looks: "l4" (to the ports: every reason as parse_l4() names it),
+    # "ip" (the IP header whole: not_ip and malformed, the rest unmatched),
+    # "l3" (to the addresses: not_ip, the rest unmatched)
+    make: str = ""  # "module:function" that builds it, where kwargs cannot (default: the class)
 
     def build(self):
         mod, _, name = (self.make or self.program).partition(":")
@@ -129,11 +130,13 @@ def tool_table() -> str:
     """The README's table of tools, in Markdown, from the registry."""
     rows = ["| fast path | command | kernel hook | compared with | manual |", "|---|---|---|---|---|"]
     for fp in fastpaths():
-        rows.append(f"| **{fp.name}**: {fp.title} | `{fp.example}` | {fp.hook} | {fp.compared_with} | "
-                    f"[{fp.doc}]({fp.doc}) |")
+        rows.append(
+            f"| **{fp.name}**: {fp.title} | `{fp.example}` | {fp.hook} | {fp.compared_with} | [{fp.doc}]({fp.doc}) |"
+        )
     return "\n".join(rows)
 
 
 if __name__ == "__main__":  # python -m lab.fastpath: the README's table, to paste between its markers
     from lab.fastpath import tool_table as table  # the module, not this __main__ copy of it: the bundles import that
+
     print(table())

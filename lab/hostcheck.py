@@ -40,8 +40,8 @@ NETNS_DIR = "/run/netns"
 
 @dataclass
 class Finding:
-    what: str       # what will fail, and why
-    fix: str = ""   # the command (or option) that fixes it
+    what: str  # what will fail, and why
+    fix: str = ""  # the command (or option) that fixes it
 
     def __str__(self):
         return f"{self.what}; fix: {self.fix}" if self.fix else self.what
@@ -51,9 +51,9 @@ class Finding:
 class VethPeer:
     ifname: str
     ifindex: int
-    netns: str | None      # where it lives, as netdev.entered() takes it; None: not found
-    label: str             # for people: "namespace sw", "this namespace", ...
-    native_xdp: bool       # a native XDP program is on it (its NAPI is on)
+    netns: str | None  # where it lives, as netdev.entered() takes it; None: not found
+    label: str  # for people: "namespace sw", "this namespace", ...
+    native_xdp: bool  # a native XDP program is on it (its NAPI is on)
 
 
 def _in(netns):
@@ -74,8 +74,11 @@ def _sysctl(netns, path):
 
 def forwarding_off(ifname, families, netns=None) -> list[str]:
     """The forwarding sysctls of `ifname` that are 0, for the IP versions given."""
-    return [f"net.ipv{v}.conf.{ifname}.forwarding" for v in sorted(families)
-            if _sysctl(netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"]
+    return [
+        f"net.ipv{v}.conf.{ifname}.forwarding"
+        for v in sorted(families)
+        if _sysctl(netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"
+    ]
 
 
 def forwarding_fix(names, netns=None) -> str:
@@ -147,12 +150,18 @@ def check_veth_peer(ifname, netns=None, sends="XDP_TX", option="--prepare-peer")
         peer = veth_peer(ifname, netns)
     except Exception as e:  # cannot look: say so rather than guess
         why = netdev.netlink_reason(e) if isinstance(e, NetlinkError) else str(e)  # not the tuple NetlinkError prints
-        return [Finding(f"cannot check {ifname}'s veth peer ({why}): frames sent with {sends} reach it only when "
-                        "it runs a native XDP program")]
+        return [
+            Finding(
+                f"cannot check {ifname}'s veth peer ({why}): frames sent with {sends} reach it only when "
+                "it runs a native XDP program"
+            )
+        ]
     if peer is None or peer.native_xdp:
         return []
-    what = (f"frames sent with {sends} out of {ifname} will be lost: its veth peer {peer.ifname} "
-            f"({peer.label}) runs no native XDP program, which a veth needs to take them")
+    what = (
+        f"frames sent with {sends} out of {ifname} will be lost: its veth peer {peer.ifname} "
+        f"({peer.label}) runs no native XDP program, which a veth needs to take them"
+    )
     if peer.netns is None:
         return [Finding(what, "attach a native XDP pass program to the peer where it lives")]
     return [Finding(what, f"{option} (attaches a pass program to {peer.ifname} while this runs)")]
@@ -167,9 +176,13 @@ def check_gro(ifname, mode, netns=None) -> list[Finding]:
         out = subprocess.run(["ethtool", "-k", ifname], capture_output=True, text=True).stdout
     if "generic-receive-offload: on" not in out:
         return []
-    return [Finding(f"GRO is on on {ifname}: in generic mode the program runs after it and sees merged packets "
-                    "(up to 64 KB), so its counters count those, not the wire's frames",
-                    f"{_in(netns)}ethtool -K {ifname} gro off")]
+    return [
+        Finding(
+            f"GRO is on on {ifname}: in generic mode the program runs after it and sees merged packets "
+            "(up to 64 KB), so its counters count those, not the wire's frames",
+            f"{_in(netns)}ethtool -K {ifname} gro off",
+        )
+    ]
 
 
 class ReplyWatch:
@@ -178,9 +191,11 @@ class ReplyWatch:
     for `after` seconds, `silent()` says so: the live tables print a hint instead
     of a quiet zero."""
 
-    HINT = ("no replies: frames may be lost on the way out (a veth peer without a native XDP program: "
-            "--prepare-peer), dropped by the receiver (nstat -az TcpInCsumErrors UdpInCsumErrors there), "
-            "or nothing listens there")
+    HINT = (
+        "no replies: frames may be lost on the way out (a veth peer without a native XDP program: "
+        "--prepare-peer), dropped by the receiver (nstat -az TcpInCsumErrors UdpInCsumErrors there), "
+        "or nothing listens there"
+    )
 
     def __init__(self, after=3.0):
         self.after = after

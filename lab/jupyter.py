@@ -49,13 +49,22 @@ def ensure_kernel(prefix=sys.prefix) -> bool:
     except (OSError, ValueError):
         pass  # missing or unreadable: write it again
     from ipykernel.kernelspec import install  # noqa: PLC0415 -- slow (~0.2 s); python -m lab imports this module
+
     install(kernel_name=KERNEL_NAME, display_name=KERNEL_DISPLAY_NAME, prefix=str(prefix))
     return True
 
 
 def server_argv(port, root) -> list[str]:
-    argv = [sys.executable, "-m", "jupyterlab", f"--ip={HOST}", f"--port={port}",
-            f"--ServerApp.port_retries={PORT_RETRIES}", "--no-browser", f"--ServerApp.root_dir={root}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        f"--ip={HOST}",
+        f"--port={port}",
+        f"--ServerApp.port_retries={PORT_RETRIES}",
+        "--no-browser",
+        f"--ServerApp.root_dir={root}",
+    ]
     if os.geteuid() == 0:  # Jupyter refuses root without it; a user needs no such flag
         argv.append("--allow-root")
     return argv
@@ -93,8 +102,10 @@ def serve(port) -> int:
             told = True
             url, at = m.group(1), m.group(2)
             accepting(int(at))  # Jupyter prints its banner a moment before it listens: ours comes when it does
-            sys.stderr.write(f"lab jupyter: open this URL: {url}  (from another machine: "
-                             f"ssh -L {at}:{HOST}:{at} {socket.gethostname()}, then the same URL)\n")
+            sys.stderr.write(
+                f"lab jupyter: open this URL: {url}  (from another machine: "
+                f"ssh -L {at}:{HOST}:{at} {socket.gethostname()}, then the same URL)\n"
+            )
         sys.stderr.flush()
     status = proc.wait()
     return 128 - status if status < 0 else status
@@ -105,17 +116,27 @@ def add_arguments(p):
     p.description = "JupyterLab with notebooks/ as its root, for this machine only.\n\n" + rest
     p.epilog = "examples:\n" + examples
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help=f"the port to try first (default %(default)s; up to {PORT_RETRIES} more if it is busy)")
-    p.add_argument("--register-only", action="store_true",
-                   help=f"register the kernel {KERNEL_DISPLAY_NAME!r} ({KERNEL_NAME}) in this environment, and exit")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the port to try first (default %(default)s; up to {PORT_RETRIES} more if it is busy)",
+    )
+    p.add_argument(
+        "--register-only",
+        action="store_true",
+        help=f"register the kernel {KERNEL_DISPLAY_NAME!r} ({KERNEL_NAME}) in this environment, and exit",
+    )
 
 
 def main(a) -> int:
     missing = [m for m in ("ipykernel", "jupyterlab") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"lab jupyter: error: Python package {missing[0]!r} is missing; run `make setup` as root and use "
-              ".venv/bin/python", file=sys.stderr)
+        print(
+            f"lab jupyter: error: Python package {missing[0]!r} is missing; run `make setup` as root and use "
+            ".venv/bin/python",
+            file=sys.stderr,
+        )
         return 1
     if not 1 <= a.port <= 65535:
         print(f"lab jupyter: error: --port must be from 1 to 65535, not {a.port}", file=sys.stderr)
@@ -123,12 +144,17 @@ def main(a) -> int:
     try:
         registered = ensure_kernel()
     except OSError as e:  # .venv is root's: a user can use the kernel setup registered, not register it
-        print(f"lab jupyter: error: cannot register the kernel in {sys.prefix}: {e.strerror}; run `make setup` "
-              "as root", file=sys.stderr)
+        print(
+            f"lab jupyter: error: cannot register the kernel in {sys.prefix}: {e.strerror}; run `make setup` as root",
+            file=sys.stderr,
+        )
         return 1
     if registered:
-        print(f"lab jupyter: registered the Jupyter kernel {KERNEL_DISPLAY_NAME!r} ({KERNEL_NAME}: "
-              f"{sys.executable}) in {sys.prefix}", flush=True)
+        print(
+            f"lab jupyter: registered the Jupyter kernel {KERNEL_DISPLAY_NAME!r} ({KERNEL_NAME}: "
+            f"{sys.executable}) in {sys.prefix}",
+            flush=True,
+        )
     if a.register_only:
         return 0
     return serve(a.port)
@@ -136,6 +162,7 @@ def main(a) -> int:
 
 if __name__ == "__main__":
     from lab.console import ArgumentParser
+
     parser = ArgumentParser(prog="python -m lab jupyter")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -45,13 +45,13 @@ from lab.exporter import serving
 class Command:
     """One command line: its name and its own parts (see the module docstring)."""
 
-    name = ""               # how it calls itself in errors: "vtap", "python -m lab lb"
-    short = ""              # in its lines and --metrics' names: "vtap", "lb"
+    name = ""  # how it calls itself in errors: "vtap", "python -m lab lb"
+    short = ""  # in its lines and --metrics' names: "vtap", "lb"
     description = ""
-    examples = ""           # --help's epilog
-    cleans = ""             # what --cleanup removes, in words
-    xdp_mode = False        # it takes --xdp-mode
-    metrics_rows: dict = {}       # --metrics: {the JSON key of its rows: a row's label name}
+    examples = ""  # --help's epilog
+    cleans = ""  # what --cleanup removes, in words
+    xdp_mode = False  # it takes --xdp-mode
+    metrics_rows: dict = {}  # --metrics: {the JSON key of its rows: a row's label name}
     metrics_gauges: frozenset = frozenset()  # --metrics: which of its values are gauges, not counters
 
     def __init__(self):
@@ -112,6 +112,7 @@ class Command:
         def check():
             chosen.append(type(self)().variant(args))  # a run's state is its own: a second run starts clean
             chosen[0]._check(args)
+
         return run_command(self.name, check, lambda: chosen[0]._run(args))
 
     def cli(self, argv=None) -> int:
@@ -148,5 +149,6 @@ class Command:
             def tick():
                 self.tick()
                 self.sample()
+
             run_until_stopped(args.interval, args.duration, tick, lambda: self.sample(final=True))
         return 0

@@ -60,7 +60,7 @@ def read_proc_stat(path="/proc/stat") -> dict:
             if not line.startswith("cpu"):
                 break
             name, *vals = line.split()
-            vals = [int(v) for v in vals[:len(_STAT_FIELDS)]]
+            vals = [int(v) for v in vals[: len(_STAT_FIELDS)]]
             vals += [0] * (len(_STAT_FIELDS) - len(vals))
             key = "all" if name == "cpu" else int(name[3:])
             cpus[key] = dict(zip(_STAT_FIELDS, vals, strict=True))  # vals: cut or padded to the fields
@@ -71,9 +71,16 @@ def _interval_ns(before: dict, after: dict, elapsed_ns=None) -> dict:
     """Nanoseconds of each mpstat column between two readings of one CPU, and total_ns."""
     d = {k: after[k] - before[k] for k in _STAT_FIELDS}
     cols = {
-        "usr": d["user"] - d["guest"], "nice": d["nice"] - d["guest_nice"], "sys": d["system"],
-        "iowait": d["iowait"], "irq": d["irq"], "soft": d["softirq"], "steal": d["steal"],
-        "guest": d["guest"], "gnice": d["guest_nice"], "idle": d["idle"],
+        "usr": d["user"] - d["guest"],
+        "nice": d["nice"] - d["guest_nice"],
+        "sys": d["system"],
+        "iowait": d["iowait"],
+        "irq": d["irq"],
+        "soft": d["softirq"],
+        "steal": d["steal"],
+        "guest": d["guest"],
+        "gnice": d["guest_nice"],
+        "idle": d["idle"],
     }
     ticks = sum(d[k] for k in _STAT_FIELDS if k not in ("guest", "guest_nice"))
     tick_ns = 1e9 / USER_HZ
@@ -157,15 +164,17 @@ class CpuSampler:
         out = []
         for (t0, a), (t1, b) in zip(self._readings, self._readings[1:], strict=False):
             cores = len(b) - 1  # every key but "all"
-            out.append((t1, {cpu: _interval_ns(a[cpu], b[cpu], (t1 - t0) * 1e9 * (cores if cpu == "all" else 1))
-                             for cpu in b}))
+            out.append(
+                (t1, {cpu: _interval_ns(a[cpu], b[cpu], (t1 - t0) * 1e9 * (cores if cpu == "all" else 1)) for cpu in b})
+            )
         return out
 
     def samples(self) -> pd.DataFrame:
         rows = []
         for t1, per_cpu in self._intervals():
-            rows += [{"t": round(t1 - self._readings[0][0], 3), "cpu": cpu, **_percent(ns)}
-                     for cpu, ns in per_cpu.items()]
+            rows += [
+                {"t": round(t1 - self._readings[0][0], 3), "cpu": cpu, **_percent(ns)} for cpu, ns in per_cpu.items()
+            ]
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
@@ -188,6 +197,7 @@ class CpuSampler:
 
 # --- results ---------------------------------------------------------------
 
+
 def _version(argv, pattern=r"(\d+(?:\.\d+)+)"):
     if not shutil.which(argv[0]):
         return None
@@ -209,10 +219,15 @@ def _module_version(name):
 
 def git_commit():
     try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except OSError:
         return None
     return (rev + ("-dirty" if dirty else "")) or None
@@ -274,8 +289,15 @@ def write_results(df: pd.DataFrame, name: str, params: dict, out_dir=None, extra
         n += 1
         path = out / f"{name}-{stamp}-{n}.csv"
     df.to_csv(path, index=False)
-    meta = {"name": name, "csv": path.name, "rows": len(df), "columns": list(df.columns),
-            "parameters": params, **machine_metadata(), **(extra or {})}
+    meta = {
+        "name": name,
+        "csv": path.name,
+        "rows": len(df),
+        "columns": list(df.columns),
+        "parameters": params,
+        **machine_metadata(),
+        **(extra or {}),
+    }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return path
 
@@ -289,6 +311,7 @@ def read_results(path) -> tuple[pd.DataFrame, dict]:
 
 
 # --- where the receive work runs ------------------------------------------------------------
+
 
 def napi_threads(ifname=None):
     """{pid: comm} of every threaded-NAPI kthread ("napi/<dev>-<id>"), or of one
@@ -336,6 +359,7 @@ def steer_receive(ns, ifname, cpu):
 
 
 # --- what a process costs ------------------------------------------------------------------
+
 
 def on_cpu_ns(pids) -> int:
     """Time on CPU of every thread of the processes, in ns (schedstat)."""

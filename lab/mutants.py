@@ -38,42 +38,52 @@ TIMEOUT = 1200  # seconds per test command: a mutant that hangs a test is killed
 
 # Which tests cover what: fast (golden fixtures through BPF_PROG_TEST_RUN, pure
 # Python) and functional (real traffic through namespaces). Each a pytest argument list.
-HEADERS = (["tests/test_kernel_headers.py", "tests/test_one_exit.py", "tests/test_redirect_fixtures.py",
-            "tests/test_partial_csum.py", "tests/test_xdp_lb_fixtures.py", "tests/test_parsing.py"],
-           ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
-EXIT = (["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_redirect_fixtures.py"],
-        ["tests/test_tc_mirror.py", "tests/test_redirect.py"])
+HEADERS = (
+    [
+        "tests/test_kernel_headers.py",
+        "tests/test_one_exit.py",
+        "tests/test_redirect_fixtures.py",
+        "tests/test_partial_csum.py",
+        "tests/test_xdp_lb_fixtures.py",
+        "tests/test_parsing.py",
+    ],
+    ["tests/test_tc_mirror.py", "tests/test_redirect.py"],
+)
+EXIT = (
+    ["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_redirect_fixtures.py"],
+    ["tests/test_tc_mirror.py", "tests/test_redirect.py"],
+)
 
 
 @dataclass
 class Mutant:
     id: str
-    path: str          # relative to the repository root
-    find: str          # the text replaced: once in the file, or the nth occurrence
+    path: str  # relative to the repository root
+    find: str  # the text replaced: once in the file, or the nth occurrence
     replace: str
-    why: str           # what a user would see if this shipped
-    tests: tuple       # (fast, functional) pytest argument lists
+    why: str  # what a user would see if this shipped
+    tests: tuple  # (fast, functional) pytest argument lists
     nth: int | None = None  # which occurrence, when the text is not unique
 
     def line(self, text):
-        return text[:self._at(text)].count("\n") + 1
+        return text[: self._at(text)].count("\n") + 1
 
     def _at(self, text):
         at, found = -1, 0
         while found < (self.nth or 1):
             at = text.find(self.find, at + 1)
             if at < 0:
-                raise ValueError(f"mutant {self.id}: {self.find!r} occurs {found} times in {self.path}, "
-                                 f"not {self.nth}")
+                raise ValueError(f"mutant {self.id}: {self.find!r} occurs {found} times in {self.path}, not {self.nth}")
             found += 1
         if self.nth is None and text.count(self.find) != 1:
-            raise ValueError(f"mutant {self.id}: {self.find!r} occurs {text.count(self.find)} times in "
-                             f"{self.path}: give nth")
+            raise ValueError(
+                f"mutant {self.id}: {self.find!r} occurs {text.count(self.find)} times in {self.path}: give nth"
+            )
         return at
 
     def apply(self, text):
         at = self._at(text)
-        return text[:at] + self.replace + text[at + len(self.find):]
+        return text[:at] + self.replace + text[at + len(self.find) :]
 
 
 def M(id, path, find, replace, why, tests, nth=None):
@@ -83,64 +93,215 @@ def M(id, path, find, replace, why, tests, nth=None):
 # The shared C headers' (parsing, checksums, rewrites, the one exit) and the
 # tests' own helpers'; each fast path's own are in its bundle (FastPath.checks).
 SHARED = [
-    M("vtap-non-ip-as-malformed", "ebpf/include/verdict.h", "\t\treturn R_NOT_IP;", "\t\treturn R_MALFORMED;",
-      "ARP counted as malformed", EXIT),
-    M("parse-one-vlan", "ebpf/include/parsing_helpers.h", "for (int i = 0; i < VLAN_MAX_DEPTH; i++) {",
-      "for (int i = 0; i < 1; i++) {", "QinQ frames not parsed past the outer tag", HEADERS),
-    M("parse-v4-version", "ebpf/include/parsing_helpers.h", "if (iph->version != 4 || iph->ihl < 5)",
-      "if (iph->ihl < 5)", "an IPv4 ethertype with version 6 parsed as IPv4", HEADERS),
-    M("parse-v4-options", "ebpf/include/parsing_helpers.h", "hdrsize = iph->ihl * 4;",
-      "hdrsize = sizeof(*iph);", "IPv4 options read as the L4 header", HEADERS),
-    M("parse-first-fragment", "ebpf/include/parsing_helpers.h", "bpf_htons(IP_MF | IP_OFFSET)",
-      "bpf_htons(IP_OFFSET)", "a first fragment taken for a whole datagram", HEADERS),
-    M("parse-v6-ext-len", "ebpf/include/parsing_helpers.h", "nh->pos += (h->hdrlen + 1) * 8;",
-      "nh->pos += h->hdrlen * 8;", "IPv6 extension headers skipped 8 bytes short", HEADERS),
-    M("parse-udp-len", "ebpf/include/parsing_helpers.h", "len = bpf_ntohs(h->len) - (int)sizeof(*h);",
-      "len = bpf_ntohs(h->len);", "UDP payload length 8 bytes long", HEADERS),
-    M("parse-tcp-options", "ebpf/include/parsing_helpers.h", "len = h->doff * 4;", "len = sizeof(*h);",
-      "TCP options taken for payload", HEADERS),
-    M("csum-fold-once", "ebpf/include/csum_helpers.h", "for (int i = 0; i < 4; i++)\n\t\tsum = (sum & 0xffff)",
-      "for (int i = 0; i < 1; i++)\n\t\tsum = (sum & 0xffff)", "a sum folded once: carries lost", HEADERS),
-    M("csum-replace4-low", "ebpf/include/csum_helpers.h", "\ts += to & 0xffff;\n", "\ts += to >> 16;\n",
-      "a 4-byte rewrite sums the new value's high half twice", HEADERS),
-    M("csum-replace16-3words", "ebpf/include/csum_helpers.h", "for (int i = 0; i < 4; i++) {",
-      "for (int i = 0; i < 3; i++) {", "an IPv6 address rewrite leaves its last word out of the sum", HEADERS, nth=1),
-    M("csum-udp-zero-kept", "ebpf/include/csum_helpers.h", "\tcsum_replace4(sum, from, to);\n\tif (!*sum)",
-      "\tcsum_replace4(sum, from, to);\n\tif (0)", "a UDP checksum that becomes 0 is sent as 0 (no checksum)",
-      HEADERS),
-    M("csum-pseudo4-len", "ebpf/include/csum_helpers.h", "s += bpf_htons(len);", "s += len;",
-      "the IPv4 pseudo-header's length in host order", HEADERS),
-    M("csum-pseudo6-next", "ebpf/include/csum_helpers.h", "s += bpf_htons(next);", "s += next;",
-      "the IPv6 pseudo-header's next header in host order", HEADERS),
-    M("csum-tail-byte", "ebpf/include/csum_helpers.h", "sum += (__u32)b[1] << 8;", "sum += b[1];",
-      "a segment ending 2 or 3 bytes into a word summed wrong", HEADERS),
-    M("rewrite-partial-never", "ebpf/include/rewrite_helpers.h",
-      "c->partial = *field == (__sum16)csum_fold16(pseudo);", "c->partial = 0;",
-      "a partial checksum (TX offload) taken for a whole one", HEADERS),
-    M("rewrite-udp-port-zero", "ebpf/include/rewrite_helpers.h", "udp_csum_replace2(c->field, from, to);",
-      "csum_replace2(c->field, from, to);", "a UDP datagram without checksum gets one made up", HEADERS),
-    M("rewrite-ttl-check", "ebpf/include/rewrite_helpers.h", "check += (__u32)bpf_htons(0x0100);",
-      "check += (__u32)bpf_htons(0x0001);", "the IPv4 checksum wrong after the TTL's decrement", HEADERS),
-    M("rewrite-finish-tx-only", "ebpf/include/rewrite_helpers.h",
-      "(action != XDP_TX && action != XDP_REDIRECT)", "(action != XDP_TX)",
-      "a partial checksum left unfinished on XDP_REDIRECT", HEADERS),
-    M("rewrite-macs-swapped", "ebpf/include/rewrite_helpers.h", "__builtin_memcpy(eth->h_source, src, ETH_ALEN);",
-      "__builtin_memcpy(eth->h_source, dst, ETH_ALEN);", "forwarded frames leave with the wrong source MAC",
-      HEADERS),
-    M("redirect-fragment-uncounted", "ebpf/include/verdict.h", "\t\treturn R_FRAGMENT;", "\t\treturn R_MALFORMED;",
-      "fragments counted as malformed", EXIT),
-    M("exit-reason-uncounted", "ebpf/include/verdict.h", "\tfp->reason[r]++;", "\t;",
-      "frames counted in no reason", EXIT),
-    M("exit-dropped-uncounted", "ebpf/include/verdict.h", "\t\tfp->dropped[r]++;", "\t\t;",
-      "what is dropped not said by reason", EXIT),
-    M("exit-drop-as-pass", "ebpf/include/verdict.h", "action == XDP_DROP ? V_DROP", "action == XDP_DROP ? V_PASS",
-      "XDP drops counted as passed", EXIT),
-    M("parse-short-l4-as-other", "ebpf/include/parsing_helpers.h",
-      "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_SHORT_L4;",
-      "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_OTHER;",
-      "a TCP header cut short taken for another protocol", EXIT),
-    M("partial-fold", "lab/traffic/partial.py", "s = (s & 0xFFFF) + (s >> 16)", "s = s & 0xFFFF",
-      "the tests' own partial checksums computed wrong (their frames)", (["tests/test_partial_csum.py"], [])),
+    M(
+        "vtap-non-ip-as-malformed",
+        "ebpf/include/verdict.h",
+        "\t\treturn R_NOT_IP;",
+        "\t\treturn R_MALFORMED;",
+        "ARP counted as malformed",
+        EXIT,
+    ),
+    M(
+        "parse-one-vlan",
+        "ebpf/include/parsing_helpers.h",
+        "for (int i = 0; i < VLAN_MAX_DEPTH; i++) {",
+        "for (int i = 0; i < 1; i++) {",
+        "QinQ frames not parsed past the outer tag",
+        HEADERS,
+    ),
+    M(
+        "parse-v4-version",
+        "ebpf/include/parsing_helpers.h",
+        "if (iph->version != 4 || iph->ihl < 5)",
+        "if (iph->ihl < 5)",
+        "an IPv4 ethertype with version 6 parsed as IPv4",
+        HEADERS,
+    ),
+    M(
+        "parse-v4-options",
+        "ebpf/include/parsing_helpers.h",
+        "hdrsize = iph->ihl * 4;",
+        "hdrsize = sizeof(*iph);",
+        "IPv4 options read as the L4 header",
+        HEADERS,
+    ),
+    M(
+        "parse-first-fragment",
+        "ebpf/include/parsing_helpers.h",
+        "bpf_htons(IP_MF | IP_OFFSET)",
+        "bpf_htons(IP_OFFSET)",
+        "a first fragment taken for a whole datagram",
+        HEADERS,
+    ),
+    M(
+        "parse-v6-ext-len",
+        "ebpf/include/parsing_helpers.h",
+        "nh->pos += (h->hdrlen + 1) * 8;",
+        "nh->pos += h->hdrlen * 8;",
+        "IPv6 extension headers skipped 8 bytes short",
+        HEADERS,
+    ),
+    M(
+        "parse-udp-len",
+        "ebpf/include/parsing_helpers.h",
+        "len = bpf_ntohs(h->len) - (int)sizeof(*h);",
+        "len = bpf_ntohs(h->len);",
+        "UDP payload length 8 bytes long",
+        HEADERS,
+    ),
+    M(
+        "parse-tcp-options",
+        "ebpf/include/parsing_helpers.h",
+        "len = h->doff * 4;",
+        "len = sizeof(*h);",
+        "TCP options taken for payload",
+        HEADERS,
+    ),
+    M(
+        "csum-fold-once",
+        "ebpf/include/csum_helpers.h",
+        "for (int i = 0; i < 4; i++)\n\t\tsum = (sum & 0xffff)",
+        "for (int i = 0; i < 1; i++)\n\t\tsum = (sum & 0xffff)",
+        "a sum folded once: carries lost",
+        HEADERS,
+    ),
+    M(
+        "csum-replace4-low",
+        "ebpf/include/csum_helpers.h",
+        "\ts += to & 0xffff;\n",
+        "\ts += to >> 16;\n",
+        "a 4-byte rewrite sums the new value's high half twice",
+        HEADERS,
+    ),
+    M(
+        "csum-replace16-3words",
+        "ebpf/include/csum_helpers.h",
+        "for (int i = 0; i < 4; i++) {",
+        "for (int i = 0; i < 3; i++) {",
+        "an IPv6 address rewrite leaves its last word out of the sum",
+        HEADERS,
+        nth=1,
+    ),
+    M(
+        "csum-udp-zero-kept",
+        "ebpf/include/csum_helpers.h",
+        "\tcsum_replace4(sum, from, to);\n\tif (!*sum)",
+        "\tcsum_replace4(sum, from, to);\n\tif (0)",
+        "a UDP checksum that becomes 0 is sent as 0 (no checksum)",
+        HEADERS,
+    ),
+    M(
+        "csum-pseudo4-len",
+        "ebpf/include/csum_helpers.h",
+        "s += bpf_htons(len);",
+        "s += len;",
+        "the IPv4 pseudo-header's length in host order",
+        HEADERS,
+    ),
+    M(
+        "csum-pseudo6-next",
+        "ebpf/include/csum_helpers.h",
+        "s += bpf_htons(next);",
+        "s += next;",
+        "the IPv6 pseudo-header's next header in host order",
+        HEADERS,
+    ),
+    M(
+        "csum-tail-byte",
+        "ebpf/include/csum_helpers.h",
+        "sum += (__u32)b[1] << 8;",
+        "sum += b[1];",
+        "a segment ending 2 or 3 bytes into a word summed wrong",
+        HEADERS,
+    ),
+    M(
+        "rewrite-partial-never",
+        "ebpf/include/rewrite_helpers.h",
+        "c->partial = *field == (__sum16)csum_fold16(pseudo);",
+        "c->partial = 0;",
+        "a partial checksum (TX offload) taken for a whole one",
+        HEADERS,
+    ),
+    M(
+        "rewrite-udp-port-zero",
+        "ebpf/include/rewrite_helpers.h",
+        "udp_csum_replace2(c->field, from, to);",
+        "csum_replace2(c->field, from, to);",
+        "a UDP datagram without checksum gets one made up",
+        HEADERS,
+    ),
+    M(
+        "rewrite-ttl-check",
+        "ebpf/include/rewrite_helpers.h",
+        "check += (__u32)bpf_htons(0x0100);",
+        "check += (__u32)bpf_htons(0x0001);",
+        "the IPv4 checksum wrong after the TTL's decrement",
+        HEADERS,
+    ),
+    M(
+        "rewrite-finish-tx-only",
+        "ebpf/include/rewrite_helpers.h",
+        "(action != XDP_TX && action != XDP_REDIRECT)",
+        "(action != XDP_TX)",
+        "a partial checksum left unfinished on XDP_REDIRECT",
+        HEADERS,
+    ),
+    M(
+        "rewrite-macs-swapped",
+        "ebpf/include/rewrite_helpers.h",
+        "__builtin_memcpy(eth->h_source, src, ETH_ALEN);",
+        "__builtin_memcpy(eth->h_source, dst, ETH_ALEN);",
+        "forwarded frames leave with the wrong source MAC",
+        HEADERS,
+    ),
+    M(
+        "redirect-fragment-uncounted",
+        "ebpf/include/verdict.h",
+        "\t\treturn R_FRAGMENT;",
+        "\t\treturn R_MALFORMED;",
+        "fragments counted as malformed",
+        EXIT,
+    ),
+    M(
+        "exit-reason-uncounted",
+        "ebpf/include/verdict.h",
+        "\tfp->reason[r]++;",
+        "\t;",
+        "frames counted in no reason",
+        EXIT,
+    ),
+    M(
+        "exit-dropped-uncounted",
+        "ebpf/include/verdict.h",
+        "\t\tfp->dropped[r]++;",
+        "\t\t;",
+        "what is dropped not said by reason",
+        EXIT,
+    ),
+    M(
+        "exit-drop-as-pass",
+        "ebpf/include/verdict.h",
+        "action == XDP_DROP ? V_DROP",
+        "action == XDP_DROP ? V_PASS",
+        "XDP drops counted as passed",
+        EXIT,
+    ),
+    M(
+        "parse-short-l4-as-other",
+        "ebpf/include/parsing_helpers.h",
+        "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_SHORT_L4;",
+        "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_OTHER;",
+        "a TCP header cut short taken for another protocol",
+        EXIT,
+    ),
+    M(
+        "partial-fold",
+        "lab/traffic/partial.py",
+        "s = (s & 0xFFFF) + (s >> 16)",
+        "s = s & 0xFFFF",
+        "the tests' own partial checksums computed wrong (their frames)",
+        (["tests/test_partial_csum.py"], []),
+    ),
 ]
 
 
@@ -154,7 +315,7 @@ def restore_all(root=ROOT) -> list[str]:
     """Put back every file a killed run left edited (its FILE.mutant-orig)."""
     put_back = []
     for orig in sorted(root.rglob(f"*{BACKUP}")):
-        target = orig.with_name(orig.name[:-len(BACKUP)])
+        target = orig.with_name(orig.name[: -len(BACKUP)])
         os.replace(orig, target)
         put_back.append(str(target.relative_to(root)))
     return put_back
@@ -191,6 +352,7 @@ class Edited:
             def __exit__(self, *exc):
                 edited.path.write_text(self.mutated)
                 return False
+
         return _Original()
 
 
@@ -234,10 +396,29 @@ def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     # faulthandler_timeout: a test that hangs dumps its stack before the timeout, which says where
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
-                             "-o", "addopts=", "-o", f"faulthandler_timeout={max(1, timeout - 60)}", *args],
-                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, preexec_fn=_interruptible)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-x",
+            "-q",
+            "-rfE",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "-o",
+            f"faulthandler_timeout={max(1, timeout - 60)}",
+            *args,
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=_interruptible,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -283,6 +464,7 @@ def confirmed_run(args, edited, root=ROOT, tries=3):
 def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
     """Every mutant in turn; the table as CSV in out_dir, returned."""
     from .bench.common import Progress  # noqa: PLC0415 -- bench.common pulls pandas and pyroute2
+
     put_back = restore_all(root)
     for p in put_back:
         print(f"lab mutants: put back {p}, left edited by a killed run", file=sys.stderr)
@@ -310,9 +492,15 @@ def run(mutants, out_dir, progress=True, root=ROOT) -> Path:
                     if killed:
                         stage = name
                         break
-            row = {"mutant": m.id, "where": f"{m.path}:{line}", "what": m.why,
-                   "killed_by": by if killed else "SURVIVED", "stage": stage, "seconds": round(secs, 1),
-                   "flaky": " ".join(flaky)}
+            row = {
+                "mutant": m.id,
+                "where": f"{m.path}:{line}",
+                "what": m.why,
+                "killed_by": by if killed else "SURVIVED",
+                "stage": stage,
+                "seconds": round(secs, 1),
+                "flaky": " ".join(flaky),
+            }
             w.writerow(row)
             f.flush()
             rows.append(row)
@@ -327,8 +515,10 @@ def print_table(rows, stream=sys.stdout):
     for r in rows:
         stream.write(f"{r['mutant']:<{width}}  {r['where']:<40}  {r['killed_by']}\n")
     survived = [r for r in rows if r["killed_by"] == "SURVIVED"]
-    stream.write(f"\n{len(rows) - len(survived)} of {len(rows)} mutants killed"
-                 + (f"; survived: {', '.join(r['mutant'] for r in survived)}\n" if survived else "\n"))
+    stream.write(
+        f"\n{len(rows) - len(survived)} of {len(rows)} mutants killed"
+        + (f"; survived: {', '.join(r['mutant'] for r in survived)}\n" if survived else "\n")
+    )
 
 
 def add_arguments(p):
@@ -336,8 +526,9 @@ def add_arguments(p):
     p.add_argument("--only", help="mutant ids, comma-separated (default: all)")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--restore", action="store_true", help="put back files a killed run left edited, and exit")
-    p.add_argument("--out", type=Path, default=ROOT / "datasets" / "results",
-                   help="where the CSV goes (default datasets/results)")
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "datasets" / "results", help="where the CSV goes (default datasets/results)"
+    )
 
 
 def main(a) -> int:
@@ -377,6 +568,7 @@ def main(a) -> int:
 
 if __name__ == "__main__":
     from lab.console import ArgumentParser
+
     parser = ArgumentParser(prog="python -m lab mutants", error_name="lab mutants")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -43,8 +43,10 @@ def _prefix(value) -> str:
     if value is None:
         return "vtl-"
     if not _PREFIX_FORM.fullmatch(value):
-        raise SystemExit(f"lab: error: VTL_NETNS_PREFIX={value!r}: a lab namespace prefix is \"vt\", "
-                         "1-4 lower-case letters or digits and \"-\" (such as vt1-); unset it for vtl-")
+        raise SystemExit(
+            f'lab: error: VTL_NETNS_PREFIX={value!r}: a lab namespace prefix is "vt", '
+            '1-4 lower-case letters or digits and "-" (such as vt1-); unset it for vtl-'
+        )
     return value
 
 
@@ -55,6 +57,8 @@ def foreign(name) -> bool:
     """A namespace of another lab instance (another prefix): never this one's to clean."""
     head = name.split("-", 1)[0] + "-"
     return "-" in name and head != PREFIX and (head == "vtl-" or bool(_PREFIX_FORM.fullmatch(head)))
+
+
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = netdev.CLONE_NEWNET
 MS_BIND = 0x1000
@@ -283,6 +287,7 @@ def alive(pid) -> bool:
 def stop(proc, grace=5.0):
     """Stop a child we started: SIGTERM (to its whole process group when it leads
     one, so forked helpers go too), SIGKILL after `grace` seconds, then reap it."""
+
     def send(sig):
         try:
             if os.getpgid(proc.pid) == proc.pid:
@@ -291,6 +296,7 @@ def stop(proc, grace=5.0):
                 proc.send_signal(sig)
         except ProcessLookupError:
             pass
+
     if proc.poll() is not None:
         return
     send(signal.SIGTERM)

@@ -13,7 +13,7 @@ import zlib
 from .peer import peers
 
 GREY = "#555555"
-SPARE = ["#F0E442", "#000000", "#8C564B"]   # for a label that no peer declares
+SPARE = ["#F0E442", "#000000", "#8C564B"]  # for a label that no peer declares
 # XDP modes, where a figure compares them (the Cilium/SmartNIC note's bars)
 MODES = {"native": "#0072B2", "generic": "#56B4E9", "offload": "#999999"}
 # mpstat's columns where a figure stacks them (the netfilter-vs-XDP report's per-second CPU)

@@ -37,9 +37,9 @@ from .fastpath import fastpaths
 class Peer:
     name = "none"
     kind = ""
-    modes = (None,)          # the XDP modes it runs in, the first its default; (None,): no XDP program
-    colour = "#555555"       # Okabe-Ito's palette (lab.palette); a baseline is grey
-    colours = {}             # {mode: colour} where a mode has a colour of its own
+    modes = (None,)  # the XDP modes it runs in, the first its default; (None,): no XDP program
+    colour = "#555555"  # Okabe-Ito's palette (lab.palette); a baseline is grey
+    colours = {}  # {mode: colour} where a mode has a colour of its own
     marker = "o"
     takes_dut_core = False
     owns_dut_xdp = False

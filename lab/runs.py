@@ -21,12 +21,12 @@ from lab import netns
 RUN_DIR = Path("/run/vtap-lab")
 CLEANUP = "python -m lab cleanup (from Python: lab.remove_leftovers())"
 LIVE_RUNS: set[str] = set()  # run ids this process has built and not torn down
-_said: set[str] = set()      # dead runs already said (notice)
+_said: set[str] = set()  # dead runs already said (notice)
 
 
 def run_of(namespace) -> str:
     """The run id of a lab namespace: "vtl-<run id>-<host>" -> "<run id>"."""
-    return namespace[len(netns.PREFIX):].split("-", 1)[0]
+    return namespace[len(netns.PREFIX) :].split("-", 1)[0]
 
 
 def new_run_id() -> str:
@@ -96,8 +96,11 @@ def stale_run_files(known) -> list[Path]:
     do) and no living owner."""
     if not RUN_DIR.exists():
         return []
-    return [p for p in RUN_DIR.glob(f"{netns.PREFIX}*.pid")
-            if run_of(p.stem) not in known and not owner_alive(run_of(p.stem))]
+    return [
+        p
+        for p in RUN_DIR.glob(f"{netns.PREFIX}*.pid")
+        if run_of(p.stem) not in known and not owner_alive(run_of(p.stem))
+    ]
 
 
 def orphaned_run_dirs(suffix) -> list[Path]:
@@ -122,8 +125,10 @@ def notice(out=None) -> str | None:
     _said.update(new)
     count = sum(len(n) for n in new.values())
     named = ", ".join(f"{netns.PREFIX}{r}-*" for r in sorted(new))
-    line = (f"lab: leftovers of {len(new)} dead lab run{'s' if len(new) > 1 else ''}: {count} namespace"
-            f"{'s' if count > 1 else ''} ({named}) with whatever ran in them; remove them with {CLEANUP}")
+    line = (
+        f"lab: leftovers of {len(new)} dead lab run{'s' if len(new) > 1 else ''}: {count} namespace"
+        f"{'s' if count > 1 else ''} ({named}) with whatever ran in them; remove them with {CLEANUP}"
+    )
     try:
         print(line, file=out or sys.stderr, flush=True)
     except (BrokenPipeError, ValueError):

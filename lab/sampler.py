@@ -22,7 +22,7 @@ import pandas as pd
 
 from .awaitable import in_thread
 
-MAX_SECONDS = 600.0   # no sampling runs longer than this
+MAX_SECONDS = 600.0  # no sampling runs longer than this
 MIN_INTERVAL = 0.05
 
 
@@ -30,7 +30,7 @@ def _rate_name(counter):
     if counter == "bytes":
         return "Mbps"
     if counter.endswith("_bytes"):
-        return f"{counter[:-len('_bytes')]} Mbps"
+        return f"{counter[: -len('_bytes')]} Mbps"
     return f"{counter} pps"
 
 
@@ -65,8 +65,12 @@ class Sampler:
             rows = src.counter_rows()
         else:
             rows = {"": src.counters()}
-        return {(row, k): v for row, c in rows.items() for k, v in c.items()
-                if isinstance(v, (int, float)) and (self.keep is None or k in self.keep)}
+        return {
+            (row, k): v
+            for row, c in rows.items()
+            for k, v in c.items()
+            if isinstance(v, (int, float)) and (self.keep is None or k in self.keep)
+        }
 
     def sample_once(self):
         now = time.monotonic()
@@ -126,8 +130,7 @@ class Sampler:
         # come after the first packets of the traffic the caller starts next
         # (`with Sampler(tap): tb.send(...)`), which the counts would then miss.
         self.sample_once()
-        self._thread = threading.Thread(target=self._run, args=(seconds, None, False), name="lab-sampler",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(seconds, None, False), name="lab-sampler", daemon=True)
         self._thread.start()
         return self
 
@@ -154,8 +157,9 @@ class Sampler:
     @property
     def counts(self):
         """The counters as read: one row per read, one column per (row) counter."""
-        frame = pd.DataFrame([{self._label(*k): v for k, v in r.items()} for r in self.reads],
-                             index=pd.Index(self.times, name="seconds"))
+        frame = pd.DataFrame(
+            [{self._label(*k): v for k, v in r.items()} for r in self.reads], index=pd.Index(self.times, name="seconds")
+        )
         return frame
 
     @property
@@ -197,11 +201,14 @@ def _table_html(sampler):
     body = "".join(
         f"<tr><td>{escape(sampler._label(row, c))}</td><td style='text-align:right'>{v:,}</td>"
         f"<td style='text-align:right'>{_fmt(rate_row, sampler._label(row, _rate_name(c)))}</td></tr>"
-        for (row, c), v in last.items())
+        for (row, c), v in last.items()
+    )
     t = sampler.times[-1] if sampler.times else 0.0
     status = " (interrupted)" if sampler.interrupted else ""
-    return (f"<b>{escape(_name(sampler.source))}</b>, {t:.1f} s{status}<table><tr><th>counter</th>"
-            f"<th>value</th><th>rate</th></tr>{body}</table>")
+    return (
+        f"<b>{escape(_name(sampler.source))}</b>, {t:.1f} s{status}<table><tr><th>counter</th>"
+        f"<th>value</th><th>rate</th></tr>{body}</table>"
+    )
 
 
 def _fmt(row, label):
@@ -226,6 +233,7 @@ def live(source, seconds=30, interval=1.0, by_row=False, counters=None):
     try:
         from IPython import get_ipython  # noqa: PLC0415 -- optional: only a notebook kernel has it
         from IPython.display import HTML, display  # noqa: PLC0415 -- optional: only a notebook kernel has it
+
         shell = get_ipython()
     except ImportError:
         shell = None
@@ -235,10 +243,12 @@ def live(source, seconds=30, interval=1.0, by_row=False, counters=None):
         def each(s):
             handle.update(HTML(_table_html(s)))
     else:
+
         def each(s):
             r = s.rates
             last = r.iloc[-1] if len(r) else {}
             print(f"{s.times[-1]:6.1f} s  " + "  ".join(f"{k} {last[k]:,.1f}" for k in r.columns), flush=True)
+
     sampler._run(seconds, each)
     if sampler.interrupted and shell is not None and shell.__class__.__name__ != "TerminalInteractiveShell":
         handle.update(HTML(_table_html(sampler)))

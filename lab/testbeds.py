@@ -67,8 +67,10 @@ class _Shown:
 
     def __repr__(self):
         roles, addrs, settings = self._parts()
-        lines = [f"{type(self).__name__}" + (f" ({', '.join(f'{k}={v!r}' for k, v in settings.items())})"
-                                             if settings else "")]
+        lines = [
+            f"{type(self).__name__}"
+            + (f" ({', '.join(f'{k}={v!r}' for k, v in settings.items())})" if settings else "")
+        ]
         if roles:
             lines.append("  roles: " + ", ".join(f"{k}={v}" for k, v in roles.items()))
         if addrs:
@@ -81,6 +83,7 @@ class _Shown:
 
         def row(k, v):
             return f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>{escape(v)}</td></tr>"
+
         head = "".join(row(k, str(v)) for k, v in settings.items())
         head += row("roles", ", ".join(f"{k}={v}" for k, v in roles.items())) if roles else ""
         head += row("addresses", ", ".join(f"{k}={v}" for k, v in addrs.items())) if addrs else ""
@@ -150,19 +153,19 @@ class _Built(_Shown):
 class Testbed(_Built):
     topo: Topology
     number: int
-    tap_host: str           # where the vTAP runs
-    tap_iface: str          # the interface it taps
-    tap_direction: str      # on which hook the traffic from sender to receiver passes
-    monitor_iface: str      # the vTAP's --monitor, on tap_host
+    tap_host: str  # where the vTAP runs
+    tap_iface: str  # the interface it taps
+    tap_direction: str  # on which hook the traffic from sender to receiver passes
+    monitor_iface: str  # the vTAP's --monitor, on tap_host
     sender: str = "sender"
     receiver: str = "receiver"
     monitor: str = "monitor"
     sender_iface: str = "eth0"
     receiver_iface: str = "eth0"
-    monitor_capture_iface: str = "eth0"   # where copies arrive, on the monitor host
-    bridge: tuple | None = None           # (name, ports) when the tap host bridges sender and receiver
-    gateway: tuple | None = None          # (host, iface) the sender's frames are addressed to when
-                                          # the tap host routes (Testbed 3); else the receiver
+    monitor_capture_iface: str = "eth0"  # where copies arrive, on the monitor host
+    bridge: tuple | None = None  # (name, ports) when the tap host bridges sender and receiver
+    gateway: tuple | None = None  # (host, iface) the sender's frames are addressed to when
+    # the tap host routes (Testbed 3); else the receiver
     # The addresses traffic uses, the same in both testbeds: the load's (and a
     # watched) source and its destination, and a second of each (unwatched
     # source, a destination the demo watches).
@@ -200,8 +203,14 @@ class Testbed(_Built):
         bytes, seconds, pps). `stop`: a threading.Event that ends it early."""
         flows = [flows] if not isinstance(flows, (list, tuple)) else list(flows)
         frames = build(flows, self.marker, self.sender_mac, self.next_hop_mac)
-        return send_frames(self.ns(self.sender), self.sender_iface, frames, rate_pps=rate_pps,
-                           max_seconds=max_seconds or MAX_SECONDS, stop=stop)
+        return send_frames(
+            self.ns(self.sender),
+            self.sender_iface,
+            frames,
+            rate_pps=rate_pps,
+            max_seconds=max_seconds or MAX_SECONDS,
+            stop=stop,
+        )
 
     async def asend(self, flows, rate_pps=None, max_seconds=None):
         """send() without blocking the caller's event loop (a notebook's top-level
@@ -218,8 +227,11 @@ class Testbed(_Built):
         are otherwise not waited for)."""
         host = host or self.monitor
         if ifname is None:
-            ifname = {self.monitor: self.monitor_capture_iface, self.receiver: self.receiver_iface,
-                      self.sender: self.sender_iface}.get(host, "eth0")
+            ifname = {
+                self.monitor: self.monitor_capture_iface,
+                self.receiver: self.receiver_iface,
+                self.sender: self.sender_iface,
+            }.get(host, "eth0")
         return Capture(self.ns(host), ifname, self.marker, direction=direction, expect=expect)
 
 
@@ -249,8 +261,15 @@ def testbed2() -> Testbed:
     t.add_link("tapnode", "receiver", a_if="eth1", a_addrs=[], b_addrs=RECEIVER_V4 + RECEIVER_V6)
     t.add_bridge("tapnode", "br0", ["eth0", "eth1"])
     t.add_link("tapnode", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
-    return Testbed(t, 2, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
-                   bridge=("br0", ["eth0", "eth1"]))
+    return Testbed(
+        t,
+        2,
+        tap_host="tapnode",
+        tap_iface="eth0",
+        tap_direction="ingress",
+        monitor_iface="mon0",
+        bridge=("br0", ["eth0", "eth1"]),
+    )
 
 
 def _routed(cidr, subnet):
@@ -270,10 +289,22 @@ def _add_collector(t, tap_host, mtu):
     collector (COLLECTOR_V4, COLLECTOR_V6), the router forwarding."""
     t.add_host("router", forwarding=True)
     t.add_host("collector")
-    t.add_link(tap_host, "router", a_if="eth2", a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
-               b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"], mtu=mtu)
-    t.add_link("router", "collector", a_if="eth1", a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
-               b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"], mtu=mtu)
+    t.add_link(
+        tap_host,
+        "router",
+        a_if="eth2",
+        a_addrs=["198.18.5.254/24", "2001:2:0:5::fe/64"],
+        b_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"],
+        mtu=mtu,
+    )
+    t.add_link(
+        "router",
+        "collector",
+        a_if="eth1",
+        a_addrs=["198.18.6.1/24", "2001:2:0:6::1/64"],
+        b_addrs=[f"{COLLECTOR_V4}/24", f"{COLLECTOR_V6}/64"],
+        mtu=mtu,
+    )
     t.add_route(tap_host, "198.18.6.0/24", "198.18.5.1")
     t.add_route(tap_host, "2001:2:0:6::/64", "2001:2:0:5::1")
     t.add_route("collector", "198.18.5.0/24", "198.18.6.1")
@@ -295,20 +326,27 @@ def testbed3(collector=False, collector_mtu=1500) -> Testbed:
     t.add_host("tapnode", forwarding=True)
     if collector:
         _add_collector(t, "tapnode", collector_mtu)
-    receiver = [_routed(a, "198.18.2.0/24") for a in RECEIVER_V4] + \
-        [_routed(a, "2001:2:0:2::/64") for a in RECEIVER_V6]
+    receiver = [_routed(a, "198.18.2.0/24") for a in RECEIVER_V4] + [_routed(a, "2001:2:0:2::/64") for a in RECEIVER_V6]
     t.add_link("sender", "tapnode", a_addrs=SENDER_V4 + SENDER_V6, b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])
-    t.add_link("tapnode", "receiver", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
-               b_addrs=receiver)
+    t.add_link("tapnode", "receiver", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"], b_addrs=receiver)
     t.add_link("tapnode", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
     t.add_route("sender", "198.18.2.0/24", "198.18.1.254")
     t.add_route("sender", "2001:2:0:2::/64", "2001:2:0:1::fe")
     t.add_route("receiver", "198.18.1.0/24", "198.18.2.254")
     t.add_route("receiver", "2001:2:0:1::/64", "2001:2:0:2::fe")
-    dst = {k: _ip(a) for k, a in zip(("dst4", "alt_dst4", "dst6", "alt_dst6"), receiver[:2] + receiver[2:],
-                                     strict=True)}
-    return Testbed(t, 3, tap_host="tapnode", tap_iface="eth0", tap_direction="ingress", monitor_iface="mon0",
-                   gateway=("tapnode", "eth0"), **dst)
+    dst = {
+        k: _ip(a) for k, a in zip(("dst4", "alt_dst4", "dst6", "alt_dst6"), receiver[:2] + receiver[2:], strict=True)
+    }
+    return Testbed(
+        t,
+        3,
+        tap_host="tapnode",
+        tap_iface="eth0",
+        tap_direction="ingress",
+        monitor_iface="mon0",
+        gateway=("tapnode", "eth0"),
+        **dst,
+    )
 
 
 def pair(a="a", b="b", name="pair") -> Topology:
@@ -344,6 +382,7 @@ class RouterTestbed(_Built):
     frame that XDP redirects into a veth reaches the far end only if an XDP
     program runs there (it turns on the veth's NAPI).
     """
+
     topo: Topology
     client: str = "client"
     dut: str = "dut"
@@ -363,7 +402,7 @@ class RouterTestbed(_Built):
     dut_in: str = "eth0"
     dut_out: str = "eth1"
     tx_csum_offload: bool = True  # as a veth comes; False: the client and server send whole checksums
-    vip_on_router: bool = False   # True: the service addresses are the router's own (the report's design)
+    vip_on_router: bool = False  # True: the service addresses are the router's own (the report's design)
 
     def __post_init__(self):
         self.sinks = {}  # host -> its XDP pass sink (ebpf.XdpSink): also counts what arrives
@@ -387,8 +426,11 @@ class RouterTestbed(_Built):
     def rules(self, proto="udp", families=(4, 6)):
         """The service -> backend rules for this testbed, in the command line's form."""
         ends = {4: (self.vip4, self.server4), 6: (f"[{self.vip6}]", f"[{self.server6}]")}
-        return [f"{proto}:{vip}:{self.service_port}={backend}:{self.backend_port}"
-                for family, (vip, backend) in ends.items() if family in families]
+        return [
+            f"{proto}:{vip}:{self.service_port}={backend}:{self.backend_port}"
+            for family, (vip, backend) in ends.items()
+            if family in families
+        ]
 
 
 def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
@@ -400,10 +442,20 @@ def router_testbed(tx_csum_offload=True, vip_on_router=False) -> RouterTestbed:
     t = Topology("router")
     for h in (tb.client, tb.dut, tb.server):
         t.add_host(h, forwarding=h == tb.dut)
-    t.add_link(tb.client, tb.dut, b_if=tb.dut_in, a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
-               b_addrs=[f"{tb.dut_in4}/24", f"{tb.dut_in6}/64"])
-    t.add_link(tb.dut, tb.server, a_if=tb.dut_out, a_addrs=[f"{tb.dut_out4}/24", f"{tb.dut_out6}/64"],
-               b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"])
+    t.add_link(
+        tb.client,
+        tb.dut,
+        b_if=tb.dut_in,
+        a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
+        b_addrs=[f"{tb.dut_in4}/24", f"{tb.dut_in6}/64"],
+    )
+    t.add_link(
+        tb.dut,
+        tb.server,
+        a_if=tb.dut_out,
+        a_addrs=[f"{tb.dut_out4}/24", f"{tb.dut_out6}/64"],
+        b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"],
+    )
     if vip_on_router:
         t.add_address(tb.dut, tb.dut_in, f"{tb.vip4}/32")
         t.add_address(tb.dut, tb.dut_in, f"{tb.vip6}/128")
@@ -432,6 +484,7 @@ class LbTestbed(_Built):
     XDP program of its own (the lab attaches it): on veth, XDP_TX frames reach
     the peer only when the peer runs XDP.
     """
+
     topo: Topology
     backends: list
     client: str = "client"
@@ -470,8 +523,10 @@ def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> L
     t.add_host(tb.switch)
     t.add_host(tb.client)
     t.add_host(tb.lb, forwarding=True)
-    hosts = {tb.client: [f"{tb.client4}/24", f"{tb.client6}/64"],
-             tb.lb: [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"]}
+    hosts = {
+        tb.client: [f"{tb.client4}/24", f"{tb.client6}/64"],
+        tb.lb: [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"],
+    }
     if attacker:
         t.add_host(tb.attacker)
         hosts[tb.attacker] = [f"{tb.attacker4}/24", f"{tb.attacker6}/64"]
@@ -496,11 +551,13 @@ def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> L
 # user built as one. What the fast paths need beyond that, their commands check
 # and say; the tests run what they print.
 
+
 @dataclass(repr=False)
 class UserRouter(_Built):
     """client eth0 -- eth0 router eth1 -- eth0 server, the service address routed
     to the router (198.18.0.17, 2001:2::17), or held by it (198.18.1.254,
     2001:2:0:1::fe: the netfilter-vs-XDP report's design)."""
+
     topo: Topology
     client4: str = "198.18.1.1"
     client6: str = "2001:2:0:1::1"
@@ -520,10 +577,19 @@ def user_router() -> UserRouter:
     t.add_host("client")
     t.add_host("router", forwarding=True)
     t.add_host("server")
-    t.add_link("client", "router", a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
-               b_addrs=[f"{tb.router4}/24", f"{tb.router6}/64", f"{tb.held4}/24", f"{tb.held6}/64"])
-    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.1/24", "2001:2:0:2::1/64"],
-               b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"])
+    t.add_link(
+        "client",
+        "router",
+        a_addrs=[f"{tb.client4}/24", f"{tb.client6}/64"],
+        b_addrs=[f"{tb.router4}/24", f"{tb.router6}/64", f"{tb.held4}/24", f"{tb.held6}/64"],
+    )
+    t.add_link(
+        "router",
+        "server",
+        a_if="eth1",
+        a_addrs=["198.18.2.1/24", "2001:2:0:2::1/64"],
+        b_addrs=[f"{tb.server4}/24", f"{tb.server6}/64"],
+    )
     for dst in ("198.18.0.0/24", "198.18.2.0/24"):
         t.add_route("client", dst, tb.router4)
     for dst in ("2001:2::/64", "2001:2:0:2::/64"):
@@ -538,6 +604,7 @@ def user_router() -> UserRouter:
 class UserSegment(_Built):
     """A client, a load balancer and backends on one bridge (in a `switch`
     namespace), the VIP an address of the LB's eth0 beside its own (.2 / ::2)."""
+
     topo: Topology
     backends: list
     client4: str = "198.18.9.10"
@@ -562,8 +629,10 @@ def user_segment(backends=2, dsr=False) -> UserSegment:
     t.add_host("switch")
     t.add_host("client")
     t.add_host("lb")
-    hosts = {"client": [f"{tb.client4}/24", f"{tb.client6}/64"],
-             "lb": [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"]}
+    hosts = {
+        "client": [f"{tb.client4}/24", f"{tb.client6}/64"],
+        "lb": [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"],
+    }
     arp = {"net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2} if dsr else {}
     for i, be in enumerate(tb.backends):
         t.add_host(be, sysctls=arp)

@@ -194,8 +194,13 @@ class Topology:
             a, b = link.a, link.b
             with netns.ipr(self.hosts[a.host].ns) as ip:
                 # Created inside a's namespace with the peer placed straight into b's.
-                ip.link("add", ifname=a.name, kind="veth", mtu=a.mtu,
-                        peer={"ifname": b.name, "mtu": b.mtu, "net_ns_fd": self.hosts[b.host].ns})
+                ip.link(
+                    "add",
+                    ifname=a.name,
+                    kind="veth",
+                    mtu=a.mtu,
+                    peer={"ifname": b.name, "mtu": b.mtu, "net_ns_fd": self.hosts[b.host].ns},
+                )
         for br in self.bridges:
             with netns.ipr(self.hosts[br.iface.host].ns) as ip:
                 ip.link("add", ifname=br.iface.name, kind="bridge", br_stp_state=0, br_forward_delay=0)
@@ -209,8 +214,13 @@ class Topology:
                     idx = ip.link_lookup(ifname=iface.name)[0]
                     for a in iface.addrs:
                         nodad = a.version == 6 and not self.kernel_defaults
-                        ip.addr("add", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen,
-                                **({"flags": 0x02} if nodad else {}))  # IFA_F_NODAD
+                        ip.addr(
+                            "add",
+                            index=idx,
+                            address=str(a.ip),
+                            prefixlen=a.network.prefixlen,
+                            **({"flags": 0x02} if nodad else {}),
+                        )  # IFA_F_NODAD
                     ip.link("set", index=idx, state="up")
                     link = ip.get_links(idx)[0]
                     iface.ifindex, iface.mac = idx, link.get_attr("IFLA_ADDRESS")
@@ -233,8 +243,11 @@ class Topology:
             for h in self.hosts.values():
                 with netdev.entered(h.ns):  # /proc/thread-self/net: this thread's namespace
                     rows = Path("/proc/thread-self/net/igmp6").read_text().split("\n")
-                pending += [f"{h.name} {r.split()[1]} {r.split()[2]}" for r in rows
-                            if len(r.split()) >= 6 and int(r.split()[4], 16) & MAF_TIMER_RUNNING]
+                pending += [
+                    f"{h.name} {r.split()[1]} {r.split()[2]}"
+                    for r in rows
+                    if len(r.split()) >= 6 and int(r.split()[4], 16) & MAF_TIMER_RUNNING
+                ]
             if not pending:
                 return
             if time.monotonic() > deadline:
@@ -249,8 +262,11 @@ class Topology:
             tentative = []
             for h in self.hosts.values():
                 with netns.ipr(h.ns) as ip:
-                    tentative += [f"{h.name}: {m.get_attr('IFA_ADDRESS')}" for m in ip.get_addr(family=10)
-                                  if (m.get_attr("IFA_FLAGS") or m["flags"]) & 0x40]  # IFA_F_TENTATIVE
+                    tentative += [
+                        f"{h.name}: {m.get_attr('IFA_ADDRESS')}"
+                        for m in ip.get_addr(family=10)
+                        if (m.get_attr("IFA_FLAGS") or m["flags"]) & 0x40
+                    ]  # IFA_F_TENTATIVE
             if not tentative:
                 return
             if time.monotonic() > deadline:
@@ -291,8 +307,9 @@ class Topology:
                             continue
                         for a in other.addrs:
                             if any(a.ip in mine.network for mine in me.addrs):
-                                ip.neigh("replace", dst=str(a.ip), lladdr=other.mac, ifindex=me.ifindex,
-                                         state=0x80)  # NUD_PERMANENT
+                                ip.neigh(
+                                    "replace", dst=str(a.ip), lladdr=other.mac, ifindex=me.ifindex, state=0x80
+                                )  # NUD_PERMANENT
 
     # --- use -------------------------------------------------------------------
     def ns(self, host) -> str:
@@ -364,8 +381,7 @@ class Topology:
             peer[br.iface.host, br.iface.name] = f"bridge of {', '.join(br.ports)}"
         out = []
         for h in self.hosts.values():
-            ifaces = [(i.name, peer.get((h.name, i.name), ""), " ".join(map(str, i.addrs)))
-                      for i in h.ifaces.values()]
+            ifaces = [(i.name, peer.get((h.name, i.name), ""), " ".join(map(str, i.addrs))) for i in h.ifaces.values()]
             out.append((h.name + (" (forwards)" if h.forwarding else ""), h.ns, ifaces))
         return out
 
@@ -383,11 +399,19 @@ class Topology:
         rows = []
         for host, ns, ifaces in self._rows():
             for i, (name, what, addrs) in enumerate(ifaces or [("", "", "")]):
-                lead = (f"<td rowspan={max(1, len(ifaces))}>{escape(host)}</td>"
-                        f"<td rowspan={max(1, len(ifaces))}><code>{escape(ns)}</code></td>") if i == 0 else ""
+                lead = (
+                    (
+                        f"<td rowspan={max(1, len(ifaces))}>{escape(host)}</td>"
+                        f"<td rowspan={max(1, len(ifaces))}><code>{escape(ns)}</code></td>"
+                    )
+                    if i == 0
+                    else ""
+                )
                 rows.append(f"<tr>{lead}<td>{escape(name)}</td><td>{escape(what)}</td><td>{escape(addrs)}</td></tr>")
-        return (f"<b>Topology {escape(self.name)}</b>: {escape(self._state())}<table><tr><th>host</th>"
-                f"<th>namespace</th><th>interface</th><th>link</th><th>addresses</th></tr>{''.join(rows)}</table>")
+        return (
+            f"<b>Topology {escape(self.name)}</b>: {escape(self._state())}<table><tr><th>host</th>"
+            f"<th>namespace</th><th>interface</th><th>link</th><th>addresses</th></tr>{''.join(rows)}</table>"
+        )
 
     def close(self):
         """teardown(), by the name the other lab objects use."""

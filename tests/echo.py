@@ -115,5 +115,11 @@ if __name__ == "__main__":
         serve(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         once = sys.argv[5:] == ["once"]
-        exchange(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), tries=1 if once else 3,
-                 tcp_timeout=0.5 if once else 10, udp_timeout=0.5 if once else 2)
+        exchange(
+            sys.argv[2],
+            int(sys.argv[3]),
+            int(sys.argv[4]),
+            tries=1 if once else 3,
+            tcp_timeout=0.5 if once else 10,
+            udp_timeout=0.5 if once else 2,
+        )

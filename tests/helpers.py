@@ -40,8 +40,10 @@ def run_flows(tb, flows, rate=RATE, sender=None, sender_iface="eth0", dst_mac=No
     sender = sender or tb.sender
     src_mac = tb.topo.mac(sender, sender_iface)
     frames = build(flows, marker, src_mac, dst_mac or tb.next_hop_mac)
-    with Capture(tb.ns(tb.receiver), tb.receiver_iface, marker) as rx, \
-            Capture(tb.ns(tb.monitor), tb.monitor_capture_iface, marker) as mon:
+    with (
+        Capture(tb.ns(tb.receiver), tb.receiver_iface, marker) as rx,
+        Capture(tb.ns(tb.monitor), tb.monitor_capture_iface, marker) as mon,
+    ):
         report = send_frames(tb.ns(sender), sender_iface, frames, rate_pps=rate)
         # The run's end: the receiver has every frame (a vTAP never holds one back;
         # where a test expects fewer, this waits its full time), so every copy made
@@ -68,8 +70,10 @@ def invariant(c):
     to `seen` whatever path a frame took. (matched == cloned + sampled_out +
     failed holds by construction: TcMirror derives matched from those.)"""
     reasons = ("not_ip", "malformed", "unmatched", "sampled_out", "cloned", "failed")
-    return (c["seen"] == c["pass"] + c["mirror"] == sum(c[k] for k in reasons)
-            and c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"])
+    return (
+        c["seen"] == c["pass"] + c["mirror"] == sum(c[k] for k in reasons)
+        and c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"]
+    )
 
 
 def frames_in(ns, ifname):
@@ -145,12 +149,42 @@ def nft_udp_counter(ns, port):
     """An nftables counter of UDP datagrams to `port` arriving in namespace `ns`
     (prerouting, before any socket, IPv4 and IPv6): returns a function that reads it."""
     t = {"family": "inet", "table": "vtl_count"}
-    nft.run(ns, [{"add": {"table": {"family": "inet", "name": "vtl_count"}}},
-                 {"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting", "prio": -400,
-                                    "policy": "accept"}}},
-                 {"add": {"rule": {**t, "chain": "pre", "expr": [
-                     {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}},
-                                "right": port}}, {"counter": None}]}}}])
+    nft.run(
+        ns,
+        [
+            {"add": {"table": {"family": "inet", "name": "vtl_count"}}},
+            {
+                "add": {
+                    "chain": {
+                        **t,
+                        "name": "pre",
+                        "type": "filter",
+                        "hook": "prerouting",
+                        "prio": -400,
+                        "policy": "accept",
+                    }
+                }
+            },
+            {
+                "add": {
+                    "rule": {
+                        **t,
+                        "chain": "pre",
+                        "expr": [
+                            {
+                                "match": {
+                                    "op": "==",
+                                    "left": {"payload": {"protocol": "udp", "field": "dport"}},
+                                    "right": port,
+                                }
+                            },
+                            {"counter": None},
+                        ],
+                    }
+                }
+            },
+        ],
+    )
     return lambda: nft.counters(ns, "inet", "vtl_count")[0][0]
 
 
@@ -165,8 +199,9 @@ def execute_notebook(path, env):
     os.environ.update(env)
     try:
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name=nb.metadata.kernelspec.name,
-                       resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(
+            nb, timeout=600, kernel_name=nb.metadata.kernelspec.name, resources={"metadata": {"path": str(ROOT)}}
+        ).execute()
     finally:
         for k, v in old.items():
             if v is None:
@@ -184,8 +219,11 @@ def assert_every_figure_shown_once(nb, figures):
     for c in nb.cells:
         if c.cell_type != "code":
             continue
-        pngs = [o for o in c.outputs if o.output_type in ("display_data", "execute_result")
-                and "image/png" in o.get("data", {})]
+        pngs = [
+            o
+            for o in c.outputs
+            if o.output_type in ("display_data", "execute_result") and "image/png" in o.get("data", {})
+        ]
         assert len(pngs) == c.source.count(".savefig("), c.source
         shown += len(pngs)
     assert shown == len(figures)
@@ -200,8 +238,10 @@ def lb_bed(backends=2, attacker=False, log=True):
     LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
     tb = lb_testbed(backends=backends, attacker=attacker)
     with tb:
-        webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
-                for i, be in enumerate(tb.backends)]
+        webs = [
+            NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
+            for i, be in enumerate(tb.backends)
+        ]
         sink = XdpSink("pass")
         try:
             for w in webs:
@@ -221,8 +261,7 @@ class Lines:
 
     def __init__(self, stream):
         self.q = queue.Queue()
-        self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)],
-                                  daemon=True)
+        self.t = threading.Thread(target=lambda: [self.q.put(ln) for ln in stream] + [self.q.put(None)], daemon=True)
         self.t.start()
 
     def wait_for(self, text, timeout=20.0):
@@ -246,16 +285,21 @@ class Lines:
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = str(ROOT / "tests" / "echo.py")
 PORT = 7000  # where the backends listen
-N = 12       # UDP exchanges and TCP connections per family
+N = 12  # UDP exchanges and TCP connections per family
 
 
 class Tool:
     """`python -m lab CMD ARGS --json` in a namespace, as a user runs it."""
 
     def __init__(self, ns, cmd, *args, interval=0.5):
-        self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "lab", cmd, *args, "--json",
-                                   "--interval", str(interval)], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.p = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "lab", cmd, *args, "--json", "--interval", str(interval)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.out, self.err = Lines(self.p.stdout), Lines(self.p.stderr)
         self.attached = json.loads(self.out.wait_for('"attached"', timeout=90))
 
@@ -303,8 +347,9 @@ def start_until(argv, ready, timeout=120, **kw):
     """Start a command of the lab (in a process group of its own, so that a
     test can signal all of it) and return it once `ready()` is true; killed,
     with the group, if it exits first or the deadline passes."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kw)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw
+    )
     try:
         deadline = time.monotonic() + timeout
         while not ready():

@@ -31,10 +31,11 @@ SENDER_DROP_SHARE = 0.5
 
 
 def test_tiny_sweep_writes_documented_columns_and_sidecar(tmp_path):
-    df, path = vt.run([1], [64], ["none", "ebpf"], trials=1, duration=0.5, out=tmp_path, progress=False,
-                      rate_pps=20_000)
+    df, path = vt.run(
+        [1], [64], ["none", "ebpf"], trials=1, duration=0.5, out=tmp_path, progress=False, rate_pps=20_000
+    )
     back = pd.read_csv(path)
-    assert list(back.columns[:len(vt.COLUMNS)]) == vt.COLUMNS
+    assert list(back.columns[: len(vt.COLUMNS)]) == vt.COLUMNS
     assert len(back) == 2 and set(back["mirror"]) == {"none", "ebpf"}
     e = back[back["mirror"] == "ebpf"].iloc[0]
     n = back[back["mirror"] == "none"].iloc[0]
@@ -56,18 +57,33 @@ def test_testbed3_runs_the_xdp_vtap_and_the_mirrors_that_route(tmp_path):
     """On the node that routes: the XDP vTAP sends every frame on and copies it,
     counted exactly at a modest rate; what does not apply there is skipped when
     the mirrors are left to their default, and refused in one line when asked for."""
-    df, path = vt.run([3], [64], ["none", "ebpf-xdp", "tc-mirred", "ovs"], trials=1, duration=0.5, out=tmp_path,
-                      progress=False, rate_pps=20_000)
+    df, path = vt.run(
+        [3],
+        [64],
+        ["none", "ebpf-xdp", "tc-mirred", "ovs"],
+        trials=1,
+        duration=0.5,
+        out=tmp_path,
+        progress=False,
+        rate_pps=20_000,
+    )
     assert sorted(df["mirror"]) == ["ebpf-xdp", "none", "tc-mirred"]  # OVS does not route here
     for _, r in df.iterrows():
         assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROP_SHARE * r["sent_packets"]
         assert r["receiver_packets"] == r["sent_packets"] - r["sender_dropped"]
     x = df[df["mirror"] == "ebpf-xdp"].iloc[0]
     assert x["vtap_cloned"] == x["monitor_packets"] == x["receiver_packets"] == x["dut_packets"]
-    bad = subprocess.run([sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "1,3", "--peers",
-                          "ebpf-xdp"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert bad.returncode == 1 and bad.stderr.strip() == \
-        "lab bench: error: mirror ebpf-xdp does not apply to testbed 1 (only to 3)"
+    bad = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "1,3", "--peers", "ebpf-xdp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert (
+        bad.returncode == 1
+        and bad.stderr.strip() == "lab bench: error: mirror ebpf-xdp does not apply to testbed 1 (only to 3)"
+    )
 
 
 def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
@@ -75,12 +91,21 @@ def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
     to the collector, whole and cut: at a modest rate every frame the sender's
     veth took is copied and arrives where the target is, and the programs' own
     run times (the kernel's statistics) are read per packet."""
-    df, path = vt.run([3], [1518], ["ebpf-sessions"], trials=1, duration=0.5, out=tmp_path, progress=False,
-                      rate_pps=20_000, sessions={"rules": [16], "targets": ["local", "vxlan", "erspan"],
-                                                  "truncate": [0, 128]})
+    df, path = vt.run(
+        [3],
+        [1518],
+        ["ebpf-sessions"],
+        trials=1,
+        duration=0.5,
+        out=tmp_path,
+        progress=False,
+        rate_pps=20_000,
+        sessions={"rules": [16], "targets": ["local", "vxlan", "erspan"], "truncate": [0, 128]},
+    )
     assert len(df) == 6
     assert sorted(set(zip(df["rules"], df["target"], df["truncate"], strict=True))) == sorted(
-        (16, t, c) for t in ("erspan", "local", "vxlan") for c in (0, 128))
+        (16, t, c) for t in ("erspan", "local", "vxlan") for c in (0, 128)
+    )
     overhead = {"local": 0, "vxlan": 50, "erspan": 50}  # outer IPv4, UDP + VXLAN or GRE+seq + ERSPAN II
     for _, r in df.iterrows():
         assert r["sent_packets"] == 10_000 and r["sender_dropped"] <= SENDER_DROP_SHARE * r["sent_packets"]
@@ -89,14 +114,48 @@ def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
         assert r["tap_runs"] == r["sender_runs"] == r["receiver_packets"] and 0 < r["tap_ns_per_run"] < 100_000
         copy = (128 if r["truncate"] else 1514) + overhead[r["target"]]
         assert r["monitor_mbps"] == pytest.approx((copy + 4) * 8 * r["monitor_pps"] / 1e6, rel=1e-9)
-    bad = subprocess.run([sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "3", "--peers",
-                          "ebpf-sessions", "--targets", "gre"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "bench",
+            "vtap-throughput",
+            "--testbed",
+            "3",
+            "--peers",
+            "ebpf-sessions",
+            "--targets",
+            "gre",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert bad.returncode == 1 and "unknown target 'gre'" in bad.stderr
 
 
 def test_bench_command_line(tmp_path):
-    cmd = [sys.executable, "-m", "lab", "bench", "vtap-throughput", "--testbed", "2", "--sizes", "128",
-           "--peers", "tc-mirred", "--trials", "1", "--duration", "1", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "vtap-throughput",
+        "--testbed",
+        "2",
+        "--sizes",
+        "128",
+        "--peers",
+        "tc-mirred",
+        "--trials",
+        "1",
+        "--duration",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     r = subprocess.run(cmd + ["--rate", "20000"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "tc-mirred" in r.stdout and "wrote" in r.stdout
@@ -122,19 +181,32 @@ def test_bench_command_line(tmp_path):
     assert old.returncode == 1 and old.stderr.splitlines() == [
         "lab bench: warning: --mirrors is now --peers; the old spelling goes in the next release",
         "lab bench: error: unknown mirror 'bogus' (choose from none, ebpf, ebpf-helper, ebpf-xdp, ebpf-sessions, "
-        "tc-mirred, nft-dup, ovs)"], old.stderr
+        "tc-mirred, nft-dup, ovs)",
+    ], old.stderr
 
 
 NOTEBOOK = ROOT / "notebooks" / "01_vtap_throughput.ipynb"
 REFERENCE_CSV = "datasets/reference/vtap_throughput-20261122T071150Z.csv"
-FIGURES = ["vtap_cpu.png", "vtap_monitor_mbps.png", "vtap_monitor_pps.png", "vtap_ns_per_pkt.png",
-           "vtap_ratios.png", "vtap_receiver_pps.png"]
+FIGURES = [
+    "vtap_cpu.png",
+    "vtap_monitor_mbps.png",
+    "vtap_monitor_pps.png",
+    "vtap_ns_per_pkt.png",
+    "vtap_ratios.png",
+    "vtap_receiver_pps.png",
+]
 
 
 def test_notebook_executes_and_writes_figures(tmp_path):
-    env = {"VTL_TESTBEDS": "1", "VTL_SIZES": "64,512", "VTL_MIRRORS": "none,ebpf,tc-mirred",
-           "VTL_TRIALS": "1", "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"),
-           "VTL_FIGURES": str(tmp_path / "figures")}
+    env = {
+        "VTL_TESTBEDS": "1",
+        "VTL_SIZES": "64,512",
+        "VTL_MIRRORS": "none,ebpf,tc-mirred",
+        "VTL_TRIALS": "1",
+        "VTL_DURATION": "0.5",
+        "VTL_OUT": str(tmp_path / "results"),
+        "VTL_FIGURES": str(tmp_path / "figures"),
+    }
     nb = execute_notebook(NOTEBOOK, env)
     figs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
     assert figs == FIGURES
@@ -183,8 +255,14 @@ def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outsid
 
 
 def _lab_help(*args):
-    r = subprocess.run([sys.executable, "-m", "lab", *args, "--help"], capture_output=True, text=True,
-                       timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", *args, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 

@@ -26,8 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def vtap(tb, *args, timeout=60, **kw):
-    return tb.topo.run(tb.tap_host, [sys.executable, "-m", "vtap", *args], check=False,
-                       capture_output=True, text=True, timeout=timeout, **kw)
+    return tb.topo.run(
+        tb.tap_host,
+        [sys.executable, "-m", "vtap", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def test_mirrors_and_reports_json_until_sigint(tb1):
@@ -77,28 +84,35 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tb1):
         assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--monitor", "mon0", "--iface", "eth9"], "no interface named 'eth9'"),
-    (["--monitor", "mon9"], "no interface named 'mon9'"),
-    (["--monitor", "mon0", "--iface", "mon0"], "monitor mon0 is also a tapped interface"),
-    (["--monitor", "mon0", "--watch", "198.18.1.300/32"], "bad CIDR '198.18.1.300/32'"),
-    (["--monitor", "mon0", "--watch", "198.18.1.1/24"], "host bits set (did you mean 198.18.1.0/24?)"),
-    (["--monitor", "mon0", "--sample", "0"], "--sample must be from 1 (every matched packet) to 4294967295, not 0"),
-    (["--monitor", "mon0", "--sample", "4294967296"], "--sample must be from 1"),  # wrapped to 0: mirrored all
-    (["--monitor", "mon0", "--direction", "sideways"], "argument --direction: invalid choice: 'sideways'"),
-    (["--monitor", "mon0", "--match", "both"], "argument --match: invalid choice: 'both'"),
-    (["--monitor", "mon0", "--interval", "nan"], "--interval must be a number of seconds > 0, not nan"),
-    (["--monitor", "mon0", "--interval", "inf"], "--interval must be a number of seconds > 0, not inf"),
-    (["--monitor", "mon0", "--duration", "nan"], "--duration must be a number of seconds > 0, not nan"),
-    (["--iface", "eth0"], "--monitor is required"),
-    (["--monitor", "mon0", "--watch-file", "/nonexistent/hosts.txt"],
-     "cannot read watch-list file /nonexistent/hosts.txt: No such file or directory"),
-    (["--monitor", "mon0", "--watch", "198.18.1.0/24", "--watch", "198.18.2.0/24", "--watch-max", "1"],
-     "the watch-list has 2 IPv4 entries, more than the 1 it has room for"),
-    (["--monitor", "mon0", "--watch-max", "0"], "--watch-max must be at least 1"),
-    (["--all"], "--all goes with --cleanup"),
-    (["--monitor", "mon0", "--sample", "x"], "argument --sample: invalid int value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--monitor", "mon0", "--iface", "eth9"], "no interface named 'eth9'"),
+        (["--monitor", "mon9"], "no interface named 'mon9'"),
+        (["--monitor", "mon0", "--iface", "mon0"], "monitor mon0 is also a tapped interface"),
+        (["--monitor", "mon0", "--watch", "198.18.1.300/32"], "bad CIDR '198.18.1.300/32'"),
+        (["--monitor", "mon0", "--watch", "198.18.1.1/24"], "host bits set (did you mean 198.18.1.0/24?)"),
+        (["--monitor", "mon0", "--sample", "0"], "--sample must be from 1 (every matched packet) to 4294967295, not 0"),
+        (["--monitor", "mon0", "--sample", "4294967296"], "--sample must be from 1"),  # wrapped to 0: mirrored all
+        (["--monitor", "mon0", "--direction", "sideways"], "argument --direction: invalid choice: 'sideways'"),
+        (["--monitor", "mon0", "--match", "both"], "argument --match: invalid choice: 'both'"),
+        (["--monitor", "mon0", "--interval", "nan"], "--interval must be a number of seconds > 0, not nan"),
+        (["--monitor", "mon0", "--interval", "inf"], "--interval must be a number of seconds > 0, not inf"),
+        (["--monitor", "mon0", "--duration", "nan"], "--duration must be a number of seconds > 0, not nan"),
+        (["--iface", "eth0"], "--monitor is required"),
+        (
+            ["--monitor", "mon0", "--watch-file", "/nonexistent/hosts.txt"],
+            "cannot read watch-list file /nonexistent/hosts.txt: No such file or directory",
+        ),
+        (
+            ["--monitor", "mon0", "--watch", "198.18.1.0/24", "--watch", "198.18.2.0/24", "--watch-max", "1"],
+            "the watch-list has 2 IPv4 entries, more than the 1 it has room for",
+        ),
+        (["--monitor", "mon0", "--watch-max", "0"], "--watch-max must be at least 1"),
+        (["--all"], "--all goes with --cleanup"),
+        (["--monitor", "mon0", "--sample", "x"], "argument --sample: invalid int value: 'x'"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_attaches_nothing(tb1, args, message):
     """Everything wrong with the command as given exits 2 (argparse's rule too),
     with one line: argparse's errors too, without its usage."""
@@ -116,8 +130,9 @@ def test_watch_file_with_comments_and_a_bad_line(tb1, tmp_path):
     hosts.write_text(f"# watched hosts\n\n{WATCHED_SRC4}/32   # the sender's watched address\n198.18.1.0/33\n")
     r = vtap(tb1, "--monitor", "mon0", "--watch-file", str(hosts))
     assert r.returncode == 2
-    assert r.stderr == (f"vtap: error: {hosts} line 4: bad CIDR '198.18.1.0/33': "
-                        "not an IPv4 or IPv6 address or network\n")
+    assert r.stderr == (
+        f"vtap: error: {hosts} line 4: bad CIDR '198.18.1.0/33': not an IPv4 or IPv6 address or network\n"
+    )
 
 
 def test_watch_file_of_100000_entries_mirrors_exactly(tb1, tmp_path):
@@ -150,15 +165,36 @@ def test_table_shows_every_counter_per_interface_and_run_averages(tb2):
     malformed are shown; the final rows' rates are averages over the whole run,
     not the last interval's (which saw no traffic here): between none and the
     busiest interval's, and no more than the run's count over its ticks' intervals."""
-    proc = tb2.topo.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
-                                      "--iface", "eth1", "--watch", f"{WATCHED_SRC4}/32", "--match", "src",
-                                      "--sample", "2", "--interval", "0.5"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tb2.topo.popen(
+        "tapnode",
+        [
+            sys.executable,
+            "-m",
+            "vtap",
+            "--monitor",
+            "mon0",
+            "--iface",
+            "eth0",
+            "--iface",
+            "eth1",
+            "--watch",
+            f"{WATCHED_SRC4}/32",
+            "--match",
+            "src",
+            "--sample",
+            "2",
+            "--interval",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out = Lines(proc.stdout)
     assert out.next().startswith("vtap: tapping eth0, eth1 (ingress) -> mon0")
     run_flows(tb2, [Flow("w", WATCHED_SRC4, RX4, count=1000)])
     lines, quiet = [], 0
-    while quiet < 2:   # vtap's own rows show two intervals without traffic on eth0 after all 1000
+    while quiet < 2:  # vtap's own rows show two intervals without traffic on eth0 after all 1000
         lines.append(out.next(what="interval row"))
         f = lines[-1].split()
         if f[:1] == ["TIME"]:
@@ -173,7 +209,7 @@ def test_table_shows_every_counter_per_interface_and_run_averages(tb2):
     proc.stderr.close()
     assert head[:2] == ["TIME", "IFACE"] and {"SAMPLED", "NOT-IP", "MALFORMED", "OVERSIZE"} <= set(head)
     final_head = max(i for i, ln in enumerate(lines) if ln.startswith("SUMMARY"))
-    rows = {ln.split()[1]: ln.split() for ln in lines[final_head + 1:]}
+    rows = {ln.split()[1]: ln.split() for ln in lines[final_head + 1 :]}
     assert set(rows) == {"eth0", "eth1", "all"} and all(r[0] == "total" for r in rows.values())
     col = {name: i for i, name in enumerate(lines[final_head].split())}
     eth0, eth1, total = rows["eth0"], rows["eth1"], rows["all"]
@@ -200,8 +236,13 @@ def test_monitor_veth_peer_is_refused():
         t.run("h", ["ip", "link", "add", "mon0", "type", "veth", "peer", "name", "mon0p"])
         t.run("h", ["ip", "link", "set", "mon0", "up"])
         t.run("h", ["ip", "link", "set", "mon0p", "up"])
-        r = t.run("h", [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "mon0p"],
-                  check=False, capture_output=True, text=True)
+        r = t.run(
+            "h",
+            [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "mon0p"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 2 and "(the other end of mon0's veth pair): they would be copied again" in r.stderr
         r = t.run("h", [sys.executable, "-m", "vtap", "--monitor", "mon0"], check=False, capture_output=True, text=True)
         assert r.returncode == 2 and "no interface to tap" in r.stderr  # the default skips the peer
@@ -217,8 +258,10 @@ def test_verifier_rejection_shows_the_verifiers_line(tb1, tmp_path):
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
 
-ROOT_ERROR = "vtap: error: must run as root (loading BPF programs and changing TC hooks needs CAP_BPF and " \
-             "CAP_NET_ADMIN, which root has; this process lacks CAP_BPF and CAP_NET_ADMIN)\n"
+ROOT_ERROR = (
+    "vtap: error: must run as root (loading BPF programs and changing TC hooks needs CAP_BPF and "
+    "CAP_NET_ADMIN, which root has; this process lacks CAP_BPF and CAP_NET_ADMIN)\n"
+)
 
 
 def test_not_root_as_a_normal_user(tb1):
@@ -230,10 +273,25 @@ def test_not_root_as_a_normal_user(tb1):
         os.chmod(tmp, 0o755)
         for pkg in ("vtap", "ebpf", "lab"):
             shutil.copytree(ROOT / pkg, Path(tmp) / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-        r = tb1.topo.run(tb1.tap_host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                        "/usr/bin/python3", "-m", "vtap", "--monitor", "mon0"],
-                         check=False, capture_output=True, text=True, cwd=tmp,
-                         env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+        r = tb1.topo.run(
+            tb1.tap_host,
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-m",
+                "vtap",
+                "--monitor",
+                "mon0",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+            env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+        )
     assert r.returncode == 2 and r.stderr == ROOT_ERROR, r.stderr
 
 
@@ -242,14 +300,23 @@ def test_not_root_as_root_without_capabilities(tb1):
     way, by the command line and by the Python API, before BCC trips on a map."""
     drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
     before = tc.hook_snapshot(tb1.ns("receiver"))
-    r = tb1.topo.run(tb1.tap_host, drop + [sys.executable, "-m", "vtap", "--monitor", "mon0"],
-                     check=False, capture_output=True, text=True, cwd=ROOT)
+    r = tb1.topo.run(
+        tb1.tap_host,
+        drop + [sys.executable, "-m", "vtap", "--monitor", "mon0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and r.stderr == ROOT_ERROR, r.stderr
-    api = ("from ebpf import TcMirror, PrivilegeError\n"
-           "try:\n    TcMirror(monitor='mon0').attach('eth0')\n"
-           "except PrivilegeError as e:\n    print('refused:', e)\n")
-    r = tb1.topo.run(tb1.tap_host, drop + [sys.executable, "-c", api], check=False, capture_output=True,
-                     text=True, cwd=ROOT)
+    api = (
+        "from ebpf import TcMirror, PrivilegeError\n"
+        "try:\n    TcMirror(monitor='mon0').attach('eth0')\n"
+        "except PrivilegeError as e:\n    print('refused:', e)\n"
+    )
+    r = tb1.topo.run(
+        tb1.tap_host, drop + [sys.executable, "-c", api], check=False, capture_output=True, text=True, cwd=ROOT
+    )
     assert r.stdout.startswith("refused: must run as root") and r.returncode == 0, r.stderr
     assert tc.hook_snapshot(tb1.ns("receiver")) == before
 
@@ -258,8 +325,14 @@ def test_bcc_not_importable_says_how_to_set_up(tb1):
     # -S: no site packages, so Debian's bcc is out of reach; the venv's own
     # packages (pyroute2) and the project stay importable through PYTHONPATH.
     site = sysconfig.get_paths()["purelib"]
-    r = tb1.topo.run(tb1.tap_host, [sys.executable, "-S", "-m", "vtap", "--monitor", "mon0"], check=False,
-                     capture_output=True, text=True, env={"PYTHONPATH": f"{ROOT}:{site}", "PATH": "/usr/bin:/bin"})
+    r = tb1.topo.run(
+        tb1.tap_host,
+        [sys.executable, "-S", "-m", "vtap", "--monitor", "mon0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": f"{ROOT}:{site}", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("vtap: error: BCC is not importable") and "make setup" in r.stderr
     assert r.stderr.count("\n") == 1
@@ -332,13 +405,15 @@ def test_monitor_deleted_and_made_again_while_running(tb1, clone):
         return mon.counts[name]
 
     tb1.topo.run("receiver", ["ip", "link", "del", "mon0"])  # its peer, the monitor's eth0, goes too
-    tb1.topo.run("receiver", ["ip", "link", "add", "spare", "type", "veth", "peer", "name", "eth0", "netns",
-                              tb1.ns("monitor")])  # so that the capture has an eth0 to open
+    tb1.topo.run(
+        "receiver", ["ip", "link", "add", "spare", "type", "veth", "peer", "name", "eth0", "netns", tb1.ns("monitor")]
+    )  # so that the capture has an eth0 to open
     err.wait_for("monitor mon0 was deleted")
     assert send("gone") == 0
     tb1.topo.run("receiver", ["ip", "link", "del", "spare"])
-    tb1.topo.run("receiver", ["ip", "link", "add", "mon0", "type", "veth", "peer", "name", "eth0", "netns",
-                              tb1.ns("monitor")])
+    tb1.topo.run(
+        "receiver", ["ip", "link", "add", "mon0", "type", "veth", "peer", "name", "eth0", "netns", tb1.ns("monitor")]
+    )
     tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "up"])
     tb1.topo.run("monitor", ["ip", "link", "set", "eth0", "up"])
     err.wait_for("monitor mon0 was made again")
@@ -355,8 +430,13 @@ def test_monitor_deleted_and_made_again_while_running(tb1, clone):
     assert invariant(final)
 
 
-@pytest.mark.parametrize("clone, what", [("action", "its copies are refused and counted as failed"),
-                                         ("helper", "the kernel drops the copies without an error")])
+@pytest.mark.parametrize(
+    "clone, what",
+    [
+        ("action", "its copies are refused and counted as failed"),
+        ("helper", "the kernel drops the copies without an error"),
+    ],
+)
 def test_monitor_down_at_start_and_up_again(tb1, clone, what):
     before = tc.hook_snapshot(tb1.ns("receiver"))
     tb1.topo.run("receiver", ["ip", "link", "set", "mon0", "down"])
@@ -388,6 +468,7 @@ def test_oversize_copies_are_announced_once(tb1):
             c = json.loads(out.next(what="a row of counters"))
             if c.get("matched", 0) >= matched:
                 return c
+
     # one frame at a time until one is counted oversize: from then on vtap has the new MTU
     probes, deadline = 0, time.monotonic() + 30
     while True:
@@ -403,14 +484,19 @@ def test_oversize_copies_are_announced_once(tb1):
     proc.send_signal(signal.SIGINT)
     final = json.loads([ln for ln in iter(lambda: out.next(what="the final row"), None)][-1])
     assert proc.wait(timeout=15) == 0
-    assert final["event"] == "final" and final["oversize"] == 201    # the last probe and every one after it
+    assert final["event"] == "final" and final["oversize"] == 201  # the last probe and every one after it
     assert err.text().count("longer than monitor") == 1
 
 
 def test_watch_list_from_standard_input(tb1):
-    proc = tb1.topo.popen(tb1.tap_host, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
-                                         "--watch-file", "-", "--json"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tb1.topo.popen(
+        tb1.tap_host,
+        [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0", "--watch-file", "-", "--json"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdin.write(f"# from a pipe\n{WATCHED_SRC4}/32\n")
     proc.stdin.close()
     proc.stdin = None  # communicate() must not touch it again
@@ -444,8 +530,13 @@ def test_a_signal_before_attaching_detaches_cleanly(tb1, sig):
     or the attach, long before "attached". It stops at the next step: exit 0,
     nothing on stderr, nothing attached."""
     before = tc.hook_snapshot(tb1.ns("receiver"))
-    proc = tb1.topo.popen(tb1.tap_host, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
-                                         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tb1.topo.popen(
+        tb1.tap_host,
+        [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 20
     # SIGHUP: Python itself catches SIGINT from its start, vtap's handlers come
     # with the others, all three at once
@@ -460,33 +551,50 @@ def test_a_signal_before_attaching_detaches_cleanly(tb1, sig):
 
 # --- every command line's errors, as given (no testbed: they stop before anything runs) ----------
 
+
 def in_empty_netns(*argv, timeout=60):
     """The command in a network namespace of its own, empty but for lo (down):
     whatever it would do, it does nothing to the machine's."""
-    return subprocess.run(["unshare", "--net", sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["unshare", "--net", sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("argv, error", [
-    (["-m", "vtap", "--direction", "sideways"],
-     "vtap: error: argument --direction: invalid choice: 'sideways' (choose from 'ingress', 'egress', 'both')"),
-    (["-m", "vtap", "--match", "foo"], "vtap: error: argument --match: invalid choice: 'foo'"),
-    (["-m", "vtap", "--monitor", "mon0", "--frobnicate"], "vtap: error: unrecognized arguments: --frobnicate"),
-    (["-m", "lab", "redirect", "--action", "sideways"],
-     "python -m lab redirect: error: argument --action: invalid choice: 'sideways'"),
-    (["-m", "lab", "lb", "--mode", "foo"], "python -m lab lb: error: argument --mode: invalid choice: 'foo'"),
-    (["-m", "lab", "lb", "--health-check", "http"], "python -m lab lb: error: argument --health-check: invalid choice"),
-    (["-m", "lab", "bench", "redirect", "--workload", "x"],
-     "lab bench: error: argument --workload: invalid choice: 'x'"),
-    (["-m", "lab", "bench", "lb", "--napi", "x"], "lab bench: error: argument --napi: invalid choice: 'x'"),
-    (["-m", "lab", "bench", "vtap-throughput", "--generator", "x"], "lab bench: error: argument --generator: invalid"),
-    (["-m", "lab", "bench", "ids", "--trials", "x"], "lab bench: error: argument --trials: invalid int value: 'x'"),
-    (["-m", "lab", "bench", "nosuch"], "lab bench: error: argument bench: invalid choice: 'nosuch'"),
-    (["-m", "lab", "frobnicate"], "lab: error: argument cmd: invalid choice: 'frobnicate'"),
-    (["-m", "lab", "demo", "--count", "0"], "lab: error: --count must be between 1 and 100000"),
-    (["-m", "lab", "jupyter", "--port", "x"], "lab jupyter: error: argument --port: invalid int value: 'x'"),
-    (["-m", "lab", "jupyter", "--port", "70000"], "lab jupyter: error: --port must be from 1 to 65535, not 70000"),
-])
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (
+            ["-m", "vtap", "--direction", "sideways"],
+            "vtap: error: argument --direction: invalid choice: 'sideways' (choose from 'ingress', 'egress', 'both')",
+        ),
+        (["-m", "vtap", "--match", "foo"], "vtap: error: argument --match: invalid choice: 'foo'"),
+        (["-m", "vtap", "--monitor", "mon0", "--frobnicate"], "vtap: error: unrecognized arguments: --frobnicate"),
+        (
+            ["-m", "lab", "redirect", "--action", "sideways"],
+            "python -m lab redirect: error: argument --action: invalid choice: 'sideways'",
+        ),
+        (["-m", "lab", "lb", "--mode", "foo"], "python -m lab lb: error: argument --mode: invalid choice: 'foo'"),
+        (
+            ["-m", "lab", "lb", "--health-check", "http"],
+            "python -m lab lb: error: argument --health-check: invalid choice",
+        ),
+        (
+            ["-m", "lab", "bench", "redirect", "--workload", "x"],
+            "lab bench: error: argument --workload: invalid choice: 'x'",
+        ),
+        (["-m", "lab", "bench", "lb", "--napi", "x"], "lab bench: error: argument --napi: invalid choice: 'x'"),
+        (
+            ["-m", "lab", "bench", "vtap-throughput", "--generator", "x"],
+            "lab bench: error: argument --generator: invalid",
+        ),
+        (["-m", "lab", "bench", "ids", "--trials", "x"], "lab bench: error: argument --trials: invalid int value: 'x'"),
+        (["-m", "lab", "bench", "nosuch"], "lab bench: error: argument bench: invalid choice: 'nosuch'"),
+        (["-m", "lab", "frobnicate"], "lab: error: argument cmd: invalid choice: 'frobnicate'"),
+        (["-m", "lab", "demo", "--count", "0"], "lab: error: --count must be between 1 and 100000"),
+        (["-m", "lab", "jupyter", "--port", "x"], "lab jupyter: error: argument --port: invalid int value: 'x'"),
+        (["-m", "lab", "jupyter", "--port", "70000"], "lab jupyter: error: --port must be from 1 to 65535, not 70000"),
+    ],
+)
 def test_argparse_errors_are_one_line_exit_2(argv, error):
     """argparse printed its usage (six lines and more) before the error; every
     tool says its errors in one line, named as in its other errors."""
@@ -495,15 +603,18 @@ def test_argparse_errors_are_one_line_exit_2(argv, error):
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(error), r.stderr
 
 
-@pytest.mark.parametrize("tool, args, ignored", [
-    (["vtap"], ["--monitor", "mon0"], "--monitor"),
-    (["vtap"], ["--all", "--json", "--direction", "both"], "--direction, --json"),
-    (["vtap"], ["--ebpf"], "--ebpf"),
-    (["lab", "redirect"], ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], "--iface, --rule"),
-    (["lab", "redirect"], ["--all", "--duration", "5"], "--duration"),
-    (["lab", "lb"], ["--service", "tcp:1.2.3.4:80", "--interval", "2"], "--service, --interval"),
-    (["lab", "lb"], ["--mode", "dsr"], "--mode"),
-])
+@pytest.mark.parametrize(
+    "tool, args, ignored",
+    [
+        (["vtap"], ["--monitor", "mon0"], "--monitor"),
+        (["vtap"], ["--all", "--json", "--direction", "both"], "--direction, --json"),
+        (["vtap"], ["--ebpf"], "--ebpf"),
+        (["lab", "redirect"], ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], "--iface, --rule"),
+        (["lab", "redirect"], ["--all", "--duration", "5"], "--duration"),
+        (["lab", "lb"], ["--service", "tcp:1.2.3.4:80", "--interval", "2"], "--service, --interval"),
+        (["lab", "lb"], ["--mode", "dsr"], "--mode"),
+    ],
+)
 def test_cleanup_refuses_the_options_it_would_ignore(tool, args, ignored):
     """`vtap --cleanup --monitor mon0` cleaned up and said nothing of --monitor:
     the user may have meant something else. --cleanup takes --all only."""

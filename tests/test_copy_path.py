@@ -23,8 +23,8 @@ def tunnel_topology():
     t = Topology("loops")
     for h in ("sender", "tapnode", "collector"):
         t.add_host(h)
-    t.add_link("sender", "tapnode")                                                  # 198.18.1.0/24
-    t.add_link("tapnode", "collector", a_if="eth2", b_if="eth0")                     # 198.18.2.0/24, underlay
+    t.add_link("sender", "tapnode")  # 198.18.1.0/24
+    t.add_link("tapnode", "collector", a_if="eth2", b_if="eth0")  # 198.18.2.0/24, underlay
     t.add_link("tapnode", "collector", a_if="eth3", b_if="eth3", a_addrs=[], b_addrs=[])
     t.add_link("tapnode", "collector", a_if="mon0", b_if="m0", a_addrs=[], b_addrs=[])
     t.add_bridge("tapnode", "br1", ["eth3"])
@@ -32,14 +32,35 @@ def tunnel_topology():
 
 
 def add_vxlan(t, host, local, remote, dev, name="vx0", mtu=None):
-    t.run(host, ["ip", "link", "add", name, "type", "vxlan", "id", "42", "local", local, "remote", remote,
-                 "dstport", "4789", "dev", dev] + (["mtu", str(mtu)] if mtu else []))
+    t.run(
+        host,
+        [
+            "ip",
+            "link",
+            "add",
+            name,
+            "type",
+            "vxlan",
+            "id",
+            "42",
+            "local",
+            local,
+            "remote",
+            remote,
+            "dstport",
+            "4789",
+            "dev",
+            dev,
+        ]
+        + (["mtu", str(mtu)] if mtu else []),
+    )
     t.run(host, ["ip", "link", "set", name, "up"])
 
 
 def vtap(t, host, *args, timeout=60):
-    return t.run(host, [sys.executable, "-m", "vtap", *args], check=False, capture_output=True, text=True,
-                 timeout=timeout)
+    return t.run(
+        host, [sys.executable, "-m", "vtap", *args], check=False, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -51,12 +72,15 @@ def tun():
         yield t
 
 
-@pytest.mark.parametrize("monitor, iface, direction, why", [
-    ("vx0", "eth2", "egress", "vx0's underlay device"),
-    ("vx0", "eth2", "both", "vx0's underlay device"),
-    ("br1", "eth3", "egress", "a port of br1"),
-    ("mon0", "mon0", "ingress", "monitor mon0 is also a tapped interface"),
-])
+@pytest.mark.parametrize(
+    "monitor, iface, direction, why",
+    [
+        ("vx0", "eth2", "egress", "vx0's underlay device"),
+        ("vx0", "eth2", "both", "vx0's underlay device"),
+        ("br1", "eth3", "egress", "a port of br1"),
+        ("mon0", "mon0", "ingress", "monitor mon0 is also a tapped interface"),
+    ],
+)
 def test_hooks_that_carry_the_copies_are_refused(tun, monitor, iface, direction, why):
     ns = tun.ns("tapnode")
     before = tc.hook_snapshot(ns)
@@ -70,8 +94,23 @@ def test_hooks_that_carry_the_copies_are_refused(tun, monitor, iface, direction,
 
 def test_the_underlay_route_is_followed_without_a_dev(tun):
     """A VXLAN made without `dev` still leaves through the route to its remote."""
-    tun.run("tapnode", ["ip", "link", "add", "vx1", "type", "vxlan", "id", "7", "remote",
-                        tun.addr("collector", "eth0"), "dstport", "4790"])
+    tun.run(
+        "tapnode",
+        [
+            "ip",
+            "link",
+            "add",
+            "vx1",
+            "type",
+            "vxlan",
+            "id",
+            "7",
+            "remote",
+            tun.addr("collector", "eth0"),
+            "dstport",
+            "4790",
+        ],
+    )
     with TcMirror(monitor="vx1", netns=tun.ns("tapnode")) as tap:
         why = tap.loop_reason("eth2", "egress")
     assert why and f"the route to {tun.addr('collector', 'eth0')}" in why
@@ -83,14 +122,22 @@ def test_default_selection_skips_the_underlay_and_the_copies_arrive_once(tun):
     of copies nested VXLAN in VXLAN. Now eth2 is skipped and said so, and the
     collector gets exactly one copy per frame."""
     marker = Marker()
-    frames = build([Flow("w", tun.addr("sender", "eth0"), tun.addr("tapnode", "eth0"), count=N)], marker,
-                   tun.mac("sender", "eth0"), tun.mac("tapnode", "eth0"))
+    frames = build(
+        [Flow("w", tun.addr("sender", "eth0"), tun.addr("tapnode", "eth0"), count=N)],
+        marker,
+        tun.mac("sender", "eth0"),
+        tun.mac("tapnode", "eth0"),
+    )
     for name in ("eth3", "mon0"):  # leave only eth0 and the underlay eth2 UP besides the monitor
         tun.run("tapnode", ["ip", "link", "set", name, "down"])
     at_collector = frames_in(tun.ns("collector"), "vx0")
-    proc = tun.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "vx0", "--direction", "both",
-                                 "--json", "--interval", "0.2"],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tun.popen(
+        "tapnode",
+        [sys.executable, "-m", "vtap", "--monitor", "vx0", "--direction", "both", "--json", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = json.loads(proc.stdout.readline())
     assert first["event"] == "attached" and sorted(first["ifaces"]) == ["br1", "eth0"]
     with Capture(tun.ns("collector"), "vx0", marker) as coll:
@@ -98,8 +145,10 @@ def test_default_selection_skips_the_underlay_and_the_copies_arrive_once(tun):
     proc.send_signal(2)
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
-    assert ("not tapping eth2: its egress carries the copies to monitor vx0 (vx0's underlay device): they would "
-            "be copied again; --iface eth2 --direction ingress taps it safely") in err
+    assert (
+        "not tapping eth2: its egress carries the copies to monitor vx0 (vx0's underlay device): they would "
+        "be copied again; --iface eth2 --direction ingress taps it safely"
+    ) in err
     assert coll.counts["w"] == N  # once each: no copy of a copy
     final = json.loads(out.splitlines()[-1])
     # every copy made arrived, once (the tap node's replies to the sender are copied too)
@@ -134,8 +183,12 @@ def test_a_refused_monitor_change_leaves_the_old_monitor(tun):
     """The monitor setter checks before it stores: a monitor whose copies would
     pass a tapped hook is refused and mirroring goes on to the old one."""
     marker = Marker()
-    frames = build([Flow("a", tun.addr("sender", "eth0"), tun.addr("tapnode", "eth0"), count=N)], marker,
-                   tun.mac("sender", "eth0"), tun.mac("tapnode", "eth0"))
+    frames = build(
+        [Flow("a", tun.addr("sender", "eth0"), tun.addr("tapnode", "eth0"), count=N)],
+        marker,
+        tun.mac("sender", "eth0"),
+        tun.mac("tapnode", "eth0"),
+    )
     with TcMirror(monitor="mon0", netns=tun.ns("tapnode")) as tap:
         tap.attach("eth0", "ingress")
         tap.attach("eth2", "egress")
@@ -165,8 +218,11 @@ def test_copies_longer_than_the_monitors_mtu_are_counted(clone):
         src, dst = t.addr("sender", "eth0"), t.addr("receiver", "eth0")
         # the QinQ frame's IP packet is exactly 1000 bytes too: its outer tag
         # leaves the data at ingress (skb->vlan_tci), its inner one stays there
-        flows = [Flow("big", src, dst, count=N, size=1200), Flow("fits", src, dst, count=N, size=1014),
-                 Flow("fits-qinq", src, dst, count=N, size=1022, vlans=((0x88A8, 5), (0x8100, 7)))]
+        flows = [
+            Flow("big", src, dst, count=N, size=1200),
+            Flow("fits", src, dst, count=N, size=1014),
+            Flow("fits-qinq", src, dst, count=N, size=1022, vlans=((0x88A8, 5), (0x8100, 7))),
+        ]
         frames = build(flows, marker, t.mac("sender", "eth0"), t.mac("receiver", "eth0"))
         with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap:
             tap.attach("eth0", "ingress")
@@ -198,28 +254,48 @@ def test_gso_copies_count_their_wire_packets():
     with t:
         t.run("monitor", ["ethtool", "-K", "m1", "tso", "off", "gso", "off"], capture_output=True)
         client, server = t.addr("client", "eth0"), t.addr("server", "eth0")
-        t.run("sink", ["nft", "-f", "-"], text=True, input=(
-            "table netdev vtl_count {\n chain in {\n type filter hook ingress device eth0 priority 0;\n"
-            f" ip saddr {client} tcp dport 5201 counter\n }}\n}}\n"))
-        srv = t.popen("server", [sys.executable, "-c",
-                                 "import socket\ns=socket.socket()\ns.bind(('0.0.0.0',5201))\ns.listen()\n"
-                                 "c,_=s.accept()\nwhile c.recv(1<<16): pass\n"])
+        t.run(
+            "sink",
+            ["nft", "-f", "-"],
+            text=True,
+            input=(
+                "table netdev vtl_count {\n chain in {\n type filter hook ingress device eth0 priority 0;\n"
+                f" ip saddr {client} tcp dport 5201 counter\n }}\n}}\n"
+            ),
+        )
+        srv = t.popen(
+            "server",
+            [
+                sys.executable,
+                "-c",
+                "import socket\ns=socket.socket()\ns.bind(('0.0.0.0',5201))\ns.listen()\n"
+                "c,_=s.accept()\nwhile c.recv(1<<16): pass\n",
+            ],
+        )
         with TcMirror(monitor="mon0", netns=t.ns("client"), watch=[f"{client}/32"], match="src") as tap:
             tap.attach("eth0", "egress")
-            t.run("client", [sys.executable, "-c",
-                             "import socket,time\nfor i in range(50):\n    try:\n"
-                             f"        s=socket.create_connection(('{server}',5201)); break\n"
-                             "    except OSError: time.sleep(0.1)\n"
-                             "s.sendall(b'x'*4_000_000)\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\ns.close()\n"],
-                  timeout=60)
+            t.run(
+                "client",
+                [
+                    sys.executable,
+                    "-c",
+                    "import socket,time\nfor i in range(50):\n    try:\n"
+                    f"        s=socket.create_connection(('{server}',5201)); break\n"
+                    "    except OSError: time.sleep(0.1)\n"
+                    "s.sendall(b'x'*4_000_000)\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\ns.close()\n",
+                ],
+                timeout=60,
+            )
             srv.wait(timeout=30)
-            c = tap.counters()   # the client has ended: nothing more leaves its eth0
+            c = tap.counters()  # the client has ended: nothing more leaves its eth0
 
         def on_wire():
-            out = t.run("sink", ["nft", "-j", "list", "table", "netdev", "vtl_count"], capture_output=True,
-                        text=True).stdout
+            out = t.run(
+                "sink", ["nft", "-j", "list", "table", "netdev", "vtl_count"], capture_output=True, text=True
+            ).stdout
             rule = next(x["rule"] for x in json.loads(out)["nftables"] if "rule" in x)
             return next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+
         wait_for(lambda: on_wire() >= c["cloned_segs"], what=f"{c['cloned_segs']} segments at the sink")
         on_wire = on_wire()
     assert c["cloned"] < c["cloned_segs"], "expected GSO frames at an egress tap of local TCP"

@@ -17,8 +17,9 @@ def test_the_readme_table_of_tools_is_the_registrys():
     text = README.read_text()
     table = re.search(r"<!-- tool table: python -m lab.fastpath .*?-->\n(.*?)\n<!-- end of tool table -->", text, re.S)
     assert table, "the README has no generated table of tools"
-    printed = subprocess.run([sys.executable, "-m", "lab.fastpath"], capture_output=True, text=True, cwd=ROOT,
-                             check=True).stdout.strip()
+    printed = subprocess.run(
+        [sys.executable, "-m", "lab.fastpath"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout.strip()
     assert table[1].strip() == printed, "the README's table of tools is stale: run python -m lab.fastpath"
 
 

@@ -31,8 +31,12 @@ def marked_frames(t, n_flows, size=128):
     marker = Marker()
     frames = []
     for i in range(n_flows):
-        frames += flow_frames(Flow(f"f{i}", t.addr("tx", "eth0"), t.addr("rx", "eth0"), sport=40000 + i,
-                                   count=1, size=size), marker, t.mac("tx", "eth0"), t.mac("rx", "eth0"))
+        frames += flow_frames(
+            Flow(f"f{i}", t.addr("tx", "eth0"), t.addr("rx", "eth0"), sport=40000 + i, count=1, size=size),
+            marker,
+            t.mac("tx", "eth0"),
+            t.mac("rx", "eth0"),
+        )
     return marker, frames
 
 
@@ -43,8 +47,10 @@ def test_paced_send_is_counted_exactly_at_the_sink(pair, name):
     marker, frames = marked_frames(pair, 4)
     with XdpSink("pass") as sink:
         sink.attach("eth0", netns=pair.ns("rx"))  # native XDP: the veth gets NAPI for XDP frames
-        with Capture(pair.ns("rx"), "eth0", marker, expect=8000) as cap, \
-                GENERATORS[name](pair.ns("tx"), "eth0", frames, cpu=0) as gen:
+        with (
+            Capture(pair.ns("rx"), "eth0", marker, expect=8000) as cap,
+            GENERATORS[name](pair.ns("tx"), "eth0", frames, cpu=0) as gen,
+        ):
             started = time.monotonic()
             report = gen.send(count=8000, seconds=10, rate_pps=40_000)
             took = time.monotonic() - started
@@ -76,15 +82,18 @@ def test_a_paced_run_held_up_across_its_end_still_sends_its_count(pair):
     require_tool("chrt")
     cpu = os.cpu_count() - 1
     _, frames = marked_frames(pair, 1)
-    hog = subprocess.Popen(["chrt", "-f", "50", "taskset", "-c", str(cpu), sys.executable, "-c", HOG, "0.1"],
-                           stdin=subprocess.PIPE)
+    hog = subprocess.Popen(
+        ["chrt", "-f", "50", "taskset", "-c", str(cpu), sys.executable, "-c", HOG, "0.1"], stdin=subprocess.PIPE
+    )
     try:
         with XdpSink("pass") as sink:
             sink.attach("eth0", netns=pair.ns("rx"))
             with XdpGenerator(pair.ns("tx"), "eth0", frames, cpu=cpu) as gen:
+
                 def hold():
                     hog.stdin.write(b"go\n")
                     hog.stdin.flush()
+
                 timer = threading.Timer(0.95, hold)  # busy from 0.95 s to 1.05 s of a 1-s run
                 timer.start()
                 report = gen.send(seconds=1.0, rate_pps=10_000)
@@ -102,8 +111,10 @@ def test_xdp_generator_interleaves_flows_evenly(pair):
     marker, frames = marked_frames(pair, 4)
     with XdpSink("pass") as sink:
         sink.attach("eth0", netns=pair.ns("rx"))
-        with Capture(pair.ns("rx"), "eth0", marker, expect=4000) as cap, \
-                XdpGenerator(pair.ns("tx"), "eth0", frames) as gen:
+        with (
+            Capture(pair.ns("rx"), "eth0", marker, expect=4000) as cap,
+            XdpGenerator(pair.ns("tx"), "eth0", frames) as gen,
+        ):
             gen.send(count=4000, seconds=10, rate_pps=40_000)
     assert cap.counts == {"f0": 1000, "f1": 1000, "f2": 1000, "f3": 1000}
 
@@ -111,8 +122,9 @@ def test_xdp_generator_interleaves_flows_evenly(pair):
 def test_xdp_generator_ceiling_is_bounded_by_seconds_and_accounted(pair):
     """Unpaced and without a count, the run ends at its deadline: not before it,
     and not at the packet limit. (How far it got is a speed: the bench's.)"""
-    frames = udp_frames(pair.addr("tx", "eth0"), pair.addr("rx", "eth0"), pair.mac("tx", "eth0"),
-                        pair.mac("rx", "eth0"), 64)
+    frames = udp_frames(
+        pair.addr("tx", "eth0"), pair.addr("rx", "eth0"), pair.mac("tx", "eth0"), pair.mac("rx", "eth0"), 64
+    )
     with XdpSink("drop") as sink:
         sink.attach("eth0", netns=pair.ns("rx"))
         with XdpGenerator(pair.ns("tx"), "eth0", frames, cpu=0) as gen:
@@ -123,16 +135,26 @@ def test_xdp_generator_ceiling_is_bounded_by_seconds_and_accounted(pair):
         assert counted["packets"] == report.packets  # the XDP program's own count agrees
         # the sink counts every frame, and the kernel's own IPv6 (MLD) may add one;
         # the paced test above counts the generator's frames exactly, by marker
-        wait_for(lambda: sink.counters()["packets"] >= report.packets - report.dropped,
-                 what=f"{report.packets - report.dropped} frames at the sink")
+        wait_for(
+            lambda: sink.counters()["packets"] >= report.packets - report.dropped,
+            what=f"{report.packets - report.dropped} frames at the sink",
+        )
         assert sink.counters()["packets"] - (report.packets - report.dropped) <= 2
     with netns.ipr(pair.ns("tx")) as ip:  # the dispatcher-holder veth pair is gone
         names = [link.get_attr("IFLA_IFNAME") for link in ip.get_links()]
     assert not [n for n in names if n.startswith("xgen")], names
 
 
-@pytest.mark.parametrize("kw", [dict(seconds=None), dict(seconds=0), dict(seconds=1000),
-                                dict(count=MAX_LOAD_PACKETS + 1, seconds=1), dict(count=0, seconds=1)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(seconds=None),
+        dict(seconds=0),
+        dict(seconds=1000),
+        dict(count=MAX_LOAD_PACKETS + 1, seconds=1),
+        dict(count=0, seconds=1),
+    ],
+)
 def test_unbounded_loads_are_refused(pair, kw):
     _, frames = marked_frames(pair, 1)
     gen = XdpGenerator(pair.ns("tx"), "eth0", frames)

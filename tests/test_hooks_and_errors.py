@@ -64,8 +64,8 @@ def test_preexisting_clsact_and_filter_survive_and_keep_running(tb1, tmp_path, c
             c = tap.counters()
             assert c["matched"] == c["cloned"] == at_monitor() == 300 and invariant(c)
         assert tc.hook_snapshot(ns) == before
-        assert _send(tb1, 200) == 0          # no vTAP any more...
-        assert other.hits() == 500           # ...and the other filter still runs
+        assert _send(tb1, 200) == 0  # no vTAP any more...
+        assert other.hits() == 500  # ...and the other filter still runs
     after = tc.hook_snapshot(ns)["eth0"]
     assert after == (True, [])  # their clsact, now empty, is theirs to remove
 
@@ -75,8 +75,16 @@ def test_goes_last_and_says_so_behind_a_foreign_kind_of_filter(tb1):
     with IPRoute(netns=ns, flags=0) as ip:
         idx = ip.link_lookup(ifname="eth0")[0]
         ip.tc("add", "clsact", index=idx)
-        ip.tc("add-filter", "u32", index=idx, parent=0xFFFFFFF2, prio=1, protocol=0x0800,
-              keys=["0x0/0x0+0"], target=0x10001)  # match-all u32 (this kernel has no matchall)
+        ip.tc(
+            "add-filter",
+            "u32",
+            index=idx,
+            parent=0xFFFFFFF2,
+            prio=1,
+            protocol=0x0800,
+            keys=["0x0/0x0+0"],
+            target=0x10001,
+        )  # match-all u32 (this kernel has no matchall)
     before = tc.hook_snapshot(ns)
     with TcMirror(monitor="mon0", netns=ns) as tap:
         (f,) = tap.attach("eth0", "ingress")

@@ -64,6 +64,7 @@ def own_cgroups():
 
 # --- the generator and its truth -------------------------------------------------------
 
+
 @pytest.mark.generator_only
 def test_generator_is_deterministic_and_repetitions_multiply_the_truth(tmp_path):
     a, b = attacks.generate(seed=5, repetitions=6), attacks.generate(seed=5, repetitions=6)
@@ -83,7 +84,7 @@ def test_generator_is_deterministic_and_repetitions_multiply_the_truth(tmp_path)
 def test_derived_repetitions_keep_each_checksum_right_or_wrong_as_crafted():
     t = attacks.generate(seed=2, repetitions=attacks.CRAFTED + 1)
     n = len(attacks.generate(seed=2, repetitions=1).frames)  # repetition 0, the same with the same seed
-    crafted, derived = t.frames[:n], t.frames[-n:]   # the last repetition is derived from repetition 0
+    crafted, derived = t.frames[:n], t.frames[-n:]  # the last repetition is derived from repetition 0
     assert crafted != derived
 
     def valid(frame):
@@ -124,6 +125,7 @@ def test_truth_agrees_with_suricata_reading_the_pcap_offline(tmp_path):
 
 # --- Suricata in a namespace ----------------------------------------------------------
 
+
 def test_suricata_lifecycle_counts_alerts_and_leaves_nothing(tmp_path):
     rules = tmp_path / "ping.rules"
     rules.write_text('alert icmp any any -> any any (msg:"ping"; itype:8; sid:1; rev:1;)\n')
@@ -159,6 +161,7 @@ def test_suricata_bad_input_is_one_line(tmp_path):
 
 # --- the bench ----------------------------------------------------------------------------
 
+
 def read_bench(out):
     main = [p for p in out.glob("ids-*.csv") if not p.name.endswith("-signatures.csv")]
     assert len(main) == 1
@@ -170,8 +173,22 @@ def ids_signatures(path):
 
 
 def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
-    r = lab_cmd("bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "50,none", "--loop", "2",
-                "--seed", "4", "--out", str(tmp_path))
+    r = lab_cmd(
+        "bench",
+        "ids",
+        "--rates",
+        "1",
+        "--trials",
+        "1",
+        "--cpu-quota",
+        "50,none",
+        "--loop",
+        "2",
+        "--seed",
+        "4",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     df, sigs = read_bench(tmp_path)
     truth = attacks.generate(seed=4, repetitions=2).truth
@@ -190,7 +207,7 @@ def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
     table = r.stdout.splitlines()
     head = next(i for i, ln in enumerate(table) if "expected" in ln and "|" in ln)
     assert table[head].count("correct") == 2
-    rows = [ln for ln in table[head + 1:] if "|" in ln]
+    rows = [ln for ln in table[head + 1 :] if "|" in ln]
     assert len(rows) == 2 and all(ln.count(" 1/1 ") == 2 for ln in rows), rows
     # the sidecar records --loop as given (it said 1: tcpreplay's loop count)
     params = json.loads(next(tmp_path.glob("ids-*.json")).read_text())["parameters"]
@@ -205,8 +222,24 @@ def test_a_remote_collector_behind_vxlan_raises_exactly_the_truth(tmp_path):
     copies in VXLAN from vTAP sessions: it reads every copy (as the outer
     packets the tunnel carries) and raises exactly the alerts the truth says,
     as the receiver's does."""
-    r = lab_cmd("bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "none", "--loop", "2",
-                "--seed", "5", "--at", "remote", "--out", str(tmp_path))
+    r = lab_cmd(
+        "bench",
+        "ids",
+        "--rates",
+        "1",
+        "--trials",
+        "1",
+        "--cpu-quota",
+        "none",
+        "--loop",
+        "2",
+        "--seed",
+        "5",
+        "--at",
+        "remote",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     df, sigs = read_bench(tmp_path)
     gen = attacks.generate(seed=5, repetitions=2)
@@ -235,8 +268,26 @@ def test_users_pcap_truth_and_watch_list(tmp_path):
     addrs = Counter(ip for f in t.frames if f[12:14] == b"\x08\x00" for ip in (f[26:30], f[30:34]))
     victim = ".".join(map(str, max((a for a in addrs if a[:3] == bytes([198, 18, 1])), key=addrs.get)))
     out = tmp_path / "out"
-    r = lab_cmd("bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "none", "--pcap", str(pcap),
-                "--truth", str(truth), "--home-net", attacks.HOME_NET, "--watch", f"{victim}/32", "--out", str(out))
+    r = lab_cmd(
+        "bench",
+        "ids",
+        "--rates",
+        "1",
+        "--trials",
+        "1",
+        "--cpu-quota",
+        "none",
+        "--pcap",
+        str(pcap),
+        "--truth",
+        str(truth),
+        "--home-net",
+        attacks.HOME_NET,
+        "--watch",
+        f"{victim}/32",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     df, sigs = read_bench(out)
     row = df.iloc[0]
@@ -252,17 +303,39 @@ def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
     """A user's pcap of tunnelled traffic (VXLAN, as between two hypervisors):
     the vTAP copies the outer frames, and both IDSes look inside them."""
     t = attacks.generate(seed=9, repetitions=1)
-    outer = [bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src="198.18.9.1", dst="198.18.9.2")
-                   / UDP(sport=40000 + i % 512, dport=4789) / VXLAN(vni=42) / Ether(f)) for i, f in enumerate(t.frames)]
+    outer = [
+        bytes(
+            Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+            / IP(src="198.18.9.1", dst="198.18.9.2")
+            / UDP(sport=40000 + i % 512, dport=4789)
+            / VXLAN(vni=42)
+            / Ether(f)
+        )
+        for i, f in enumerate(t.frames)
+    ]
     pcap = tmp_path / "vxlan.pcap"
     attacks.write_pcap(pcap, outer)
     out = tmp_path / "out"
-    r = lab_cmd("bench", "ids", "--rates", "2", "--trials", "1", "--cpu-quota", "none", "--pcap", str(pcap),
-                "--home-net", attacks.HOME_NET, "--out", str(out))
+    r = lab_cmd(
+        "bench",
+        "ids",
+        "--rates",
+        "2",
+        "--trials",
+        "1",
+        "--cpu-quota",
+        "none",
+        "--pcap",
+        str(pcap),
+        "--home-net",
+        attacks.HOME_NET,
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     df, sigs = read_bench(out)
     row = df.iloc[0]
-    assert row["expected_alerts"] == sum(t.truth.values())   # Suricata offline, on the same pcap
+    assert row["expected_alerts"] == sum(t.truth.values())  # Suricata offline, on the same pcap
     # frames 50 bytes longer than a 1500-byte MTU allows: the testbed's links are
     # made to fit the pcap's longest (tcpreplay once refused 36 of them, silently)
     assert max(map(len, outer)) > 1514 and row["packets_failed"] == 0
@@ -273,18 +346,21 @@ def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
     assert got == dict(t.truth)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--pcap", "/nonexistent/x.pcap"], r"pcap file /nonexistent/x.pcap not found"),
-    (["--rules", "/nonexistent/x.rules"], r"rules file /nonexistent/x.rules not found"),
-    (["--rates", "fast"], r"unknown rate 'fast'"),
-    (["--cpu-quota", "lots"], r"unknown CPU quota 'lots'"),
-    (["--home-net", "198.18.1.0/33"], r"--home-net: '198.18.1.0/33' is not an address or CIDR"),
-    (["--truth", "/nonexistent/t.csv"], r"truth file /nonexistent/t.csv not found"),
-    (["--loop", "20000"], r"--loop 20000 would make a 2\.\d GB pcap; the most is 1\.1 GB"),
-    (["--loop", "3000", "--rates", "1,10"], r"one replay at 1 Mbps would take \d+ s, more than a load run may"),
-    (["--cpus", "0,7"], r"--cpus 0,7: this machine has CPUs 0\.\.\d"),
-    (["--at", "moon"], r"unknown --at place 'moon' \(choose from local, remote\)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pcap", "/nonexistent/x.pcap"], r"pcap file /nonexistent/x.pcap not found"),
+        (["--rules", "/nonexistent/x.rules"], r"rules file /nonexistent/x.rules not found"),
+        (["--rates", "fast"], r"unknown rate 'fast'"),
+        (["--cpu-quota", "lots"], r"unknown CPU quota 'lots'"),
+        (["--home-net", "198.18.1.0/33"], r"--home-net: '198.18.1.0/33' is not an address or CIDR"),
+        (["--truth", "/nonexistent/t.csv"], r"truth file /nonexistent/t.csv not found"),
+        (["--loop", "20000"], r"--loop 20000 would make a 2\.\d GB pcap; the most is 1\.1 GB"),
+        (["--loop", "3000", "--rates", "1,10"], r"one replay at 1 Mbps would take \d+ s, more than a load run may"),
+        (["--cpus", "0,7"], r"--cpus 0,7: this machine has CPUs 0\.\.\d"),
+        (["--at", "moon"], r"unknown --at place 'moon' \(choose from local, remote\)"),
+    ],
+)
 def test_bench_bad_input_is_one_line(args, message, tmp_path):
     r = lab_cmd("bench", "ids", "--trials", "1", "--out", str(tmp_path), *args, timeout=120)
     assert r.returncode == 1
@@ -297,17 +373,36 @@ def test_bench_bad_input_is_one_line(args, message, tmp_path):
 def test_bench_shows_suricatas_own_error_for_a_rejected_ruleset(tmp_path):
     bad = tmp_path / "bad.rules"
     bad.write_text('alert tcp any any -> any any (msg:"typo"; contnt:"x"; sid:2; rev:1;)\n')
-    r = lab_cmd("bench", "ids", "--rules", str(bad), "--loop", "1", "--rates", "1", "--out", str(tmp_path / "o"),
-                timeout=120)
+    r = lab_cmd(
+        "bench", "ids", "--rules", str(bad), "--loop", "1", "--rates", "1", "--out", str(tmp_path / "o"), timeout=120
+    )
     assert r.returncode == 1
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert errors == [f"lab bench: error: suricata rejects {bad}: detect-parse: unknown rule keyword 'contnt'."]
 
 
 def _start_bench_and_wait_for_both_idses(tmp_path):
-    return start_until([PY, "-m", "lab", "bench", "ids", "--rates", "1", "--trials", "1", "--cpu-quota", "30",
-                        "--loop", "40", "--out", str(tmp_path)],
-                       lambda: len(suricata_leftovers()[2]) >= 2, cwd=ROOT)   # both IDSes running: the replay is on
+    return start_until(
+        [
+            PY,
+            "-m",
+            "lab",
+            "bench",
+            "ids",
+            "--rates",
+            "1",
+            "--trials",
+            "1",
+            "--cpu-quota",
+            "30",
+            "--loop",
+            "40",
+            "--out",
+            str(tmp_path),
+        ],
+        lambda: len(suricata_leftovers()[2]) >= 2,
+        cwd=ROOT,
+    )  # both IDSes running: the replay is on
 
 
 def test_interrupted_bench_removes_everything_itself(tmp_path):
@@ -319,7 +414,7 @@ def test_interrupted_bench_removes_everything_itself(tmp_path):
     assert err.strip().splitlines()[-1] == "lab: interrupted; everything this run started has been removed"
     assert "Traceback" not in err
     assert suricata_leftovers() == before and set(netns.lab_namespaces()) == namespaces
-    assert not list(tmp_path.iterdir())   # no half-written results
+    assert not list(tmp_path.iterdir())  # no half-written results
 
 
 def test_killed_bench_is_cleaned_up(tmp_path):
@@ -345,8 +440,17 @@ FIGURES05 = ["ids_alerts.png", "ids_drop_rates.png"]
 
 
 def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
-    nb = execute_notebook(NB05, {"VTL_RATES": "1,4", "VTL_QUOTAS": "5,none", "VTL_TRIALS": "1", "VTL_LOOP": "2",
-                                 "VTL_OUT": str(tmp_path / "results"), "VTL_FIGURES": str(tmp_path / "figures")})
+    nb = execute_notebook(
+        NB05,
+        {
+            "VTL_RATES": "1,4",
+            "VTL_QUOTAS": "5,none",
+            "VTL_TRIALS": "1",
+            "VTL_LOOP": "2",
+            "VTL_OUT": str(tmp_path / "results"),
+            "VTL_FIGURES": str(tmp_path / "figures"),
+        },
+    )
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES05
     assert_every_figure_shown_once(nb, FIGURES05)
     path = next(p for p in (tmp_path / "results").glob("ids-*.csv") if "signatures" not in p.name)
@@ -359,13 +463,12 @@ def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
     truth = attacks.generate(seed=meta["seed"], repetitions=2).truth
     sigs = pd.read_csv(path.with_name(path.stem + "-signatures.csv"))
     runs = sigs.groupby(["rate", "trial", "cpu_quota_pct", "ids"], dropna=False)
-    assert len(runs) == 2 * len(df)   # the receiver's and the monitor's, per run
+    assert len(runs) == 2 * len(df)  # the receiver's and the monitor's, per run
     for run, g in runs:
         assert {int(r.sid): int(r.alerts) for r in g.itertuples() if r.alerts} == dict(truth), run
     assert (df["receiver_alerts"] == sum(truth.values())).all() and (df["monitor_alerts"] == sum(truth.values())).all()
     # the targets table says the 1 Mbps runs were exact
-    out = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
-                  for o in c.outputs)
+    out = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "1 Mbps: receiver raises exactly the truth" in out
 
 

@@ -17,8 +17,9 @@ N = 400
 
 
 def vtap(tb, *args, timeout=60):
-    return tb.topo.run(tb.tap_host, [sys.executable, "-m", "vtap", *args], check=False,
-                       capture_output=True, text=True, timeout=timeout)
+    return tb.topo.run(
+        tb.tap_host, [sys.executable, "-m", "vtap", *args], check=False, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def stop(proc):
@@ -88,8 +89,10 @@ def test_a_second_vtap_on_the_same_hook_is_warned_about_live_or_orphaned(tb1):
         _, rx, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
         assert rx["a"] == N and mon["a"] == 2 * N
         err = stop(second)
-        assert (f"vtap: warning: eth0 ingress already has another vTAP filter (vtap pid {first.pid} runs it) "
-                "copying to the same monitor mon0: frames both match arrive there twice") in err, err
+        assert (
+            f"vtap: warning: eth0 ingress already has another vTAP filter (vtap pid {first.pid} runs it) "
+            "copying to the same monitor mon0: frames both match arrive there twice"
+        ) in err, err
         first.send_signal(signal.SIGKILL)
         first.wait()
         third = start_vtap(tb1, ["--interval", "0.2"])
@@ -107,9 +110,26 @@ def test_a_second_vtap_on_the_same_hook_is_warned_about_live_or_orphaned(tb1):
 
 def test_a_vtap_whose_interface_is_deleted_says_so(tb2):
     """tb2: the tap node taps eth1 too; deleting eth1 ends the run with exit 1."""
-    proc = tb2.topo.popen("tapnode", [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0",
-                                      "--iface", "eth1", "--json", "--interval", "0.2"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tb2.topo.popen(
+        "tapnode",
+        [
+            sys.executable,
+            "-m",
+            "vtap",
+            "--monitor",
+            "mon0",
+            "--iface",
+            "eth0",
+            "--iface",
+            "eth1",
+            "--json",
+            "--interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert json.loads(proc.stdout.readline())["event"] == "attached"
     tb2.topo.run("tapnode", ["ip", "link", "del", "eth1"])
     out, err = proc.communicate(timeout=15)

@@ -56,7 +56,7 @@ def listening(inodes=None):
                 continue
             addr, port = f[1].split(":")
             raw = bytes.fromhex(addr)  # 32-bit words, each in the host's (little-endian) order
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add((socket.inet_ntop(family, raw), int(port, 16)))
     return found
 
@@ -69,6 +69,7 @@ def lines_of(stream):
         for line in stream:
             q.put(line)
         q.put(None)
+
     threading.Thread(target=read, daemon=True).start()
     return q
 
@@ -86,7 +87,7 @@ def wait_for_url(q, timeout=90):
             raise AssertionError("it exited before printing the URL:\n" + "".join(said))
         said.append(line)
         if line.startswith(URL_LINE):
-            return line[len(URL_LINE):].split()[0], said
+            return line[len(URL_LINE) :].split()[0], said
 
 
 def get_json(url):
@@ -123,10 +124,16 @@ def test_allow_root_only_as_root():
 
 def _allow_root_as_root_only(tmp_path):
     probe = "from labjupyter import server_argv; print('--allow-root' in server_argv(8888, '/'))"
-    as_root = subprocess.run(["/usr/bin/python3", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=60)
-    as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-                                "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    as_root = subprocess.run(
+        ["/usr/bin/python3", "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    as_nobody = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (as_root.stdout, as_nobody.stdout) == ("True\n", "False\n"), as_root.stderr + as_nobody.stderr
 
 
@@ -138,8 +145,15 @@ def test_serves_on_loopback_only_with_the_kernel_and_stops_cleanly():
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     first = busy.getsockname()[1]
-    proc = subprocess.Popen([PY, "-m", "lab", "jupyter", "--port", str(first)], cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "lab", "jupyter", "--port", str(first)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         url, said = wait_for_url(lines_of(proc.stderr))
         base, token = url.split("/lab?token=")
@@ -159,8 +173,9 @@ def test_serves_on_loopback_only_with_the_kernel_and_stops_cleanly():
             get_json(f"{base}/api/kernelspecs")
         assert refused.value.code == 403
         # what setup.sh registers, where `.venv/bin/jupyter kernelspec list` looks
-        listed = subprocess.run([Path(PY).parent / "jupyter", "kernelspec", "list", "--json"], capture_output=True,
-                                text=True, timeout=60)
+        listed = subprocess.run(
+            [Path(PY).parent / "jupyter", "kernelspec", "list", "--json"], capture_output=True, text=True, timeout=60
+        )
         found = json.loads(listed.stdout)["kernelspecs"]["ebpf-vtap-lab"]
         assert Path(found["resource_dir"]).is_relative_to(sys.prefix) and found["spec"]["argv"][0] == PY
 

@@ -88,8 +88,9 @@ class Rewrite(BpfProgram):
     def __init__(self, source):
         v6 = struct.unpack("<4I", ipaddress.ip_address(NEW6).packed)  # network order, as the C reads it
         v4 = struct.unpack("<I", ipaddress.ip_address(NEW4).packed)[0]
-        super().__init__([f"-DNEW4={v4}", f"-DNEW_PORT={NEW_PORT}"] +
-                         [f"-DNEW6_{i}={w}" for i, w in enumerate(v6)], source)
+        super().__init__(
+            [f"-DNEW4={v4}", f"-DNEW_PORT={NEW_PORT}"] + [f"-DNEW6_{i}={w}" for i, w in enumerate(v6)], source
+        )
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +127,39 @@ PAYLOAD = Raw(b"x" * 32)
 
 REWRITTEN = [
     ("udp4", eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(sport=40000, dport=8080) / PAYLOAD, 4),
-    ("udp4 checksum 0 stays 0", eth() / IP(src="198.18.1.10", dst="198.18.0.17") /
-     UDP(sport=40000, dport=8080, chksum=0) / PAYLOAD, 4),
-    ("tcp4 with options", eth() / IP(src="198.18.1.10", dst="198.18.0.17") /
-     TCP(sport=40000, dport=8080, flags="S", options=[("MSS", 1460), ("SAckOK", b""), ("WScale", 7)]), 4),
-    ("ipv4 options", eth() / IP(src="198.18.1.10", dst="198.18.0.17", options=[IPOption_RR(routers=["0.0.0.0"] * 3)])
-     / UDP(sport=1, dport=8080) / PAYLOAD, 4),
+    (
+        "udp4 checksum 0 stays 0",
+        eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(sport=40000, dport=8080, chksum=0) / PAYLOAD,
+        4,
+    ),
+    (
+        "tcp4 with options",
+        eth()
+        / IP(src="198.18.1.10", dst="198.18.0.17")
+        / TCP(sport=40000, dport=8080, flags="S", options=[("MSS", 1460), ("SAckOK", b""), ("WScale", 7)]),
+        4,
+    ),
+    (
+        "ipv4 options",
+        eth()
+        / IP(src="198.18.1.10", dst="198.18.0.17", options=[IPOption_RR(routers=["0.0.0.0"] * 3)])
+        / UDP(sport=1, dport=8080)
+        / PAYLOAD,
+        4,
+    ),
     ("802.1Q", eth() / Dot1Q(vlan=100) / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080) / PAYLOAD, 4),
-    ("QinQ", eth() / Dot1AD(vlan=10) / Dot1Q(vlan=20) / IP(src="198.18.1.10", dst="198.18.0.17") /
-     TCP(dport=8080) / PAYLOAD, 4),
+    (
+        "QinQ",
+        eth() / Dot1AD(vlan=10) / Dot1Q(vlan=20) / IP(src="198.18.1.10", dst="198.18.0.17") / TCP(dport=8080) / PAYLOAD,
+        4,
+    ),
     ("udp6", eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / UDP(sport=40000, dport=8080) / PAYLOAD, 6),
     ("tcp6", eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / TCP(sport=40000, dport=8080) / PAYLOAD, 6),
-    ("ipv6 hop-by-hop", eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / IPv6ExtHdrHopByHop() /
-     UDP(dport=8080) / PAYLOAD, 6),
+    (
+        "ipv6 hop-by-hop",
+        eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / IPv6ExtHdrHopByHop() / UDP(dport=8080) / PAYLOAD,
+        6,
+    ),
 ]
 
 
@@ -146,17 +167,25 @@ REWRITTEN = [
 def test_rewrite_keeps_every_checksum(prog, name, frame, version):
     r = testrun.run(prog, bytes(frame))
     assert r.verdict == "XDP_TX"
-    assert r.data == expected(frame, version), (Ether(r.data).show2(dump=True),
-                                                Ether(expected(frame, version)).show2(dump=True))
+    assert r.data == expected(frame, version), (
+        Ether(r.data).show2(dump=True),
+        Ether(expected(frame, version)).show2(dump=True),
+    )
 
 
 def test_udp_checksum_that_comes_out_zero_is_sent_as_ffff(prog):
     """RFC 768: a computed UDP checksum of 0 is sent as 0xFFFF (0 means 'none').
     The payload word is chosen to make the rewritten datagram's sum come out so:
     the checksum is ~(S + w), so w = 0xFFFF - S, S being the sum without it."""
+
     def frame_with(word):
-        return eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(sport=40000, dport=8080) / \
-            Raw(word.to_bytes(2, "big"))
+        return (
+            eth()
+            / IP(src="198.18.1.10", dst="198.18.0.17")
+            / UDP(sport=40000, dport=8080)
+            / Raw(word.to_bytes(2, "big"))
+        )
+
     s = ~Ether(expected(frame_with(0), 4))[UDP].chksum & 0xFFFF
     frame = frame_with((0xFFFF - s) % 0xFFFF)
     want = expected(frame, 4)
@@ -171,6 +200,7 @@ def test_udp_checksum_that_comes_out_zero_is_sent_as_ffff(prog):
 # until no carry is left. It is used only to choose payloads that make the rare cases;
 # the verdict is still scapy's checksum from scratch.
 
+
 def _swap(w):
     return ((w & 0xFF) << 8) | (w >> 8)
 
@@ -180,8 +210,13 @@ def _replace4_sum(check_be, old_addr, new_addr):
     (as on the wire) when an IPv4 address changes."""
     old = int.from_bytes(ipaddress.ip_address(old_addr).packed, "little")
     new = int.from_bytes(ipaddress.ip_address(new_addr).packed, "little")
-    return ((~_swap(check_be)) & 0xFFFF) + ((~(old >> 16)) & 0xFFFF) + ((~(old & 0xFFFF)) & 0xFFFF) + \
-        (new >> 16) + (new & 0xFFFF)
+    return (
+        ((~_swap(check_be)) & 0xFFFF)
+        + ((~(old >> 16)) & 0xFFFF)
+        + ((~(old & 0xFFFF)) & 0xFFFF)
+        + (new >> 16)
+        + (new & 0xFFFF)
+    )
 
 
 def _fold(s):
@@ -191,15 +226,19 @@ def _fold(s):
 
 
 def _udp4_with_word(word):
-    return eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(sport=40000, dport=8080) / \
-        Raw(word.to_bytes(2, "big") + b"x" * 6)
+    return (
+        eth()
+        / IP(src="198.18.1.10", dst="198.18.0.17")
+        / UDP(sport=40000, dport=8080)
+        / Raw(word.to_bytes(2, "big") + b"x" * 6)
+    )
 
 
 def _payload_where(condition):
     """The first payload word for which condition(sum csum_replace4 makes) holds,
     for the destination address rewrite of _udp4_with_word(); the frame."""
     base = Ether(bytes(_udp4_with_word(0)))[UDP].chksum
-    rest = (~base) & 0xFFFF                      # the datagram's sum without the word
+    rest = (~base) & 0xFFFF  # the datagram's sum without the word
     for word in range(0x10000):
         check = (~_fold(rest + word)) & 0xFFFF or 0xFFFF
         if condition(_replace4_sum(check, "198.18.0.17", NEW4)):
@@ -228,26 +267,56 @@ def test_a_udp_checksum_that_is_zero_between_two_rewrites_is_not_taken_for_none(
 
 UNTOUCHED = [
     ("arp", Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff", type=0x0806) / Raw(b"\x00" * 28), "XDP_PASS"),
-    ("ipv4 fragment (not the first)", eth() / IP(src="198.18.1.10", dst="198.18.0.17", frag=10, proto=17) /
-     Raw(b"y" * 40), "XDP_PASS"),
-    ("ipv4 first fragment (MF)", eth() / IP(src="198.18.1.10", dst="198.18.0.17", flags="MF") / UDP(dport=8080) /
-     Raw(b"y" * 40), "XDP_PASS"),
-    ("ipv6 fragment", eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / IPv6ExtHdrFragment(m=1) /
-     UDP(dport=8080) / PAYLOAD, "XDP_PASS"),
+    (
+        "ipv4 fragment (not the first)",
+        eth() / IP(src="198.18.1.10", dst="198.18.0.17", frag=10, proto=17) / Raw(b"y" * 40),
+        "XDP_PASS",
+    ),
+    (
+        "ipv4 first fragment (MF)",
+        eth() / IP(src="198.18.1.10", dst="198.18.0.17", flags="MF") / UDP(dport=8080) / Raw(b"y" * 40),
+        "XDP_PASS",
+    ),
+    (
+        "ipv6 fragment",
+        eth() / IPv6(src="2001:2:0:1::10", dst="2001:2::17") / IPv6ExtHdrFragment(m=1) / UDP(dport=8080) / PAYLOAD,
+        "XDP_PASS",
+    ),
     ("icmp", eth() / IP(src="198.18.1.10", dst="198.18.0.17", proto=1) / Raw(b"\x08\x00" + b"\x00" * 30), "XDP_PASS"),
     # (a frame shorter than an Ethernet header: BPF_PROG_TEST_RUN refuses it, as a NIC would)
-    ("truncated vlan tag", Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02", type=0x8100) / Raw(b"\x00\x64\x08"),
-     "XDP_DROP"),
-    ("truncated ipv4", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080))[:14 + 12], "XDP_DROP"),
-    ("ipv4 options cut short", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17",
-                                                options=[IPOption_RR(routers=["0.0.0.0"] * 8)]))[:14 + 30], "XDP_DROP"),
+    (
+        "truncated vlan tag",
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02", type=0x8100) / Raw(b"\x00\x64\x08"),
+        "XDP_DROP",
+    ),
+    (
+        "truncated ipv4",
+        bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080))[: 14 + 12],
+        "XDP_DROP",
+    ),
+    (
+        "ipv4 options cut short",
+        bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17", options=[IPOption_RR(routers=["0.0.0.0"] * 8)]))[
+            : 14 + 30
+        ],
+        "XDP_DROP",
+    ),
     ("ihl below 5", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17", ihl=4) / UDP(dport=8080)), "XDP_DROP"),
-    ("truncated udp", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080))[:14 + 20 + 6],
-     "XDP_DROP"),
-    ("udp length below its own header", eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080, len=7) /
-     PAYLOAD, "XDP_DROP"),
-    ("tcp doff beyond the frame", bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") /
-                                        TCP(dport=8080, dataofs=15)), "XDP_DROP"),
+    (
+        "truncated udp",
+        bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080))[: 14 + 20 + 6],
+        "XDP_DROP",
+    ),
+    (
+        "udp length below its own header",
+        eth() / IP(src="198.18.1.10", dst="198.18.0.17") / UDP(dport=8080, len=7) / PAYLOAD,
+        "XDP_DROP",
+    ),
+    (
+        "tcp doff beyond the frame",
+        bytes(eth() / IP(src="198.18.1.10", dst="198.18.0.17") / TCP(dport=8080, dataofs=15)),
+        "XDP_DROP",
+    ),
 ]
 
 
@@ -277,8 +346,11 @@ KERNEL_OWN_ALLOWED = {"include/linux/socket.h", "include/linux/in6.h"}
 
 
 def test_every_program_class_is_in_the_header_check():
-    classes = {n for n in ebpf.__all__ if isinstance(getattr(ebpf, n), type)
-               and issubclass(getattr(ebpf, n), BpfProgram) and n != "BpfProgram"}
+    classes = {
+        n
+        for n in ebpf.__all__
+        if isinstance(getattr(ebpf, n), type) and issubclass(getattr(ebpf, n), BpfProgram) and n != "BpfProgram"
+    }
     assert classes == set(PROGRAMS), "add the new program class to PROGRAMS"
 
 
@@ -292,9 +364,15 @@ def test_a_compile_reads_uapi_headers_not_the_kernels_own(name, capfd):
     capfd.readouterr()
     bpf = BPF(text=prog.c_text().encode(), cflags=[*prog.cflags, "-H"])
     bpf.cleanup()
-    listed = [ln.split(" ", 1)[1].strip() for ln in capfd.readouterr().err.splitlines()
-              if ln.startswith(".") and " " in ln and set(ln.split(" ", 1)[0]) == {"."}]
+    listed = [
+        ln.split(" ", 1)[1].strip()
+        for ln in capfd.readouterr().err.splitlines()
+        if ln.startswith(".") and " " in ln and set(ln.split(" ", 1)[0]) == {"."}
+    ]
     assert listed, "clang -H listed no header: the check would pass on anything"
-    kernel_own = {h for h in listed if "/uapi/" not in h and not h.startswith(("include/uapi/", "/virtual/"))
-                  and "/ebpf/" not in h}
+    kernel_own = {
+        h
+        for h in listed
+        if "/uapi/" not in h and not h.startswith(("include/uapi/", "/virtual/")) and "/ebpf/" not in h
+    }
     assert kernel_own <= KERNEL_OWN_ALLOWED, sorted(kernel_own)[:10]

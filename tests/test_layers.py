@@ -37,7 +37,7 @@ def _imports(name: str, path: Path, known) -> set[str]:
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
@@ -50,8 +50,12 @@ def _graph():
 
 
 def test_no_package_imports_a_layer_above_it():
-    crossed = [f"{m} imports {d}" for m, deps in _graph().items() for d in deps
-               if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in BELOW[m.split(".")[0]]]
+    crossed = [
+        f"{m} imports {d}"
+        for m, deps in _graph().items()
+        for d in deps
+        if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in BELOW[m.split(".")[0]]
+    ]
     assert not crossed, crossed
 
 
@@ -103,18 +107,29 @@ def test_the_walk_sees_imports():
 HEAVY = ("pandas", "scapy", "matplotlib", "nbformat")
 
 
-@pytest.mark.parametrize("argv", [["-m", "lab", "redirect", "--help"], ["-m", "lab", "lb", "--help"],
-                                  ["-m", "lab", "cleanup", "--help"], ["-m", "vtap", "--help"],
-                                  ["-m", "lab.traffic.filetransfer", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "lab", "redirect", "--help"],
+        ["-m", "lab", "lb", "--help"],
+        ["-m", "lab", "cleanup", "--help"],
+        ["-m", "vtap", "--help"],
+        ["-m", "lab.traffic.filetransfer", "--help"],
+    ],
+)
 def test_a_command_started_in_a_namespace_loads_only_what_it_runs(argv):
     """Commands, generators and servers start in namespaces hundreds of times a
     bench or a suite: `python -m lab redirect` loaded every bench, pandas, scapy
     and matplotlib first (1.4 s of CPU), a file-transfer server pandas for one
     path. Read from the interpreter's own import log (-X importtime)."""
-    r = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    loaded = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in r.stderr.splitlines()
-              if line.startswith("import time:")}
+    loaded = {
+        line.rsplit("|", 1)[-1].strip().split(".")[0]
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "lab" in loaded or "vtap" in loaded  # the log is read
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

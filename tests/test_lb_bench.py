@@ -32,7 +32,7 @@ def require_tools(*names):
 
 @pytest.fixture(scope="module")
 def bed():
-    require_tools("nginx", "cc")   # the backends, and the open loop's generator (compiled at first use)
+    require_tools("nginx", "cc")  # the backends, and the open loop's generator (compiled at first use)
     with lb_bed() as (tb, webs):
         yield tb, webs
 
@@ -42,7 +42,7 @@ def test_open_loop_sends_every_request_on_schedule(bed):
     before = webs[0].requests()
     r = open_loop(tb.ns(tb.client), tb.backend4(0), tb.backend_port, rate=500, connections=10, seconds=2)
     assert r.detail["scheduled"] == r.requests == 1000 and r.errors == 0
-    assert served_once_closed(bed) - before == 1000          # the server saw exactly those
+    assert served_once_closed(bed) - before == 1000  # the server saw exactly those
     assert len(r.quantiles_ms) == len(QUANTILES) and r.quantiles_ms == sorted(r.quantiles_ms)
 
 
@@ -58,14 +58,16 @@ def test_open_loop_charges_a_stall_to_the_requests_due_during_it(bed):
     ns = tb.ns(tb.backends[1])
     result = {}
     os.killpg(group, signal.SIGSTOP)
-    t = threading.Thread(target=lambda: result.update(r=open_loop(
-        tb.ns(tb.client), tb.backend4(1), tb.backend_port, rate=1000, connections=10, seconds=3)))
+    t = threading.Thread(
+        target=lambda: result.update(
+            r=open_loop(tb.ns(tb.client), tb.backend4(1), tb.backend_port, rate=1000, connections=10, seconds=3)
+        )
+    )
     try:
         t.start()
-        wait_for(lambda: queued_at(ns, tb.backend_port) > 0, timeout=60,
-                 what="a request waiting at the stopped server")
+        wait_for(lambda: queued_at(ns, tb.backend_port) > 0, timeout=60, what="a request waiting at the stopped server")
         seen = time.monotonic()
-        time.sleep(0.5)   # the stall itself: what the test does to the server, not a wait for state
+        time.sleep(0.5)  # the stall itself: what the test does to the server, not a wait for state
         stall = time.monotonic() - seen
     finally:
         os.killpg(group, signal.SIGCONT)
@@ -112,17 +114,20 @@ def served_once_closed(bed, i=0):
     tb, webs = bed
     ns, port = tb.ns(tb.backends[i]), tb.backend_port
 
-    wait_for(lambda: not [s for s, _ in tcp_sockets(ns, port) if s in ("01", "03", "08")], timeout=30,
-             what="nginx to close every connection")
+    wait_for(
+        lambda: not [s for s, _ in tcp_sockets(ns, port) if s in ("01", "03", "08")],
+        timeout=30,
+        what="nginx to close every connection",
+    )
     return webs[i].requests()
 
 
 def test_merge_is_the_mixture_of_the_distributions():
-    a = HttpResult("x", 10, None, 1000, 0, 1.0, [float(q) for q in QUANTILES])          # 0..100 ms
-    b = HttpResult("x", 10, None, 1000, 1, 2.0, [100 + float(q) for q in QUANTILES])    # 100..200 ms
+    a = HttpResult("x", 10, None, 1000, 0, 1.0, [float(q) for q in QUANTILES])  # 0..100 ms
+    b = HttpResult("x", 10, None, 1000, 1, 2.0, [100 + float(q) for q in QUANTILES])  # 100..200 ms
     m = merge([a, b])
     assert (m.requests, m.errors, m.connections, m.seconds) == (2000, 1, 20, 2.0)
-    assert m.percentile(50) == pytest.approx(99.5, abs=1.0)       # the middle of the two
+    assert m.percentile(50) == pytest.approx(99.5, abs=1.0)  # the middle of the two
     assert m.percentile(25) == pytest.approx(a.percentile(50), abs=1.0)
     assert merge([a]) is a and merge([a, a]).quantiles_ms == pytest.approx(a.quantiles_ms, abs=0.01)
 
@@ -133,8 +138,9 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
         require_tool("haproxy")
     tb, webs = bed
     lbns = tb.ns(tb.lb)
-    sysctls = {k: netns.read_sysctl(lbns, k) for k in ("net.ipv4.conf.all.send_redirects",
-                                                      "net.ipv4.conf.eth0.send_redirects")}
+    sysctls = {
+        k: netns.read_sysctl(lbns, k) for k in ("net.ipv4.conf.all.send_redirects", "net.ipv4.conf.eth0.send_redirects")
+    }
     seen = [len(w.clients()) for w in webs]
     peer = BALANCERS[name](tb)
     with peer:
@@ -146,9 +152,9 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
         for addr, port in peer.targets():
             with Connections(tb.ns(tb.client), addr, port, 40) as c:
                 served += c.request()
-    assert set(served) == {"served by be1", "served by be2"}         # every request answered, both used
+    assert set(served) == {"served by be1", "served by be2"}  # every request answered, both used
     clients = {c for w, n in zip(webs, seen, strict=True) for c in w.clients()[n:]}
-    assert clients == ({tb.client4} if name == "direct" else {tb.lb4})   # through the LB, from its address
+    assert clients == ({tb.client4} if name == "direct" else {tb.lb4})  # through the LB, from its address
     # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
     assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"{netns.PREFIX}*{s}")]
     assert peer.pids() == [] and xdp.attached(lbns) == [] and nft.tables(lbns, "ip") == []
@@ -207,13 +213,35 @@ def check_cpu_columns(df, used):
 def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     require_tools("nginx", "wrk", "cc")
     with Accounting() as used:
-        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--peers", "direct,xdp,nginx-l4",
-                            "--connections", "20", "--loads", "10", "--trials", "1", "--duration", "1",
-                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lab",
+                "bench",
+                "lb",
+                "--peers",
+                "direct,xdp,nginx-l4",
+                "--connections",
+                "20",
+                "--loads",
+                "10",
+                "--trials",
+                "1",
+                "--duration",
+                "1",
+                "--out",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert r.returncode == 0, r.stderr
     csv = next(tmp_path.glob("lb-*.csv"))
     df = pd.read_csv(csv)
-    assert list(df.columns[:len(bench.COLUMNS)]) == bench.COLUMNS
+    assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
     assert len(df) == 6 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
     assert (df["requests"] > 0).all() and (df["rps"] > 0).all()
     direct, xdp_rows = df[df["lb"] == "direct"], df[df["lb"] == "xdp"]
@@ -238,9 +266,33 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
 def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):
     require_tools("nginx", "wrk")
     with Accounting() as used:
-        r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", "--peers", "xdp,nginx-l4", "--loops", "closed",
-                            "--napi", "threaded", "--connections", "20", "--trials", "1", "--duration", "1",
-                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lab",
+                "bench",
+                "lb",
+                "--peers",
+                "xdp,nginx-l4",
+                "--loops",
+                "closed",
+                "--napi",
+                "threaded",
+                "--connections",
+                "20",
+                "--trials",
+                "1",
+                "--duration",
+                "1",
+                "--out",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(next(tmp_path.glob("lb-*.csv")))
     # the NAPI kthread ran (every frame to the LB went through it) and, one thread, on one core at a time
@@ -255,17 +307,25 @@ def bench_latency(csv):
     return latency_path(csv)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--peers", "direct,envoy"], "unknown balancer 'envoy'"),
-    (["--loops", "half"], "unknown loop 'half'"),
-    (["--connections", "0"], "connections must be at least 1"),
-    (["--loads", "0"], "loads are percent"),
-    (["--duration", "0"], "--duration must be in"),
-    (["--capacity", "-5"], "--capacity must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--peers", "direct,envoy"], "unknown balancer 'envoy'"),
+        (["--loops", "half"], "unknown loop 'half'"),
+        (["--connections", "0"], "connections must be at least 1"),
+        (["--loads", "0"], "loads are percent"),
+        (["--duration", "0"], "--duration must be in"),
+        (["--capacity", "-5"], "--capacity must be positive"),
+    ],
+)
 def test_bench_bad_input_is_one_line(args, message, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "lab", "bench", "lb", *args, "--out", str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "lb", *args, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     # (this module's testbed is a live lab run: the bench warns that it shares the CPUs)
     lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("lab bench: warning: another lab run")]
@@ -280,9 +340,18 @@ FIGURES04 = ["lb_cpu.png", "lb_latency_cdf.png", "lb_rps.png"]
 def test_notebook04_runs_the_bench_and_shows_every_figure(tmp_path):
     require_tools("nginx", "wrk", "cc")
     with Accounting() as used:
-        nb = execute_notebook(NB04, {"VTL_LBS": "direct,xdp,nginx-l4", "VTL_CONNECTIONS": "20", "VTL_LOADS": "10",
-                                     "VTL_TRIALS": "1", "VTL_DURATION": "1", "VTL_OUT": str(tmp_path / "results"),
-                                     "VTL_FIGURES": str(tmp_path / "figures")})
+        nb = execute_notebook(
+            NB04,
+            {
+                "VTL_LBS": "direct,xdp,nginx-l4",
+                "VTL_CONNECTIONS": "20",
+                "VTL_LOADS": "10",
+                "VTL_TRIALS": "1",
+                "VTL_DURATION": "1",
+                "VTL_OUT": str(tmp_path / "results"),
+                "VTL_FIGURES": str(tmp_path / "figures"),
+            },
+        )
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES04
     assert_every_figure_shown_once(nb, FIGURES04)
     df = pd.read_csv(next((tmp_path / "results").glob("lb-*.csv")))
@@ -312,23 +381,43 @@ def _start_bench_and_wait_for(lb, tmp_path):
     once the load is under way (wrk runs in the client's namespace: the LB is
     up, its XDP program attached)."""
     require_tools("haproxy" if lb.startswith("haproxy") else "nginx", "wrk")
-    return start_until([sys.executable, "-m", "lab", "bench", "lb", "--peers", lb, "--loops", "closed",
-                        "--connections", "20", "--trials", "1", "--duration", "60", "--out", str(tmp_path)],
-                       lambda: any(_comm(p) == "wrk" for n in netns.lab_namespaces() if n.endswith("-client")
-                                   for p in netns.pids(n)),   # (not the set-up's ethtool, run there first)
-                       cwd=ROOT)
+    return start_until(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "bench",
+            "lb",
+            "--peers",
+            lb,
+            "--loops",
+            "closed",
+            "--connections",
+            "20",
+            "--trials",
+            "1",
+            "--duration",
+            "60",
+            "--out",
+            str(tmp_path),
+        ],
+        lambda: any(
+            _comm(p) == "wrk" for n in netns.lab_namespaces() if n.endswith("-client") for p in netns.pids(n)
+        ),  # (not the set-up's ethtool, run there first)
+        cwd=ROOT,
+    )
 
 
 def test_interrupted_bench_removes_everything_itself(tmp_path):
     namespaces = set(netns.lab_namespaces())
     proc = _start_bench_and_wait_for("haproxy-l7", tmp_path)
-    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C: the whole foreground group, wrk included
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, wrk included
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "lab: interrupted; everything this run started has been removed"
     assert "Traceback" not in err
     assert not _lb_run_dirs() and set(netns.lab_namespaces()) == namespaces
-    assert not list(tmp_path.iterdir())   # no half-written results
+    assert not list(tmp_path.iterdir())  # no half-written results
 
 
 def test_killed_bench_is_cleaned_up(tmp_path):
@@ -341,9 +430,8 @@ def test_killed_bench_is_cleaned_up(tmp_path):
     left = set(netns.lab_namespaces()) - namespaces
     assert left and _lb_run_dirs()
     lbns = next(n for n in left if n.endswith("-lb"))
-    assert len(xdp.attached(lbns)) == 1                  # the kill left the LB's program on its interface
-    r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    assert len(xdp.attached(lbns)) == 1  # the kill left the LB's program on its interface
+    r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "python -m lab lb run directory" in r.stdout
     assert not _lb_run_dirs() and set(netns.lab_namespaces()) == namespaces

@@ -67,8 +67,7 @@ def delta(after, before, backend, key="new_sessions"):
 def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family, tmp_path):
     with user_segment(dsr=mode == "dsr") as tb:
         t = tb.topo
-        netns.run(tb.ns("lb"), ["sysctl", "-qw", "net.ipv4.conf.eth0.forwarding=1",
-                                "net.ipv6.conf.eth0.forwarding=1"])
+        netns.run(tb.ns("lb"), ["sysctl", "-qw", "net.ipv4.conf.eth0.forwarding=1", "net.ipv6.conf.eth0.forwarding=1"])
         if family == 4:
             vip, dst, addrs = tb.vip4, tb.vip4, [tb.backend4(i) for i in range(2)]
         else:
@@ -77,10 +76,32 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
         backends = tmp_path / "backends.txt"
         backends.write_text(f"{be1}\n{be2}\n")
         servers = echo_servers(t, tb.backends, count_dir=tmp_path)
-        tool = Tool(tb.ns("lb"), "lb", "--iface", "eth0", "--service", f"tcp:{vip}:{PORT}", "--service",
-                    f"udp:{vip}:{PORT}", "--backends-file", str(backends), "--mode", mode, "--prepare-peer",
-                    "--check-interval", str(CHECK), "--rise", str(RISE), "--fall", str(FALL),
-                    "--timeout", "udp=1", "--timeout", "fin=1", interval=0.2)
+        tool = Tool(
+            tb.ns("lb"),
+            "lb",
+            "--iface",
+            "eth0",
+            "--service",
+            f"tcp:{vip}:{PORT}",
+            "--service",
+            f"udp:{vip}:{PORT}",
+            "--backends-file",
+            str(backends),
+            "--mode",
+            mode,
+            "--prepare-peer",
+            "--check-interval",
+            str(CHECK),
+            "--rise",
+            str(RISE),
+            "--fall",
+            str(FALL),
+            "--timeout",
+            "udp=1",
+            "--timeout",
+            "fin=1",
+            interval=0.2,
+        )
         try:
             assert tool.attached["backends"] == [be1, be2]
             full = {"udp": N, "tcp": N, "n": N}
@@ -90,7 +111,7 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             assert exchange(t, "client", dst, PORT, N) == full
             after = fresh(tool)
             assert delta(after, before, be1) > 0 and delta(after, before, be2) > 0
-            assert after["established"] - before["established"] == N   # each TCP connection once
+            assert after["established"] - before["established"] == N  # each TCP connection once
 
             # drained: no new session for be2
             backends.write_text(f"{be1}\n{be2}@0\n")
@@ -119,7 +140,7 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             assert exchange(t, "client", dst, PORT, 1, expect_none=True) == {"udp": 0, "tcp": 0, "n": 1}
             after = fresh(tool)
             assert after["to_backend"] == before["to_backend"]
-            assert after["dropped_no_backend"] - before["dropped_no_backend"] >= 2   # the datagram and the SYN(s)
+            assert after["dropped_no_backend"] - before["dropped_no_backend"] >= 2  # the datagram and the SYN(s)
 
             # recovery: each backend back only after RISE probes have passed there
             opens = [accepted(tmp_path, b) for b in tb.backends]
@@ -142,11 +163,11 @@ def test_drain_silent_failure_all_down_recovery_and_sessions_ending(mode, family
             final, warnings = tool.stop()
             assert_run_averages(final, final["backends"])  # a run of seconds: not the last interval's rates
             if mode == "nat":
-                assert final["closed_fin"] == final["established"] > 0   # each TCP connection closed by FINs
+                assert final["closed_fin"] == final["established"] > 0  # each TCP connection closed by FINs
             else:
-                assert final["closed_fin"] == 0 and final["to_client"] == 0   # the LB saw one direction
+                assert final["closed_fin"] == 0 and final["to_client"] == 0  # the LB saw one direction
             assert xdp.attached(tb.ns("lb")) == []
-            assert not [a for a in xdp.attached(tb.ns("switch")) if a[0] == "lb"]   # --prepare-peer's, gone
+            assert not [a for a in xdp.attached(tb.ns("switch")) if a[0] == "lb"]  # --prepare-peer's, gone
         finally:
             tool.kill()
             stop_all(servers)

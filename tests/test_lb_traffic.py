@@ -85,6 +85,7 @@ def paper_maglev(names, size=65537):
     3.4) populates it, equal weights, written apart from ebpf/lb/maglev.py and with
     other hashes: each backend's preference list is offset + j * skip modulo the
     prime size, and backends take turns claiming their next free slot."""
+
     def h(name, salt):
         return int.from_bytes(hashlib.sha256(salt + name.encode()).digest()[:8], "big")
 
@@ -114,7 +115,7 @@ def test_weights_spread_real_connections(bed, lb):
         served = c.request()
     assert set(served) == {"served by be1", "served by be2"}
     share = served.count("served by be2") / n
-    assert 0.65 <= share <= 0.85, share       # 3 of 4 by weight, within the fixtures' tolerance
+    assert 0.65 <= share <= 0.85, share  # 3 of 4 by weight, within the fixtures' tolerance
     assert lb.counters()["new_sessions"] == n
     assert tables_empty(lb) == []
 
@@ -133,7 +134,7 @@ def test_removing_a_backend_moves_its_flows_and_few_others(bed, lb):
 
     def round_():
         with client(tb, len(ports), source_ports=ports) as c:
-            served = c.request(close=True)   # the server closes first: the client's ports are free again
+            served = c.request(close=True)  # the server closes first: the client's ports are free again
         assert None not in served
         assert tables_empty(lb) == []
         return served
@@ -160,8 +161,8 @@ def test_ten_thousand_connections_through_a_drain_break_none(bed, lb):
     with client(tb, n, timeout=60) as c:
         first = c.request()
         assert first.count(None) == 0 and set(first) == {"served by be1", "served by be2"}
-        lb.set_backends(svc, {be(tb, 0): 1, be(tb, 1): 0})   # drain be2 with 1000s of its sessions live
-        assert c.request() == first                          # every connection, still on its backend
+        lb.set_backends(svc, {be(tb, 0): 1, be(tb, 1): 0})  # drain be2 with 1000s of its sessions live
+        assert c.request() == first  # every connection, still on its backend
         with client(tb, 50) as fresh:
             assert set(fresh.request()) == {"served by be1"}  # new ones avoid be2
     # each connection established exactly once. (new_sessions may be a little
@@ -185,13 +186,13 @@ def test_killed_backend_leaves_after_its_fall_probes_and_only_its_connections_br
         with client(tb, 60) as c:
             first = c.request()
             assert set(first) == {"served by be1", "served by be2"}
-            os.killpg(webs[1].proc.pid, signal.SIGKILL)   # be2's nginx dies at once
+            os.killpg(webs[1].proc.pid, signal.SIGKILL)  # be2's nginx dies at once
             assert health.changed.wait(30), "the health check never saw be2 die"
-            assert health.changes == [(victim, False, fall)]   # after exactly `fall` failed probes
-            lb.set_backends(svc, {b: int(health.healthy[b]) for b in weights})   # as python -m lab lb does
+            assert health.changes == [(victim, False, fall)]  # after exactly `fall` failed probes
+            lb.set_backends(svc, {b: int(health.healthy[b]) for b in weights})  # as python -m lab lb does
             second = c.request()
             for a, b in zip(first, second, strict=True):
-                assert b == (a if a == "served by be1" else None), (a, b)   # only be2's connections broke
+                assert b == (a if a == "served by be1" else None), (a, b)  # only be2's connections broke
             with client(tb, 20) as fresh:
                 assert set(fresh.request()) == {"served by be1"}
     finally:
@@ -213,21 +214,30 @@ def test_syn_flood_from_another_namespace_breaks_no_established_connection(bed, 
     lb, svc = lb
     lb.set_backends(svc, {be(tb, 0): 1, be(tb, 1): 1})
     lb.attach("eth0")
-    flood = syn_flood("198.18.6.0/24", tb.vip4, tb.service_port, tb.topo.mac(tb.attacker, "eth0"),
-                      tb.topo.mac(tb.lb, "eth0"), 8 * lb.max_half_open)
+    flood = syn_flood(
+        "198.18.6.0/24",
+        tb.vip4,
+        tb.service_port,
+        tb.topo.mac(tb.attacker, "eth0"),
+        tb.topo.mac(tb.lb, "eth0"),
+        8 * lb.max_half_open,
+    )
     with client(tb, 200) as c:
         first = c.request()
         assert first.count(None) == 0
         report = {}
-        sender = threading.Thread(target=lambda: report.update(
-            sent=send_frames(tb.ns(tb.attacker), "eth0", flood, rate_pps=20_000, max_seconds=25)))
+        sender = threading.Thread(
+            target=lambda: report.update(
+                sent=send_frames(tb.ns(tb.attacker), "eth0", flood, rate_pps=20_000, max_seconds=25)
+            )
+        )
         sender.start()
         rounds = full_rounds = 0
         while sender.is_alive():
             full = half_open_entries(lb) >= lb.max_half_open - LRU_SLACK
             assert c.request() == first
             full = full and half_open_entries(lb) >= lb.max_half_open - LRU_SLACK
-            full_rounds += full   # the table full from before this round's requests to after their answers
+            full_rounds += full  # the table full from before this round's requests to after their answers
             rounds += 1
         sender.join()
         assert c.request() == first
@@ -249,8 +259,11 @@ def test_backends_behind_a_router_and_a_second_instance_refused():
         t.add_host(h)
     t.add_host("lb", forwarding=True)
     t.add_host("rt", forwarding=True)
-    for h, addrs in (("client", ["198.18.8.10/24"]), ("lb", ["198.18.8.2/24", "198.18.8.100/24"]),
-                     ("rt", ["198.18.8.1/24"])):
+    for h, addrs in (
+        ("client", ["198.18.8.10/24"]),
+        ("lb", ["198.18.8.2/24", "198.18.8.100/24"]),
+        ("rt", ["198.18.8.1/24"]),
+    ):
         t.add_link(h, "sw", b_if=h, a_addrs=addrs, b_addrs=[])
     t.add_bridge("sw", "br0", ["client", "lb", "rt"])
     for i, (be, net) in enumerate((("be1", 9), ("be2", 10))):
@@ -260,26 +273,45 @@ def test_backends_behind_a_router_and_a_second_instance_refused():
     with t:
         for h in ("client", "be1", "be2"):
             netns.run(t.ns(h), ["ethtool", "-K", "eth0", "tx", "off"], capture_output=True)
-        webs = [NginxServer(t.ns(be), f"198.18.{net}.11", 8080, name=be, log=False)
-                for be, net in (("be1", 9), ("be2", 10))]
+        webs = [
+            NginxServer(t.ns(be), f"198.18.{net}.11", 8080, name=be, log=False) for be, net in (("be1", 9), ("be2", 10))
+        ]
         sink = XdpSink("pass")
-        argv = ["ip", "netns", "exec", t.ns("lb"), sys.executable, "-m", "lab", "lb", "--iface", "eth0", "--service",
-                "tcp:198.18.8.100:80", "--backend", "198.18.9.11:8080", "--backend", "198.18.10.11:8080"]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            t.ns("lb"),
+            sys.executable,
+            "-m",
+            "lab",
+            "lb",
+            "--iface",
+            "eth0",
+            "--service",
+            "tcp:198.18.8.100:80",
+            "--backend",
+            "198.18.9.11:8080",
+            "--backend",
+            "198.18.10.11:8080",
+        ]
         first = None
         try:
             for w in webs:
                 w.start()
             sink.attach("lb", netns=t.ns("sw"))
-            first = subprocess.Popen(argv + ["--json"], cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+            first = subprocess.Popen(
+                argv + ["--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
             assert '"attached"' in first.stdout.readline()
             with Connections(t.ns("client"), "198.18.8.100", 80, 40) as c:
                 assert set(c.request()) == {"served by be1", "served by be2"}
                 second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
                 assert second.returncode == 1
                 assert second.stderr.strip().splitlines() == [
-                    "python -m lab lb: error: attaching XDP to eth0: a program is already attached"]
-                assert set(c.request()) == {"served by be1", "served by be2"}   # the first one goes on
+                    "python -m lab lb: error: attaching XDP to eth0: a program is already attached"
+                ]
+                assert set(c.request()) == {"served by be1", "served by be2"}  # the first one goes on
         finally:
             if first is not None:
                 first.terminate()

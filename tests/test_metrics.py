@@ -112,9 +112,9 @@ def test_a_companion_csv_takes_its_partners_time(tmp_path):
     failed (found by a fresh-clone CI run)."""
     df = pd.DataFrame([{"a": 1}])
     first = write_results(df, "pair", {}, tmp_path)
-    second = write_results(df, "pair", {}, tmp_path)            # in the same second, it is "-2"
+    second = write_results(df, "pair", {}, tmp_path)  # in the same second, it is "-2"
     start = datetime.now(timezone.utc).second
-    while datetime.now(timezone.utc).second == start:           # the clock moves on, as it did in CI
+    while datetime.now(timezone.utc).second == start:  # the clock moves on, as it did in CI
         time.sleep(0.01)
     for p in (first, second):
         companion = write_results(df, "pair_cpu", {}, tmp_path, companion_of=p)
@@ -143,13 +143,19 @@ def test_the_windows_busy_time_is_the_sum_of_its_seconds():
     ticks than its wall time holds (clamped up to them), the next fewer. Computed
     over the whole window at once, the clamp fell differently, and a CI run's
     router core was busy 40.0 ms in the trial and 40.9 ms in its seconds."""
+
     def reading(user, idle):
         fields = f"{user} 0 0 {idle} 0 0 0 0 0 0"
         return {"all": read_fields(fields), 0: read_fields(fields)}
 
     def read_fields(text):
-        return dict(zip(["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest",
-                         "guest_nice"], map(int, text.split()), strict=True))
+        return dict(
+            zip(
+                ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"],
+                map(int, text.split()),
+                strict=True,
+            )
+        )
 
     tick = USER_HZ // 100 or 1  # 10 ms in ticks
     cpu = CpuSampler()

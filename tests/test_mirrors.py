@@ -74,6 +74,7 @@ def test_mirror_copies_n_of_n_and_detaches_cleanly(request, testbed, name):
 
 # --- tc mirred's detach: "already gone" is quiet, any other refusal is an error ---
 
+
 def _tap_and_monitor():
     """A tap host whose eth0 is tapped and whose mon0 is the monitor."""
     t = Topology("mirred")
@@ -112,8 +113,13 @@ def test_tc_mirred_detach_is_quiet_when_the_filter_is_gone_already(tapped):
     peer = TcMirred(ns, "eth0", "mon0")
     peer.attach()
     with netns.ipr(ns) as ip:  # another tool removed it: tc filter del dev eth0 ingress prio 1
-        ip.tc("del-filter", index=tapped.ifindex("tap", "eth0"), parent=tc.PARENTS["ingress"], prio=TcMirred.PRIO,
-              protocol=tc.ETH_P_ALL)
+        ip.tc(
+            "del-filter",
+            index=tapped.ifindex("tap", "eth0"),
+            parent=tc.PARENTS["ingress"],
+            prio=TcMirred.PRIO,
+            protocol=tc.ETH_P_ALL,
+        )
     peer.detach()
     assert tc.hook_snapshot(ns) == before and not peer.attached  # the qdisc it created went too
 

@@ -53,8 +53,9 @@ def test_an_ambiguous_or_missing_edit_is_refused():
 def test_the_command_lists_and_refuses_an_unknown_mutant():
     r = subprocess.run([sys.executable, "-m", "lab", "mutants", "--list"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and len(r.stdout.splitlines()) == len(mutants.all_mutants())
-    r = subprocess.run([sys.executable, "-m", "lab", "mutants", "--only", "nope"], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "mutants", "--only", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
     assert r.returncode == 2 and r.stderr.strip() == "lab mutants: error: unknown mutant 'nope' (--list shows them)"
 
 

@@ -95,8 +95,10 @@ def test_concurrent_creation_from_two_threads():
 def test_no_helper_process_is_forked(monkeypatch):
     """create, ipr, sysctl and remove work with fork forbidden: no forked helper
     can run a copy of our stack (pyroute2's create() and IPRoute(netns=) fork)."""
+
     def no_fork():
         raise AssertionError("lab.netns forked a helper process")
+
     monkeypatch.setattr(os, "fork", no_fork)
     name = fresh_prefix() + "nofork"
     netns.create(name)
@@ -156,10 +158,10 @@ print(verdict, flush=True)
 
 
 def test_namespaces_survive_a_sigterm_handler_that_raises():
-    r = subprocess.run([sys.executable, "-c", UNWIND_CHECK, str(ROOT)], capture_output=True, text=True,
-                       timeout=90)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok") and "unwound" not in r.stdout, \
+    r = subprocess.run([sys.executable, "-c", UNWIND_CHECK, str(ROOT)], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok") and "unwound" not in r.stdout, (
         r.stdout + r.stderr[-2000:]
+    )
 
 
 def test_run_dir_is_shared_and_new_namespaces_reach_running_ip_netns_exec():
@@ -173,15 +175,22 @@ def test_run_dir_is_shared_and_new_namespaces_reach_running_ip_netns_exec():
         assert line, f"{netns.NETNS_DIR} is not a mount point"
         # the topmost mount (listed last) is what paths resolve to; a host may
         # have stacked more under it before we came (pyroute2 takes no lock)
-        assert any(f.startswith("shared:") for f in line[-1][6:line[-1].index("-")]), line[-1]
-        probe = ("import os, sys\n"
-                 "p, d = sys.argv[1], os.path.dirname(sys.argv[1])\n"
-                 "for _ in range(2):\n"
-                 "    sys.stdin.readline()\n"
-                 "    if not os.path.lexists(p): print('absent', flush=True); continue\n"
-                 "    print('bound' if os.stat(p).st_dev != os.stat(d).st_dev else 'plain', flush=True)\n")
-        child = netns.popen(a, [sys.executable, "-c", probe, str(netns.NETNS_DIR / b)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert any(f.startswith("shared:") for f in line[-1][6 : line[-1].index("-")]), line[-1]
+        probe = (
+            "import os, sys\n"
+            "p, d = sys.argv[1], os.path.dirname(sys.argv[1])\n"
+            "for _ in range(2):\n"
+            "    sys.stdin.readline()\n"
+            "    if not os.path.lexists(p): print('absent', flush=True); continue\n"
+            "    print('bound' if os.stat(p).st_dev != os.stat(d).st_dev else 'plain', flush=True)\n"
+        )
+        child = netns.popen(
+            a,
+            [sys.executable, "-c", probe, str(netns.NETNS_DIR / b)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             own_mnt = os.stat("/proc/self/ns/mnt").st_ino
             netns.create(b)
@@ -219,6 +228,7 @@ def test_failed_create_leaves_nothing_behind(monkeypatch):
 
     def fail(path):
         raise LabError(f"creating namespace {path.name}: unshare(CLONE_NEWNET): Operation not permitted")
+
     monkeypatch.setattr(netns, "_bind_new_netns", fail)
     with pytest.raises(LabError, match="unshare"):
         netns.create(name)

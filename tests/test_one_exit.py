@@ -24,17 +24,38 @@ OTHER4, OTHER6 = "198.18.9.9", "2001:2:0:9::9"  # no rule, service or watch-list
 # (what, frame, the reason every program must give it, does a TC test run take it)
 FRAMES = [
     ("arp", Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff") / ARP(pdst=OTHER4), "not_ip", True),
-    ("an IPv4 header cut short", Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4) / UDP())[:14 + 12]), "malformed", False),
-    ("IPv4 with a header length below 5", Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4, ihl=4) / UDP(dport=7))),
-     "malformed", False),
-    ("IPv6 with more extension headers than are walked",
-     ETH / IPv6(src=OTHER6, dst=OTHER6) / IPv6ExtHdrHopByHop() / IPv6ExtHdrHopByHop(nh=0) /
-     IPv6ExtHdrHopByHop(nh=0) / IPv6ExtHdrHopByHop(nh=17) / UDP(dport=7), "malformed", True),
-    ("a TCP header cut short", Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4) / TCP(dport=7))[:14 + 20 + 10]),
-     "malformed", True),
+    ("an IPv4 header cut short", Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4) / UDP())[: 14 + 12]), "malformed", False),
+    (
+        "IPv4 with a header length below 5",
+        Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4, ihl=4) / UDP(dport=7))),
+        "malformed",
+        False,
+    ),
+    (
+        "IPv6 with more extension headers than are walked",
+        ETH
+        / IPv6(src=OTHER6, dst=OTHER6)
+        / IPv6ExtHdrHopByHop()
+        / IPv6ExtHdrHopByHop(nh=0)
+        / IPv6ExtHdrHopByHop(nh=0)
+        / IPv6ExtHdrHopByHop(nh=17)
+        / UDP(dport=7),
+        "malformed",
+        True,
+    ),
+    (
+        "a TCP header cut short",
+        Raw(bytes(ETH / IP(src=OTHER4, dst=OTHER4) / TCP(dport=7))[: 14 + 20 + 10]),
+        "malformed",
+        True,
+    ),
     ("a UDP fragment", ETH / IP(src=OTHER4, dst=OTHER4, flags="MF") / UDP(dport=7) / (b"f" * 24), "fragment", True),
-    ("an IPv6 fragment", ETH / IPv6(src=OTHER6, dst=OTHER6) / IPv6ExtHdrFragment(m=1, nh=17) / UDP(dport=7),
-     "fragment", True),
+    (
+        "an IPv6 fragment",
+        ETH / IPv6(src=OTHER6, dst=OTHER6) / IPv6ExtHdrFragment(m=1, nh=17) / UDP(dport=7),
+        "fragment",
+        True,
+    ),
     ("icmp to nobody of ours", ETH / IP(src=OTHER4, dst=OTHER4) / ICMP(), "unmatched", True),
     ("udp to nobody of ours", ETH / IP(src=OTHER4, dst=OTHER4) / UDP(sport=1, dport=7) / b"x", "unmatched", True),
     ("tcp6 to nobody of ours", ETH / IPv6(src=OTHER6, dst=OTHER6) / TCP(dport=7), "unmatched", True),
@@ -46,9 +67,11 @@ def tally(prog, **kw):
     e = prog.exits(**kw)
     assert e["seen"] == sum(e["verdict"].values()) == sum(e["reason"].values()), e
     assert all(e["dropped"][r] <= e["reason"][r] for r in REASONS), e
-    undeclared = ({v for v, n in e["verdict"].items() if n and v not in prog.VERDICTS} |
-                  {r for r, n in e["reason"].items() if n and r not in prog.REASONS} |
-                  {r for r, n in e["dropped"].items() if n and r not in prog.DROPS})
+    undeclared = (
+        {v for v, n in e["verdict"].items() if n and v not in prog.VERDICTS}
+        | {r for r, n in e["reason"].items() if n and r not in prog.REASONS}
+        | {r for r, n in e["dropped"].items() if n and r not in prog.DROPS}
+    )
     assert not undeclared, f"{type(prog).__name__} counted {undeclared}, which its counters do not show"
     return e
 
@@ -78,8 +101,9 @@ def expected(sees, reason):
     return "unmatched"
 
 
-@pytest.mark.parametrize("check", [c for _, c in EXIT_CHECKS],
-                         ids=[f"{name}:{c.program.rpartition(':')[2]}" for name, c in EXIT_CHECKS])
+@pytest.mark.parametrize(
+    "check", [c for _, c in EXIT_CHECKS], ids=[f"{name}:{c.program.rpartition(':')[2]}" for name, c in EXIT_CHECKS]
+)
 def test_every_program_gives_a_frame_the_same_reason(check):
     """Every kernel program a bundle declares (FastPath.checks' EXITS) counts
     each odd frame under the reason every program gives it, as far as it looks
@@ -88,10 +112,14 @@ def test_every_program_gives_a_frame_the_same_reason(check):
     untouched: none of it is any program's."""
     frames = FRAMES if check.hook == "xdp" else [f for f in FRAMES if f[3]]  # a TC test run refuses some
     with check.build() as prog:
-        fd = (prog.load(check.function, "SCHED_CLS" if check.hook == "tc" else "XDP") if check.function
-              else prog.load_program()).fd
-        got = one_by_one(lambda b: testrun.run(fd, b, xdp=check.hook == "xdp"),
-                         lambda: prog.exits(index=check.slot), frames)
+        fd = (
+            prog.load(check.function, "SCHED_CLS" if check.hook == "tc" else "XDP")
+            if check.function
+            else prog.load_program()
+        ).fd
+        got = one_by_one(
+            lambda b: testrun.run(fd, b, xdp=check.hook == "xdp"), lambda: prog.exits(index=check.slot), frames
+        )
         tally(prog, index=check.slot)
     assert {w: r for w, (r, _) in got.items()} == {w: expected(check.sees, r) for w, _, r, _ in frames}
     assert {v for _, v in got.values()} == {"pass"}
@@ -116,7 +144,7 @@ def test_a_service_frame_the_lb_cannot_forward_is_dropped_under_the_same_reason(
     frame, and is counted once more in dropped_<reason>."""
     rig = Rig(lb_net)
     try:
-        short = Raw(bytes(rig.from_client(TCP(sport=1, dport=80)))[:14 + 20 + 10])
+        short = Raw(bytes(rig.from_client(TCP(sport=1, dport=80)))[: 14 + 20 + 10])
         frag = rig.from_client(UDP(sport=1, dport=80) / (b"f" * 24))
         frag[IP].flags = "MF"
         for frame, _reason in ((short, "malformed"), (frag, "fragment")):

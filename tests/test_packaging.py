@@ -33,8 +33,17 @@ from lab.traffic import Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ebpf", "vtap", "lab")
-NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-                                     ".ipynb_checkpoints", "datasets", "notebooks")
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+    "datasets",
+    "notebooks",
+)
 
 
 def _run(argv, **kw):
@@ -47,8 +56,9 @@ def _run(argv, **kw):
 
 def _repo_packages():
     """Every package under the three top-level ones, dotted (lab.bench, ...)."""
-    return sorted(".".join(p.parent.relative_to(ROOT).parts)
-                  for top in PACKAGES for p in (ROOT / top).rglob("__init__.py"))
+    return sorted(
+        ".".join(p.parent.relative_to(ROOT).parts) for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +69,22 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("build")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=NOT_SOURCES)
-    r = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
-              "-w", tmp / "wheels", src])
-    wheel, = (tmp / "wheels").glob("*.whl")
+    r = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-v",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            tmp / "wheels",
+            src,
+        ]
+    )
+    (wheel,) = (tmp / "wheels").glob("*.whl")
     return wheel, r.stdout + r.stderr
 
 
@@ -90,11 +113,11 @@ def test_wheel_holds_every_package_and_the_c_sources(installed):
     for pkg in _repo_packages():
         assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} is not in the wheel"
     c_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ebpf").rglob("*") if p.suffix in (".c", ".h"))
-    assert c_files and all(n in names for n in c_files)        # each family's C beside its class
-    assert [n for n in c_files if n.startswith("ebpf/include/")]   # what the programs #include
+    assert c_files and all(n in names for n in c_files)  # each family's C beside its class
+    assert [n for n in c_files if n.startswith("ebpf/include/")]  # what the programs #include
     rules = sorted(p.name for p in (ROOT / "lab" / "rules").glob("*.rules"))
-    assert rules and all(f"lab/rules/{n}" in names for n in rules)   # the IDS bench's default ruleset
-    assert "lab/traffic/openloop.c" in names                           # the LB bench's open-loop generator
+    assert rules and all(f"lab/rules/{n}" in names for n in rules)  # the IDS bench's default ruleset
+    assert "lab/traffic/openloop.c" in names  # the LB bench's open-loop generator
     assert not any(n.startswith("tests/") for n in names)
 
 
@@ -148,16 +171,35 @@ def test_vtap_console_script_runs(installed):
     t.add_link("sender", "tapped")
     t.add_link("tapped", "monitor", a_if="mon0", b_if="eth0", a_addrs=[], b_addrs=[])
     with t:
-        r = t.run("tapped", [vtap, "--monitor", "nosuch0"], cwd=cwd, env=env, check=False, capture_output=True,
-                  text=True, timeout=120)
+        r = t.run(
+            "tapped",
+            [vtap, "--monitor", "nosuch0"],
+            cwd=cwd,
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2 and r.stderr == "vtap: error: no interface named 'nosuch0' in this network namespace\n"
-        proc = t.popen("tapped", [vtap, "--monitor", "mon0", "--iface", "eth0", "--json"], cwd=cwd, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = t.popen(
+            "tapped",
+            [vtap, "--monitor", "mon0", "--iface", "eth0", "--json"],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         out = Lines(proc.stdout)
         assert json.loads(out.next(timeout=120))["event"] == "attached"
         at_monitor = frames_in(t.ns("monitor"), "eth0")
-        frames = build([Flow("a", t.addr("sender", "eth0"), t.addr("tapped", "eth0"), count=50)], Marker(),
-                       t.mac("sender", "eth0"), t.mac("tapped", "eth0"))
+        frames = build(
+            [Flow("a", t.addr("sender", "eth0"), t.addr("tapped", "eth0"), count=50)],
+            Marker(),
+            t.mac("sender", "eth0"),
+            t.mac("tapped", "eth0"),
+        )
         send_frames(t.ns("sender"), "eth0", frames, rate_pps=1000)
         wait_for(lambda: at_monitor() >= 50, what="50 copies at the monitor")
         proc.send_signal(signal.SIGINT)
@@ -171,7 +213,7 @@ def test_vtap_console_script_runs(installed):
 def test_jupyterlab_is_only_an_extra(installed):
     wheel, *_ = installed
     with zipfile.ZipFile(wheel) as z:
-        meta_name, = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        (meta_name,) = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         meta = email.parser.Parser().parsestr(z.read(meta_name).decode())
     requires = meta.get_all("Requires-Dist") or []
     jupyter = [r for r in requires if r.split(";")[0].strip().lower().startswith("jupyterlab")]

@@ -21,9 +21,9 @@ def malformed_frames(dst, src):
     good4 = bytes(IP(src=WATCHED_SRC4, dst=RX4) / UDP() / (b"m" * 30))
     good6 = bytes(IPv6(src="2001:2:0:1::10", dst="2001:2:0:1::2") / UDP() / (b"m" * 30))
     bad_ihl = bytearray(good4)
-    bad_ihl[0] = 0x43                 # version 4, IHL 3 (< 5 words)
+    bad_ihl[0] = 0x43  # version 4, IHL 3 (< 5 words)
     bad_version = bytearray(good4)
-    bad_version[0] = 0x65             # IPv4 ethertype, version 6
+    bad_version[0] = 0x65  # IPv4 ethertype, version 6
     return {
         "ethernet only": [_eth(dst, src, 0x0800)],
         "truncated ipv4": [_eth(dst, src, 0x0800) + good4[:19]],
@@ -45,14 +45,16 @@ def test_malformed_frames_pass_untouched_and_are_not_mirrored(tb1):
     with TcMirror(monitor="mon0", watch=["0.0.0.0/0", "::/0"], netns=tb1.ns("receiver")) as tap:
         tap.attach("eth0", "egress")
         at_monitor = frames_in(tb1.ns("monitor"), "eth0")
-        with Capture(tb1.ns("receiver"), "eth0", exact, direction="out") as left, \
-                Capture(tb1.ns("monitor"), "eth0", exact) as mon:
+        with (
+            Capture(tb1.ns("receiver"), "eth0", exact, direction="out") as left,
+            Capture(tb1.ns("monitor"), "eth0", exact) as mon,
+        ):
             send_frames(tb1.ns("receiver"), "eth0", [f for fs in frames.values() for f in fs] * reps)
         c = tap.counters()
     assert dict(left.counts) == {name: reps for name in frames}, "a malformed frame was dropped"
     assert sum(mon.counts.values()) == 0, f"malformed frames mirrored: {dict(mon.counts)}"
     assert c["malformed"] == reps * len(frames)
-    assert c["matched"] == c["cloned"] == at_monitor() and invariant(c)   # no copy of any of them
+    assert c["matched"] == c["cloned"] == at_monitor() and invariant(c)  # no copy of any of them
 
 
 def test_malformed_frames_mirrored_when_mirroring_everything(tb1):

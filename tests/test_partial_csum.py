@@ -43,6 +43,7 @@ def skb_mode(prog, on):
 
 # --- the benches' own partial frames ----------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["udp4", "tcp4", "udp6", "tcp6"])
 @pytest.mark.parametrize("size", [0, 1, 41, 1400])
 def test_the_benches_make_partial_frames_as_the_rfcs_say(name, size):
@@ -50,8 +51,11 @@ def test_the_benches_make_partial_frames_as_the_rfcs_say(name, size):
     TX checksum offload (--sender-csum partial, xdp-cost): its field must be
     the pseudo-header's sum as computed here from the RFCs, with the carries
     folded back in (every one of these sums carries)."""
-    l3 = IP(src="198.18.255.254", dst="198.19.255.250") if name[-1] == "4" else \
-        IPv6(src="fdff:ffff:ffff::fffe", dst="fdff:ffff:ffff::fffa")   # high words: the sums carry
+    l3 = (
+        IP(src="198.18.255.254", dst="198.19.255.250")
+        if name[-1] == "4"
+        else IPv6(src="fdff:ffff:ffff::fffe", dst="fdff:ffff:ffff::fffa")
+    )  # high words: the sums carry
     l4 = UDP(sport=40000, dport=8080) if name.startswith("udp") else TCP(sport=40000, dport=80, flags="PA")
     frame = bytes(rfx.eth() / l3 / l4 / Raw(b"q" * size))
     want = as_partial(frame)
@@ -61,6 +65,7 @@ def test_the_benches_make_partial_frames_as_the_rfcs_say(name, size):
 
 
 # --- the redirect ------------------------------------------------------------------
+
 
 def rfx_frames():
     pay = Raw(b"p" * 41)  # odd: the finish must handle a last lone byte
@@ -98,10 +103,16 @@ def router():
     t.add_host("dut", forwarding=True)
     t.add_host("be")
     t.add_host("cl")
-    t.add_link("dut", "cl", a_addrs=["198.18.1.2/24", "2001:2:0:1::2/64"],
-               b_addrs=[f"{rfx.CLIENT4}/24", f"{rfx.CLIENT6}/64"])
-    t.add_link("dut", "be", a_if="eth1", a_addrs=["198.18.2.1/24", "2001:2:0:2::1/64"],
-               b_addrs=[f"{rfx.BACKEND4}/24", f"{rfx.BACKEND6}/64"])
+    t.add_link(
+        "dut", "cl", a_addrs=["198.18.1.2/24", "2001:2:0:1::2/64"], b_addrs=[f"{rfx.CLIENT4}/24", f"{rfx.CLIENT6}/64"]
+    )
+    t.add_link(
+        "dut",
+        "be",
+        a_if="eth1",
+        a_addrs=["198.18.2.1/24", "2001:2:0:2::1/64"],
+        b_addrs=[f"{rfx.BACKEND4}/24", f"{rfx.BACKEND6}/64"],
+    )
     with t:
         yield t
 
@@ -146,6 +157,7 @@ def test_redirect_forward_leaves_a_whole_checksum_whole(router):
 
 
 # --- the load balancer -------------------------------------------------------------
+
 
 def test_lb_nat_finishes_partial_checksums_both_ways(lbnet):
     r = Rig(lbnet, services=("tcp", "udp"))
@@ -199,8 +211,8 @@ def test_lb_a_udp_checksum_that_finishes_as_zero_is_sent_as_ffff(lbnet):
         pseudo, seg, start = segment(with_field(base, 0))
         # payload's first word chosen so that the segment sums to all ones
         word = 0xFFFF - ones_sum(pseudo + seg)
-        frame = base[:start + 8] + word.to_bytes(2, "big") + base[start + 10:]
-        assert complete(frame)[start + 6:start + 8] == b"\xff\xff"
+        frame = base[: start + 8] + word.to_bytes(2, "big") + base[start + 10 :]
+        assert complete(frame)[start + 6 : start + 8] == b"\xff\xff"
         out = r.run(Ether(as_partial(frame)))
         assert out.verdict == "XDP_TX" and field(out.data) == 0xFFFF
     finally:
@@ -245,8 +257,16 @@ def test_a_program_attached_in_one_mode_refuses_the_other(lbnet):
 def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
     """python -m lab bench xdp-cost: the kernel's run count of each program is
     exactly what the generator sent it, whole and partial alike."""
-    df, path = xdp_cost.run(["lb-nat", "xdp-forward"], [64], ["whole", "partial"], trials=1, duration=0.5,
-                            rate=20000, out=tmp_path, progress=False)
+    df, path = xdp_cost.run(
+        ["lb-nat", "xdp-forward"],
+        [64],
+        ["whole", "partial"],
+        trials=1,
+        duration=0.5,
+        rate=20000,
+        out=tmp_path,
+        progress=False,
+    )
     assert len(df) == 4 and set(df["sender_csum"]) == {"whole", "partial"}
     assert (df["runs"] == df["sent_packets"]).all() and (df["sent_packets"] > 0).all()
     assert (df["ns_per_run"] > 0).all()

@@ -37,19 +37,35 @@ FIXTURES = [
     ("udp to a dropped port", ETH / IP(src=A4, dst=B4) / UDP(sport=1000, dport=9) / b"x", "XDP_DROP", "filtered"),
     ("tcp to a dropped port", ETH / IP(src=A4, dst=B4) / TCP(sport=1000, dport=23, flags="S"), "XDP_DROP", "filtered"),
     ("udp6 to a dropped port", ETH / IPv6(src=A6, dst=B6) / UDP(sport=1000, dport=9), "XDP_DROP", "filtered"),
-    ("a VLAN-tagged udp to a dropped port", ETH / Dot1Q(vlan=5) / IP(src=A4, dst=B4) / UDP(dport=9),
-     "XDP_DROP", "filtered"),
-    ("IPv4 options, udp to a dropped port", ETH / IP(src=A4, dst=B4, options=b"\x94\x04\x00\x00") / UDP(dport=9),
-     "XDP_DROP", "filtered"),
+    (
+        "a VLAN-tagged udp to a dropped port",
+        ETH / Dot1Q(vlan=5) / IP(src=A4, dst=B4) / UDP(dport=9),
+        "XDP_DROP",
+        "filtered",
+    ),
+    (
+        "IPv4 options, udp to a dropped port",
+        ETH / IP(src=A4, dst=B4, options=b"\x94\x04\x00\x00") / UDP(dport=9),
+        "XDP_DROP",
+        "filtered",
+    ),
     ("udp to another port", ETH / IP(src=A4, dst=B4) / UDP(sport=1000, dport=10), "XDP_PASS", "unmatched"),
     ("tcp to the port dropped for udp", ETH / IP(src=A4, dst=B4) / TCP(dport=9), "XDP_PASS", "unmatched"),
-    ("the source port dropped, not the destination", ETH / IP(src=A4, dst=B4) / UDP(sport=9, dport=10),
-     "XDP_PASS", "unmatched"),
+    (
+        "the source port dropped, not the destination",
+        ETH / IP(src=A4, dst=B4) / UDP(sport=9, dport=10),
+        "XDP_PASS",
+        "unmatched",
+    ),
     ("icmp", ETH / IP(src=A4, dst=B4) / ICMP(), "XDP_PASS", "unmatched"),
     ("arp", Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff") / ARP(pdst=B4), "XDP_PASS", "not_ip"),
     ("a later fragment (no ports)", ETH / IP(src=A4, dst=B4, frag=8, proto=17) / (b"x" * 16), "XDP_PASS", "fragment"),
-    ("a udp header cut short", Raw(bytes(ETH / IP(src=A4, dst=B4) / UDP(dport=9))[:14 + 20 + 4]),
-     "XDP_PASS", "malformed"),
+    (
+        "a udp header cut short",
+        Raw(bytes(ETH / IP(src=A4, dst=B4) / UDP(dport=9))[: 14 + 20 + 4]),
+        "XDP_PASS",
+        "malformed",
+    ),
 ]
 
 
@@ -64,7 +80,7 @@ def port_filter():
 def test_fixture(port_filter, what, frame, verdict, reason):
     port_filter.reset_counters()
     r = testrun.run(port_filter.load_program().fd, bytes(frame))
-    assert r.verdict == verdict and r.data == bytes(frame), what   # never rewritten
+    assert r.verdict == verdict and r.data == bytes(frame), what  # never rewritten
     c = port_filter.counters()
     assert c["seen"] == c[reason] == 1 == c["drop" if verdict == "XDP_DROP" else "pass"], (what, c)
     assert c["dropped_filtered"] == (reason == "filtered")
@@ -105,12 +121,17 @@ def receiver(ns, port):
         except BlockingIOError:
             pass
         return got[0]
+
     return s, count
 
 
 def send_udp(tb, port, n):
-    frames = build([Flow(f"p{port}", tb.addr("a", "eth0"), tb.addr("b", "eth0"), "udp", dport=port, count=n)],
-                   Marker(), tb.mac("a", "eth0"), tb.mac("b", "eth0"))
+    frames = build(
+        [Flow(f"p{port}", tb.addr("a", "eth0"), tb.addr("b", "eth0"), "udp", dport=port, count=n)],
+        Marker(),
+        tb.mac("a", "eth0"),
+        tb.mac("b", "eth0"),
+    )
     return send_frames(tb.ns("a"), "eth0", frames, rate_pps=5000)
 
 
@@ -126,9 +147,26 @@ def test_real_traffic_is_dropped_exactly_and_the_rest_arrives(peer):
         s10, got10 = receiver(tb.ns("b"), 10)
         try:
             if peer == "command":
-                proc = tb.popen("b", [sys.executable, "-m", "lab", "port-filter", "--iface", "eth0", "--drop",
-                                           "udp:9", "--json", "--interval", "0.2"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                proc = tb.popen(
+                    "b",
+                    [
+                        sys.executable,
+                        "-m",
+                        "lab",
+                        "port-filter",
+                        "--iface",
+                        "eth0",
+                        "--drop",
+                        "udp:9",
+                        "--json",
+                        "--interval",
+                        "0.2",
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=ROOT,
+                )
                 assert json.loads(proc.stdout.readline())["event"] == "attached", proc.stderr.read()
                 filt = None
             else:
@@ -160,18 +198,23 @@ def test_a_killed_filter_is_removed_by_cleanup():
         proc.kill()
         proc.wait()
         assert len(xdp.attached(tb.ns("b"))) == 1
-        r = tb.run("b", [sys.executable, "-m", "lab", "port-filter", "--cleanup"], capture_output=True,
-                        text=True, cwd=ROOT)
+        r = tb.run(
+            "b", [sys.executable, "-m", "lab", "port-filter", "--cleanup"], capture_output=True, text=True, cwd=ROOT
+        )
         assert r.returncode == 0 and "port-filter: removed xdp_port_filter on eth0" in r.stdout, r.stdout
         assert xdp.attached(tb.ns("b")) == []
 
 
 def test_bad_input_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "lab", "port-filter", "--iface", "eth0", "--drop", "sctp:9"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "port-filter", "--iface", "eth0", "--drop", "sctp:9"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and r.stderr.splitlines() == [
-        "python -m lab port-filter: error: bad port 'sctp:9': want PROTO:PORT, PROTO tcp or udp, PORT 1-65535 "
-        "(udp:9)"], r.stderr
+        "python -m lab port-filter: error: bad port 'sctp:9': want PROTO:PORT, PROTO tcp or udp, PORT 1-65535 (udp:9)"
+    ], r.stderr
 
 
 def test_a_tiny_bench_run(tmp_path):
@@ -179,7 +222,7 @@ def test_a_tiny_bench_run(tmp_path):
     arrived, and each filter dropped exactly what arrived (none dropped none)."""
     require_tool("nft")
     df, path = bench.run(["none", "xdp", "nft"], ["native"], [64], 1, 0.5, 20000, out=tmp_path, progress=False)
-    assert list(df.columns[:len(bench.COLUMNS)]) == bench.COLUMNS
+    assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
     assert sorted(df["peer"]) == ["nft", "none", "xdp"]
     for _, r in df.iterrows():
         arrived = r["sent_packets"] - r["sender_dropped"]
@@ -196,8 +239,9 @@ def test_it_is_in_the_registry_and_every_listing_that_reads_it():
     assert fp.program_class() is XdpPortFilter and set(fp.peer_classes()) == {"none", "xdp", "nft"}
     lab_help = subprocess.run([sys.executable, "-m", "lab", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert re.search(r"^  port-filter\s+drop TCP/UDP frames to listed ports$", lab_help.stdout, re.M)
-    bench_help = subprocess.run([sys.executable, "-m", "lab", "bench", "--help"], capture_output=True, text=True,
-                                cwd=ROOT)
+    bench_help = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
     assert "port-filter" in bench_help.stdout
     assert "| **port-filter**: drop TCP/UDP frames to listed ports |" in tool_table()
 
@@ -217,16 +261,28 @@ def test_the_guide_stands_on_the_code(tmp_path):
         path = ROOT / head.lstrip("/# ").strip()
         assert "\n".join(lines) in path.read_text(), f"{head}: the excerpt no longer stands in the file"
     listed = set(re.findall(r"^\| `([\w/.]+)` \|", text, re.M))
-    example = {str(p.relative_to(ROOT)) for p in [*(ROOT / "ebpf/port_filter").glob("*.[pc]*"),
-                                                *(ROOT / "lab/fastpaths/port_filter").glob("*.py"),
-                                                ROOT / "tests/test_port_filter.py"]}
+    example = {
+        str(p.relative_to(ROOT))
+        for p in [
+            *(ROOT / "ebpf/port_filter").glob("*.[pc]*"),
+            *(ROOT / "lab/fastpaths/port_filter").glob("*.py"),
+            ROOT / "tests/test_port_filter.py",
+        ]
+    }
     assert listed == example
-    count = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
-             .split()[len(example)])
-    assert re.search(rf"^{count.capitalize()} files and this page, and one line in a shared file", text, re.M), \
+    count = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()[
+        len(example)
+    ]
+    assert re.search(rf"^{count.capitalize()} files and this page, and one line in a shared file", text, re.M), (
         f"the guide's count is not the {count} files the example has"
+    )
     (cmd,) = [b.strip() for lang, b in blocks if lang == "sh"]
-    r = subprocess.run([sys.executable, *cmd.split()[1:], "--out", str(tmp_path)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, *cmd.split()[1:], "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
     assert len(list(tmp_path.glob("port_filter-*.csv"))) == 1

@@ -70,8 +70,13 @@ def test_vtap_sessions_metrics(tmp_path):
         session_file(f, 5001, kind="erspan")
         tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0", "--metrics", LISTEN, interval=0.3)
         try:
-            send(t, [Flow("a", CLIENT4, SERVER4, dport=5001, count=30, size=300),
-                     Flow("b", CLIENT4, SERVER4, dport=5002, count=10, size=300)])
+            send(
+                t,
+                [
+                    Flow("a", CLIENT4, SERVER4, dport=5001, count=30, size=300),
+                    Flow("b", CLIENT4, SERVER4, dport=5002, count=10, size=300),
+                ],
+            )
             line, text = settled(tool, ns)
         finally:
             tool.kill()
@@ -90,8 +95,19 @@ def test_vtap_sessions_metrics(tmp_path):
 
 def test_vtap_metrics(tb1):
     ns = tb1.ns(tb1.tap_host)
-    tool = Tool(ns, "vtap", "--monitor", "mon0", "--iface", "eth0", "--watch", f"{tb1.src4}/32",
-                "--metrics", LISTEN, interval=0.3)
+    tool = Tool(
+        ns,
+        "vtap",
+        "--monitor",
+        "mon0",
+        "--iface",
+        "eth0",
+        "--watch",
+        f"{tb1.src4}/32",
+        "--metrics",
+        LISTEN,
+        interval=0.3,
+    )
     try:
         run_flows(tb1, [Flow("w", tb1.src4, tb1.dst4, count=200), Flow("u", tb1.alt_src4, tb1.dst4, count=50)])
         line, text = settled(tool, ns)
@@ -112,8 +128,9 @@ def test_lb_metrics():
         args = ["--iface", "eth0", "--service", f"tcp:{tb.vip4}:{PORT}", "--service", f"udp:{tb.vip4}:{PORT}"]
         for i in range(2):
             args += ["--backend", f"{tb.backend4(i)}:{PORT}"]
-        tool = Tool(tb.ns("lb"), "lb", *args, "--prepare-peer", "--health-check", "none", "--metrics", LISTEN,
-                    interval=0.3)
+        tool = Tool(
+            tb.ns("lb"), "lb", *args, "--prepare-peer", "--health-check", "none", "--metrics", LISTEN, interval=0.3
+        )
         try:
             assert exchange(tb.topo, "client", tb.vip4, PORT) == {"udp": N, "tcp": N, "n": N}
             line, text = settled(tool, tb.ns("lb"))
@@ -138,16 +155,36 @@ def test_bad_metrics_addresses_are_refused_with_nothing_attached(tb1):
     ns = tb1.ns(tb1.tap_host)
 
     def vtap(*args):
-        return netns.run(ns, [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0", *args,
-                              "--duration", "1"], capture_output=True, text=True, cwd=ROOT, check=False)
-    for bad, says in (("9464", "expected ADDR:PORT"), ("localhost:9464", "'localhost' is not an IP address"),
-                      ("127.0.0.1:0", "expected ADDR:PORT")):
+        return netns.run(
+            ns,
+            [sys.executable, "-m", "vtap", "--monitor", "mon0", "--iface", "eth0", *args, "--duration", "1"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+
+    for bad, says in (
+        ("9464", "expected ADDR:PORT"),
+        ("localhost:9464", "'localhost' is not an IP address"),
+        ("127.0.0.1:0", "expected ADDR:PORT"),
+    ):
         r = vtap("--metrics", bad)
         assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    holder = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
-                               "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1', 9464)); "
-                               "s.listen(); print('ready', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            sys.executable,
+            "-c",
+            "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1', 9464)); "
+            "s.listen(); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         r = vtap("--metrics", LISTEN)
@@ -164,8 +201,17 @@ def test_bad_metrics_addresses_are_refused_with_nothing_attached(tb1):
 def test_redirect_metrics(tool):
     with user_router() as tb:
         servers = echo_servers(tb.topo, ["server"])
-        t = Tool(tb.ns("router"), "redirect", *redirect_args(tb, tb.routed4, tb.routed6), "--action", "forward",
-                 "--prepare-peer", "--metrics", LISTEN, interval=0.3)
+        t = Tool(
+            tb.ns("router"),
+            "redirect",
+            *redirect_args(tb, tb.routed4, tb.routed6),
+            "--action",
+            "forward",
+            "--prepare-peer",
+            "--metrics",
+            LISTEN,
+            interval=0.3,
+        )
         try:
             assert exchange(tb.topo, "client", tb.routed4, 8080)["udp"] == N
             line, text = settled(t, tb.ns("router"))

@@ -49,22 +49,23 @@ def test_quickstart_runs_cell_by_cell_in_the_projects_kernel():
     text = "\n".join(_texts(c) for c in nb.cells if c.cell_type == "code")
     assert "ERROR" not in text, text
     assert "Traceback" not in text
-    assert "at the monitor: {'watched': 50}" in text        # exactly the watched flow, exactly once
+    assert "at the monitor: {'watched': 50}" in text  # exactly the watched flow, exactly once
     assert "after set_watch: at the monitor: {'unwatched': 50}" in text
     assert "InputError TcMirror is already attached to eth0 ingress" in text
     peak = int(re.search(r"peak cloned rate ([\d,]+) pps", text).group(1).replace(",", ""))
-    assert 200 <= peak <= 800, text                           # paced at 400 pps
+    assert 200 <= peak <= 800, text  # paced at 400 pps
     assert "attached: []; namespaces left: []" in text
     pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(pngs) == 1
-    assert _not_others() == before   # the kernel has exited: whatever it left would be a dead run's
+    assert _not_others() == before  # the kernel has exited: whatever it left would be a dead run's
 
 
 def _not_others():
     """Lab namespaces but those of another live process (a bench or a second
     suite beside this one, which come and go as they like)."""
-    return {n for n in netns.lab_namespaces()
-            if runs.run_of(n) in runs.LIVE_RUNS or not runs.owner_alive(runs.run_of(n))}
+    return {
+        n for n in netns.lab_namespaces() if runs.run_of(n) in runs.LIVE_RUNS or not runs.owner_alive(runs.run_of(n))
+    }
 
 
 def _sequence(count=40):
@@ -179,8 +180,12 @@ def test_a_second_object_on_the_same_hook_is_said(tb1, capsys):
         capsys.readouterr()
         second.attach("eth0", "ingress")
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "eth0 ingress already has another vTAP filter (another TcMirror of this " \
-            "process runs it: close() that one)" in err[0]
+        assert (
+            len(err) == 1
+            and "eth0 ingress already has another vTAP filter (another TcMirror of this "
+            "process runs it: close() that one)"
+            in err[0]
+        )
     finally:
         second.close()
         first.close()
@@ -202,9 +207,9 @@ def _interrupted_loop(tap, delay):
             tap.attach("eth0", "both")
             for f in tap.tc_filters:
                 tap.detach_tc(f)
-        timer.join()          # the loop ended first: the interrupt is due now,
+        timer.join()  # the loop ended first: the interrupt is due now,
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:   # raised at a bytecode boundary of this loop
+        while time.monotonic() < deadline:  # raised at a bytecode boundary of this loop
             time.sleep(0.001)
         pytest.fail("the interrupt never arrived")
     except KeyboardInterrupt:
@@ -231,8 +236,10 @@ def test_an_interrupt_leaves_objects_usable(tb1):
             tb1.send(Flow("w", tb1.src4, tb1.dst4, count=2000), rate_pps=1000)
         # every frame the interrupted send got out has passed the vTAP (the receiver's
         # kernel counts a frame before its ingress hook runs) before the counters restart
-        wait_for(lambda: tap.counters()["seen"] - seen0 ==
-                 iface_counters(tb1.ns("receiver"), "eth0")["rx_packets"] - rx0, what="the vTAP to see every frame")
+        wait_for(
+            lambda: tap.counters()["seen"] - seen0 == iface_counters(tb1.ns("receiver"), "eth0")["rx_packets"] - rx0,
+            what="the vTAP to see every frame",
+        )
         tap.reset_counters()
         with tb1.capture() as mon:
             tb1.send(Flow("again", tb1.src4, tb1.dst4, count=50))
@@ -344,8 +351,21 @@ def test_a_dead_runs_leftovers_are_said_once_with_what_removes_them(capsys):
 
 
 def test_lab_exports_what_a_notebook_imports():
-    for name in ("testbed1", "testbed2", "Topology", "Flow", "Marker", "build", "send_frames", "Capture",
-                 "Sampler", "sample", "live", "remove_leftovers", "dead_runs"):
+    for name in (
+        "testbed1",
+        "testbed2",
+        "Topology",
+        "Flow",
+        "Marker",
+        "build",
+        "send_frames",
+        "Capture",
+        "Sampler",
+        "sample",
+        "live",
+        "remove_leftovers",
+        "dead_runs",
+    ):
         obj = getattr(lab, name)
         assert obj.__doc__, name
     assert runs.CLEANUP.startswith("python -m lab cleanup")
@@ -377,7 +397,10 @@ def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
         kc.execute_interactive(
             "from lab import testbed1, Flow, live\nfrom ebpf import TcMirror\ntb = testbed1().build()\n"
             "tap = TcMirror(monitor='mon0', watch=[f'{tb.src4}/32'], netns=tb.ns('receiver'))\n"
-            "tap.attach('eth0', 'ingress')", timeout=120, output_hook=hook)
+            "tap.attach('eth0', 'ingress')",
+            timeout=120,
+            output_hook=hook,
+        )
         msg_id = kc.execute("view = live(tap, seconds=60, interval=0.2)")
         time.sleep(3)
         km.interrupt_kernel()
@@ -387,24 +410,37 @@ def test_interrupting_a_cell_in_a_real_kernel_leaves_the_program_usable():
         # an error's reply before it aborts what is queued behind it (stop_on_error), so a
         # next cell sent on that reply races the abort and was dropped without a word
         # (CI, two workers): the user here runs the next cells on purpose.
-        msg_id = kc.execute("import asyncio\nfrom lab import Sampler\n"
-                            "await asyncio.gather(Sampler(tap, interval=0.2).arun(60), "
-                            "tb.asend(Flow('w', tb.src4, tb.dst4, count=1500), rate_pps=150))",
-                            stop_on_error=False)
+        msg_id = kc.execute(
+            "import asyncio\nfrom lab import Sampler\n"
+            "await asyncio.gather(Sampler(tap, interval=0.2).arun(60), "
+            "tb.asend(Flow('w', tb.src4, tb.dst4, count=1500), rate_pps=150))",
+            stop_on_error=False,
+        )
         time.sleep(6)
         km.interrupt_kernel()
         reply = kc._recv_reply(msg_id, timeout=30)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] in (
-            "KeyboardInterrupt", "CancelledError")
-        replies = [kc.execute_interactive(
-            "import time\nc0 = tap.counters()['seen']; time.sleep(1.5); c1 = tap.counters()['seen']\n"
-            "print('after the interrupt', c1 - c0, 'frames in 1.5 s; sent before it', c0)",
-            timeout=60, output_hook=hook)]
-        replies += [kc.execute_interactive(
-            "tap.reset_counters()\n"
-            "with tb.capture() as mon:\n    tb.send(Flow('w', tb.src4, tb.dst4, count=40))\n"
-            "print('interrupted', view.interrupted, 'hooks', tap.hooks(), 'mon', dict(mon.counts))\n"
-            "tap.close(); tb.close(); print('closed', tap.hooks())", timeout=120, output_hook=hook)]
+            "KeyboardInterrupt",
+            "CancelledError",
+        )
+        replies = [
+            kc.execute_interactive(
+                "import time\nc0 = tap.counters()['seen']; time.sleep(1.5); c1 = tap.counters()['seen']\n"
+                "print('after the interrupt', c1 - c0, 'frames in 1.5 s; sent before it', c0)",
+                timeout=60,
+                output_hook=hook,
+            )
+        ]
+        replies += [
+            kc.execute_interactive(
+                "tap.reset_counters()\n"
+                "with tb.capture() as mon:\n    tb.send(Flow('w', tb.src4, tb.dst4, count=40))\n"
+                "print('interrupted', view.interrupted, 'hooks', tap.hooks(), 'mon', dict(mon.counts))\n"
+                "tap.close(); tb.close(); print('closed', tap.hooks())",
+                timeout=120,
+                output_hook=hook,
+            )
+        ]
         assert [r["content"]["status"] for r in replies] == ["ok", "ok"]  # none aborted
         text = "".join(outputs)
         assert "ERROR" not in text, text

@@ -134,7 +134,7 @@ def test_forward_leaves_to_the_kernel_what_its_fast_path_cannot_take(rtb):
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 1), rate_pps=200)
         wait_for(lambda: at_server() >= 1, what="the first datagram, after the kernel resolved the server")
         c = prog.counters()
-        assert (c["slow_no_neigh"], c["redirect"], c["to_backend"]) == (1, 0, 20 + 1)   # (the TTL 1 ones too)
+        assert (c["slow_no_neigh"], c["redirect"], c["to_backend"]) == (1, 0, 20 + 1)  # (the TTL 1 ones too)
         send_frames(rtb.ns("client"), "eth0", to_service(rtb, 49), rate_pps=2000)
         wait_for(lambda: at_server() >= 50, what="50 datagrams at the server")
         c = prog.counters()
@@ -172,40 +172,83 @@ def test_forward_in_ipv6_decrements_the_hop_limit_and_leaves_1_and_too_big_to_th
         wait_for(lambda: prog.counters()["slow_too_big"] >= 20, what="20 datagrams too big for eth1")
         c = prog.counters()
         assert c["slow_ttl"] == 20 and c["slow_too_big"] == 20
-        assert c["redirect"] + c["slow_no_neigh"] == 20   # the hop-limit-2 ones only
+        assert c["redirect"] + c["slow_no_neigh"] == 20  # the hop-limit-2 ones only
     assert at_server() == 20
 
 
 def redirect_cli(tb, *args, **kw):
-    return tb.topo.run("dut", [sys.executable, "-m", "lab", "redirect", *args], check=False, capture_output=True,
-                       text=True, cwd=ROOT, timeout=60, **kw)
+    return tb.topo.run(
+        "dut",
+        [sys.executable, "-m", "lab", "redirect", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("args, status, message", [
-    (["--iface", "eth9", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], 2, "no interface named 'eth9'"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080"], 2, "bad rule 'udp:198.18.0.17:8080'"),
-    (["--iface", "eth0", "--rule", "sctp:198.18.0.17:80=198.18.2.2:80"], 2, "bad rule"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:0=198.18.2.2:8083"], 2, "port 0 is out of range"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:65536"], 2, "port 65536 is out of range"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=[2001:2:0:2::2]:8083"], 2,
-     "an IPv4 service cannot have an IPv6 backend"),
-    (["--iface", "eth0", "--rule", "udp:2001:2::17:8080=[2001:2:0:2::2]:8083"], 2, "bad rule"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083",
-      "--rule", "udp:198.18.0.17:8080=198.18.2.2:9999"], 2, "two rules for udp:198.18.0.17:8080"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083",
-      "--rule", "udp:198.18.0.18:8080=198.18.2.2:8083"], 2, "two rules send to backend udp:198.18.2.2:8083"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--xdp-mode", "turbo"], 2,
-     "argument --xdp-mode: invalid choice: 'turbo'"),
-    (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--xdp-mode", "offload"], 1,
-     "offload needs a NIC that runs BPF, such as Netronome nfp: Invalid argument"),
-    (["--iface", "eth0"], 2, "--rule is required"),
-])
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["--iface", "eth9", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083"], 2, "no interface named 'eth9'"),
+        (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080"], 2, "bad rule 'udp:198.18.0.17:8080'"),
+        (["--iface", "eth0", "--rule", "sctp:198.18.0.17:80=198.18.2.2:80"], 2, "bad rule"),
+        (["--iface", "eth0", "--rule", "udp:198.18.0.17:0=198.18.2.2:8083"], 2, "port 0 is out of range"),
+        (["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:65536"], 2, "port 65536 is out of range"),
+        (
+            ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=[2001:2:0:2::2]:8083"],
+            2,
+            "an IPv4 service cannot have an IPv6 backend",
+        ),
+        (["--iface", "eth0", "--rule", "udp:2001:2::17:8080=[2001:2:0:2::2]:8083"], 2, "bad rule"),
+        (
+            [
+                "--iface",
+                "eth0",
+                "--rule",
+                "udp:198.18.0.17:8080=198.18.2.2:8083",
+                "--rule",
+                "udp:198.18.0.17:8080=198.18.2.2:9999",
+            ],
+            2,
+            "two rules for udp:198.18.0.17:8080",
+        ),
+        (
+            [
+                "--iface",
+                "eth0",
+                "--rule",
+                "udp:198.18.0.17:8080=198.18.2.2:8083",
+                "--rule",
+                "udp:198.18.0.18:8080=198.18.2.2:8083",
+            ],
+            2,
+            "two rules send to backend udp:198.18.2.2:8083",
+        ),
+        (
+            ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--xdp-mode", "turbo"],
+            2,
+            "argument --xdp-mode: invalid choice: 'turbo'",
+        ),
+        (
+            ["--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--xdp-mode", "offload"],
+            1,
+            "offload needs a NIC that runs BPF, such as Netronome nfp: Invalid argument",
+        ),
+        (["--iface", "eth0"], 2, "--rule is required"),
+    ],
+)
 def test_bad_input_is_one_line_and_attaches_nothing(idle_rtb, args, status, message):
     r = redirect_cli(idle_rtb, *args)
     assert r.returncode == status, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
-    others = [ln for ln in r.stderr.splitlines() if ": error: " not in ln and ": warning: " not in ln
-              and not ln.startswith(("usage:", " "))]  # argparse's usage lines come with its errors
+    others = [
+        ln
+        for ln in r.stderr.splitlines()
+        if ": error: " not in ln and ": warning: " not in ln and not ln.startswith(("usage:", " "))
+    ]  # argparse's usage lines come with its errors
     assert len(errors) == 1 and message in errors[0] and not others, r.stderr
     assert xdp.attached(idle_rtb.ns("dut")) == []
 
@@ -216,33 +259,69 @@ def test_the_old_spelling_of_the_xdp_mode_still_works_and_says_so(idle_rtb):
     r = redirect_cli(idle_rtb, "--iface", "eth0", "--rule", "udp:198.18.0.17:8080=198.18.2.2:8083", "--mode", "offload")
     assert r.returncode == 1, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0] == ("python -m lab redirect: warning: --mode is now --xdp-mode; the old spelling goes in the "
-                        "next release"), r.stderr
+    assert lines[0] == (
+        "python -m lab redirect: warning: --mode is now --xdp-mode; the old spelling goes in the next release"
+    ), r.stderr
     assert "offload needs a NIC that runs BPF" in lines[-1], r.stderr
     assert xdp.attached(idle_rtb.ns("dut")) == []
 
 
 def test_not_root(idle_rtb):
-    r = idle_rtb.topo.run("dut", ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "lab",
-                                  "redirect", "--iface", "eth0", "--rule", idle_rtb.rules()[0]],
-                          check=False, capture_output=True, text=True, cwd=ROOT)
+    r = idle_rtb.topo.run(
+        "dut",
+        [
+            "setpriv",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            sys.executable,
+            "-m",
+            "lab",
+            "redirect",
+            "--iface",
+            "eth0",
+            "--rule",
+            idle_rtb.rules()[0],
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and r.stderr.startswith("python -m lab redirect: error: must run as root"), r.stderr
 
 
 def test_verifier_rejection_shows_the_verifiers_line(idle_rtb, tmp_path):
     broken = unchecked_copy(ROOT / "ebpf/redirect/xdp_redirect.bpf.c", "ctx->data", tmp_path)
-    code = ("import sys; from ebpf import XdpRedirect\n"
-            f"p = XdpRedirect({idle_rtb.rules()!r}, source={str(broken)!r})\n"
-            "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    code = (
+        "import sys; from ebpf import XdpRedirect\n"
+        f"p = XdpRedirect({idle_rtb.rules()!r}, source={str(broken)!r})\n"
+        "try:\n    p.load_program()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+    )
     r = idle_rtb.topo.run("dut", [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.startswith("VerifierError verifier rejected xdp_redirect: ") and "packet" in r.stdout, r.stdout
 
 
 def test_runs_counts_and_detaches_on_sigterm(rtb):
     at_server = nft_udp_counter(rtb.ns("server"), rtb.backend_port)
-    proc = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0",
-                                  *sum((["--rule", r] for r in rtb.rules()), []), "--json", "--interval", "0.2"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = rtb.topo.popen(
+        "dut",
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "redirect",
+            "--iface",
+            "eth0",
+            *sum((["--rule", r] for r in rtb.rules()), []),
+            "--json",
+            "--interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     first = json.loads(proc.stdout.readline())
     assert first["event"] == "attached" and first["ifaces"] == ["eth0", "eth1"]  # eth1: where replies arrive
     send_frames(rtb.ns("client"), "eth0", to_service(rtb, N), rate_pps=20000)
@@ -260,9 +339,14 @@ def test_runs_counts_and_detaches_on_sigterm(rtb):
 
 
 def test_cleanup_after_sigkill_spares_a_running_one(rtb):
-    killed = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule",
-                                    rtb.rules()[0], "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    killed = rtb.topo.popen(
+        "dut",
+        [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule", rtb.rules()[0], "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert json.loads(killed.stdout.readline())["event"] == "attached"
     killed.send_signal(signal.SIGKILL)
     killed.wait()
@@ -271,9 +355,14 @@ def test_cleanup_after_sigkill_spares_a_running_one(rtb):
     r = redirect_cli(rtb, "--cleanup")
     assert r.returncode == 0 and r.stdout.count("removed xdp_redirect on") == 2, r.stdout
     assert xdp.attached(rtb.ns("dut")) == []
-    live = rtb.topo.popen("dut", [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule",
-                                  rtb.rules()[0], "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, cwd=ROOT)
+    live = rtb.topo.popen(
+        "dut",
+        [sys.executable, "-m", "lab", "redirect", "--iface", "eth0", "--rule", rtb.rules()[0], "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert json.loads(live.stdout.readline())["event"] == "attached"
         r = redirect_cli(rtb, "--cleanup")
@@ -295,9 +384,28 @@ def test_a_service_address_the_router_holds_has_its_replies_translated_after_rou
     replies at TC egress towards the clients, and says where and why at start.
     Forward sends replies itself (no kernel on their way): XDP as usual."""
     rtb.topo.run("dut", ["ip", "addr", "add", f"{rtb.vip4}/32", "dev", "lo"])
-    p = subprocess.Popen(["ip", "netns", "exec", rtb.ns("dut"), sys.executable, "-m", "lab", "redirect", "--iface",
-                          "eth0", "--rule", rtb.rules()[0], "--rule", rtb.rules()[1]], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            rtb.ns("dut"),
+            sys.executable,
+            "-m",
+            "lab",
+            "redirect",
+            "--iface",
+            "eth0",
+            "--rule",
+            rtb.rules()[0],
+            "--rule",
+            rtb.rules()[1],
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out = Lines(p.stdout)
     try:
         line = out.wait_for("TC egress", timeout=60)
@@ -305,8 +413,10 @@ def test_a_service_address_the_router_holds_has_its_replies_translated_after_rou
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
-    assert line.startswith(f"redirect: replies from the backends of {rtb.vip4} are given the service's address "
-                           f"at TC egress of eth0, after routing: {rtb.vip4} is this host's own address")
+    assert line.startswith(
+        f"redirect: replies from the backends of {rtb.vip4} are given the service's address "
+        f"at TC egress of eth0, after routing: {rtb.vip4} is this host's own address"
+    )
     assert [(f.ifname, f.direction) for f in filters] == [("eth0", "egress")]
     assert tc.filters_of("redirect", rtb.ns("dut")) == []  # gone with it
     r = redirect_cli(rtb, "--iface", "eth0", "--rule", rtb.rules()[0], "--duration", "0.3", "--action", "forward")

@@ -60,8 +60,10 @@ def test_counters_are_exact():
         assert c[name] == want[name], name
     assert sum(v["packets"] for v in per_rule.values()) == want["to_backend"]
     assert sum(v["reply_packets"] for v in per_rule.values()) == want["to_client"]
+
     def udp4(f, counted):
         return f.counted == counted and UDP in f.frame and IP in f.frame
+
     rule = per_rule[fx.RULES[0]]  # udp:VIP4:8080=BACKEND4:8083
     assert rule["packets"] == sum(udp4(f, "to_backend") for f in PASS) > 0
     assert rule["reply_packets"] == sum(udp4(f, "to_client") for f in PASS) > 0

@@ -21,8 +21,13 @@ REF = "datasets/reference/"
 TRANSFER_CSV = REF + "redirect_transfer-20261123T152634Z.csv"
 RATE_CSV = REF + "redirect_rate-20261123T155809Z.csv"
 MODES_CSV = REF + "xdp_modes-20261123T154916Z.csv"
-FIGURES02 = ["redirect_cpu_per_second_all.png", "redirect_cpu_per_second_router.png", "redirect_rate_ns.png",
-             "redirect_rate_pps.png", "redirect_transfer_costs.png"]
+FIGURES02 = [
+    "redirect_cpu_per_second_all.png",
+    "redirect_cpu_per_second_router.png",
+    "redirect_rate_ns.png",
+    "redirect_rate_pps.png",
+    "redirect_transfer_costs.png",
+]
 FIGURES03 = ["xdp_modes_ceiling.png", "xdp_modes_equal_load.png"]
 
 
@@ -31,10 +36,21 @@ def _figures(d):
 
 
 def test_notebook02_runs_both_workloads_and_writes_figures(tmp_path):
-    nb = execute_notebook(NB02, {
-        "VTL_METHODS": "nft-dnat,xdp-forward", "VTL_MODES": "native", "VTL_TRIALS": "1",
-        "VTL_TRANSFER_SIZE": str(16 << 20), "VTL_SIZES": "64", "VTL_FLOWS": "1", "VTL_RATES": "ceiling",
-        "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"), "VTL_FIGURES": str(tmp_path / "figures")})
+    nb = execute_notebook(
+        NB02,
+        {
+            "VTL_METHODS": "nft-dnat,xdp-forward",
+            "VTL_MODES": "native",
+            "VTL_TRIALS": "1",
+            "VTL_TRANSFER_SIZE": str(16 << 20),
+            "VTL_SIZES": "64",
+            "VTL_FLOWS": "1",
+            "VTL_RATES": "ceiling",
+            "VTL_DURATION": "0.5",
+            "VTL_OUT": str(tmp_path / "results"),
+            "VTL_FIGURES": str(tmp_path / "figures"),
+        },
+    )
     assert _figures(tmp_path / "figures") == FIGURES02
     assert all((tmp_path / "figures" / f).stat().st_size > 10_000 for f in FIGURES02)
     assert_every_figure_shown_once(nb, FIGURES02)
@@ -46,10 +62,18 @@ def test_notebook02_runs_both_workloads_and_writes_figures(tmp_path):
 
 
 def test_notebook03_runs_every_mode_and_writes_figures(tmp_path):
-    nb = execute_notebook(NB03, {
-        "VTL_PROGRAMS": "drop,forward", "VTL_MODES": "native,generic,offload", "VTL_RATES": "ceiling,20000",
-        "VTL_TRIALS": "1", "VTL_DURATION": "0.5", "VTL_OUT": str(tmp_path / "results"),
-        "VTL_FIGURES": str(tmp_path / "figures")})
+    nb = execute_notebook(
+        NB03,
+        {
+            "VTL_PROGRAMS": "drop,forward",
+            "VTL_MODES": "native,generic,offload",
+            "VTL_RATES": "ceiling,20000",
+            "VTL_TRIALS": "1",
+            "VTL_DURATION": "0.5",
+            "VTL_OUT": str(tmp_path / "results"),
+            "VTL_FIGURES": str(tmp_path / "figures"),
+        },
+    )
     assert _figures(tmp_path / "figures") == FIGURES03
     assert_every_figure_shown_once(nb, FIGURES03)
     df = pd.read_csv(next((tmp_path / "results").glob("xdp_modes-*.csv")))
@@ -59,8 +83,9 @@ def test_notebook03_runs_every_mode_and_writes_figures(tmp_path):
 
 
 def test_notebooks_on_the_reference_csvs_show_every_figure(tmp_path):
-    nb = execute_notebook(NB02, {"VTL_TRANSFER_CSV": TRANSFER_CSV, "VTL_RATE_CSV": RATE_CSV,
-                                 "VTL_FIGURES": str(tmp_path / "02")})
+    nb = execute_notebook(
+        NB02, {"VTL_TRANSFER_CSV": TRANSFER_CSV, "VTL_RATE_CSV": RATE_CSV, "VTL_FIGURES": str(tmp_path / "02")}
+    )
     assert _figures(tmp_path / "02") == FIGURES02
     assert_every_figure_shown_once(nb, FIGURES02)
     nb = execute_notebook(NB03, {"VTL_CSV": MODES_CSV, "VTL_FIGURES": str(tmp_path / "03")})

@@ -22,8 +22,16 @@ from lab.nft import conntrack
 from lab.traffic import GENERATORS, FileTransfer, FileTransferServer
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECS = ["route", "nft-dnat", "nft-stateless", "xdp-pass:native", "xdp-pass:generic", "xdp-forward:native",
-         "xdp-forward:generic", "tc-bpf"]
+SPECS = [
+    "route",
+    "nft-dnat",
+    "nft-stateless",
+    "xdp-pass:native",
+    "xdp-pass:generic",
+    "xdp-forward:native",
+    "xdp-forward:generic",
+    "tc-bpf",
+]
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +104,21 @@ def test_methods_know_their_modes(rtb):
 
 
 def test_bench_transfer_and_rate_tiny(tmp_path):
-    base = [sys.executable, "-m", "lab", "bench", "redirect", "--trials", "1", "--out", str(tmp_path),
-            "--peers", "route,xdp-forward", "--xdp-modes", "native"]
+    base = [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "redirect",
+        "--trials",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--peers",
+        "route,xdp-forward",
+        "--xdp-modes",
+        "native",
+    ]
     started = time.monotonic()
     r = subprocess.run(base + ["--transfer-size", "2M"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     took = time.monotonic() - started
@@ -112,13 +133,21 @@ def test_bench_transfer_and_rate_tiny(tmp_path):
     # window those seconds cover, which holds the transfer and lies within the bench's run
     dut = str(json.loads(path.with_suffix(".json").read_text())["parameters"]["dut_cpu"])
     for _, row in t.iterrows():
-        seconds = per_second[(per_second["method"] == row["method"]) & (per_second["trial"] == row["trial"])
-                             & (per_second["cpu"].astype(str) == dut)]
+        seconds = per_second[
+            (per_second["method"] == row["method"])
+            & (per_second["trial"] == row["trial"])
+            & (per_second["cpu"].astype(str) == dut)
+        ]
         window_ms = seconds["total_ns"].sum() / 1e6
         assert 0 < row["dut_busy_ms"] == pytest.approx(seconds["busy_ns"].sum() / 1e6, rel=1e-6)
         assert row["dut_busy_ms"] <= window_ms and row["seconds"] * 1000 <= window_ms <= took * 1000
-    r = subprocess.run(base + ["--workload", "rate", "--sizes", "64", "--flows", "1", "--rates", "20000",
-                               "--duration", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        base + ["--workload", "rate", "--sizes", "64", "--flows", "1", "--rates", "20000", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("redirect_rate-*.csv")))
     # paced well below every ceiling: the router forwarded everything the client's veth
@@ -136,15 +165,49 @@ def test_bench_rate_with_the_vip_on_the_router_and_partial_checksums(tmp_path):
     """--vip router (the report's design) and --sender-csum whole,partial: every
     variant interleaved, each row says which, and the router translated what it
     forwarded, exactly."""
-    r = subprocess.run([sys.executable, "-m", "lab", "bench", "redirect", "--trials", "1", "--out", str(tmp_path),
-                        "--peers", "xdp-pass,xdp-forward", "--xdp-modes", "native", "--workload", "rate", "--sizes",
-                        "64", "--flows", "1", "--rates", "20000", "--duration", "1", "--vip", "router",
-                        "--sender-csum", "whole,partial"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "bench",
+            "redirect",
+            "--trials",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--peers",
+            "xdp-pass,xdp-forward",
+            "--xdp-modes",
+            "native",
+            "--workload",
+            "rate",
+            "--sizes",
+            "64",
+            "--flows",
+            "1",
+            "--rates",
+            "20000",
+            "--duration",
+            "1",
+            "--vip",
+            "router",
+            "--sender-csum",
+            "whole,partial",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("redirect_rate-*.csv")))
-    assert sorted(zip(d["method"], d["sender_csum"], strict=True)) == [("xdp-forward", "partial"),
-                                                                       ("xdp-forward", "whole"),
-                                                                       ("xdp-pass", "partial"), ("xdp-pass", "whole")]
+    assert sorted(zip(d["method"], d["sender_csum"], strict=True)) == [
+        ("xdp-forward", "partial"),
+        ("xdp-forward", "whole"),
+        ("xdp-pass", "partial"),
+        ("xdp-pass", "whole"),
+    ]
     assert (d["vip"] == "router").all()
     for _, row in d.iterrows():
         assert row["translated"] == row["forwarded_packets"] == row["sent_packets"] - row["sender_dropped"] > 0
@@ -158,14 +221,33 @@ def test_bench_xdp_modes_tiny(tmp_path):
     overflow: seen once, 326 of 10000 reflected frames in a full suite run, while
     the kernel tore down earlier tests' namespaces), and the offload rows say why
     they could not run."""
-    r = subprocess.run([sys.executable, "-m", "lab", "bench", "xdp-modes", "--trials", "1", "--duration", "0.5",
-                        "--rates", "20000", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "bench",
+            "xdp-modes",
+            "--trials",
+            "1",
+            "--duration",
+            "0.5",
+            "--rates",
+            "20000",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     d = pd.read_csv(next(tmp_path.glob("xdp_modes-*.csv")))
     ran = d[d["status"] == "ok"]
     assert sorted(set(zip(ran["program"], ran["mode"], strict=True))) == sorted(
-        (p, m) for p in ("drop", "tx", "redirect", "forward") for m in ("native", "generic"))
+        (p, m) for p in ("drop", "tx", "redirect", "forward") for m in ("native", "generic")
+    )
     for _, row in ran.iterrows():
         assert row["handled_packets"] == row["sent_packets"] - row["sender_dropped"] > 0, row.to_dict()
         assert 0 < row["delivered_packets"] <= row["handled_packets"], row.to_dict()
@@ -182,8 +264,15 @@ def test_generator_frames_leave_as_built_while_the_router_rewrites_them(rtb, flo
     the frames then missed the rule (the bench's xdp-forward went to the kernel
     for them). The generator now writes each frame over its page on every run
     (ebpf/instruments/xdp_gen.bpf.c): every frame the client's veth took is translated."""
-    frames = udp_frames(rtb.client4, rtb.vip4, rtb.topo.mac(rtb.client, "eth0"), rtb.topo.mac(rtb.dut, rtb.dut_in),
-                        64, flows, dport=rtb.service_port)
+    frames = udp_frames(
+        rtb.client4,
+        rtb.vip4,
+        rtb.topo.mac(rtb.client, "eth0"),
+        rtb.topo.mac(rtb.dut, rtb.dut_in),
+        64,
+        flows,
+        dport=rtb.service_port,
+    )
     m = method("xdp-forward:native", rtb)
     try:
         with m, GENERATORS["xdp"](rtb.ns(rtb.client), "eth0", frames, cpu=0) as gen:
@@ -208,12 +297,16 @@ def test_bench_offload_alone_and_a_reader_that_goes_away(rtb, tmp_path):
     bench started while another lab run is live (here this module's testbed)
     warns that the two share the CPUs (two benches at once measured each
     other's load without a word)."""
-    cmd = (f"set -o pipefail; {sys.executable} -m lab bench xdp-modes --xdp-modes offload --peers drop,forward "
-           f"--out {tmp_path} | true")
+    cmd = (
+        f"set -o pipefail; {sys.executable} -m lab bench xdp-modes --xdp-modes offload --peers drop,forward "
+        f"--out {tmp_path} | true"
+    )
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert r.stderr == (f"lab bench: warning: another lab run is live ({rtb.topo.run_id}): it shares these CPUs, "
-                        "so the measurements will include its load\n")
+    assert r.stderr == (
+        f"lab bench: warning: another lab run is live ({rtb.topo.run_id}): it shares these CPUs, "
+        "so the measurements will include its load\n"
+    )
     d = pd.read_csv(next(tmp_path.glob("xdp_modes-*.csv")))
     assert sorted(d["program"]) == ["drop", "drop", "forward", "forward"]  # at the ceiling and at 100 kpps
     assert (d["status"] == "unavailable").all() and d["reason"].str.contains("offload needs a NIC").all()

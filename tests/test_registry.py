@@ -35,14 +35,15 @@ def test_a_bundle_declares_what_its_readers_need(fp):
     # (tests/test_one_exit.py checks each program has one) and its own mutants
     assert fp.checks, f"{fp.name}: no checks module (EXITS, MUTANTS)"
     assert fp.exit_checks(), f"{fp.name}: its checks module declares no EXITS"
-    assert fp.mutants() and all(m.path.startswith(("ebpf/", "lab/")) for m in fp.mutants()), \
+    assert fp.mutants() and all(m.path.startswith(("ebpf/", "lab/")) for m in fp.mutants()), (
         f"{fp.name}: its checks module declares no MUTANTS"
+    )
     cmd = fp.command_object()
     assert isinstance(cmd, Command) and type(cmd).start is not Command.start, fp.command  # the lifecycle's
     peers = fp.peer_classes()
     assert peers and all(cls.kind == fp.name and cls.name == name for name, cls in peers.items())
     colours = palette.colours(fp.name)
-    assert len(set(colours.values())) == len(colours), colours   # every label its own colour
+    assert len(set(colours.values())) == len(colours), colours  # every label its own colour
     for b in fp.bench_modules():
         assert all(hasattr(b, a) for a in ("NAME", "SUMMARY", "add_arguments", "main")) and b in benches()
     for m in fp.plots:
@@ -50,12 +51,19 @@ def test_a_bundle_declares_what_its_readers_need(fp):
     assert (ROOT / fp.doc).exists()
 
 
-@pytest.mark.parametrize("argv, name", [(["port-filter"], "python -m lab port-filter"),
-                                        (["lb"], "python -m lab lb"), (["bench", "lb"], "lab bench"),
-                                        (["cleanup"], "lab")])
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["port-filter"], "python -m lab port-filter"),
+        (["lb"], "python -m lab lb"),
+        (["bench", "lb"], "lab bench"),
+        (["cleanup"], "lab"),
+    ],
+)
 def test_an_unknown_option_is_said_by_the_command_it_was_given_to(argv, name):
     """One line, exit 2, named as the command's other errors are (not by the top
     level `lab`, which a user typing `lab port-filter` did not address)."""
-    r = subprocess.run([sys.executable, "-m", "lab", *argv, "--bogus", "1"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", *argv, "--bogus", "1"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 2 and r.stderr == f"{name}: error: unrecognized arguments: --bogus 1\n", r.stderr

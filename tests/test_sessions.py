@@ -25,8 +25,14 @@ from lab.testbeds import COLLECTOR_V4, COLLECTOR_V6
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
 RATE = 20_000
-KINDS = {"vxlan": "vxlan://{}/4242", "geneve": "geneve://{}/77", "gre": "gre://{}/9", "gre-nokey": "gre://{}",
-         "erspan": "erspan://{}/5", "erspan3": "erspan3://{}/1023"}
+KINDS = {
+    "vxlan": "vxlan://{}/4242",
+    "geneve": "geneve://{}/77",
+    "gre": "gre://{}/9",
+    "gre-nokey": "gre://{}",
+    "erspan": "erspan://{}/5",
+    "erspan3": "erspan3://{}/1023",
+}
 KEYS = {"vxlan": 4242, "geneve": 77, "gre": 9, "gre-nokey": None, "erspan": 5, "erspan3": 1023}
 
 
@@ -52,6 +58,7 @@ def identify(marker):
             return None
         fid, seq, _ = struct.unpack_from("!HIH", frame, i + 7)
         return (marker.names[fid], seq) if fid < len(marker.names) else None
+
     return key
 
 
@@ -86,9 +93,11 @@ def tap(tb, sessions, where=(("eth0", "ingress"),)):
 
 
 def flows(n=20, size=300):
-    return [Flow("u4", tb_src4(), tb_dst4(), dport=5001, count=n, size=size),
-            Flow("u6", "2001:2:0:1::10", "2001:2:0:2::2", dport=5001, count=n, size=size),
-            Flow("other4", tb_src4(), tb_dst4(), dport=6000, count=n, size=size)]
+    return [
+        Flow("u4", tb_src4(), tb_dst4(), dport=5001, count=n, size=size),
+        Flow("u6", "2001:2:0:1::10", "2001:2:0:2::2", dport=5001, count=n, size=size),
+        Flow("other4", tb_src4(), tb_dst4(), dport=6000, count=n, size=size),
+    ]
 
 
 def tb_src4():
@@ -107,8 +116,15 @@ def test_each_tunnel_kind_reaches_the_collector_byte_exact(tb, family):
     not. At the collector, each kind's copies are the frames the tap saw, cut
     at 128 bytes, each once, with the session's key; IPv6 UDP has a checksum,
     ERSPAN numbers its copies without a gap and sets its T bit."""
-    ss = [Session(target=collector_url(kind, family), truncate=128, name=kind,
-                  rules=[Rule("accept", protocol="udp", destination_ports="5001")]) for kind in KINDS]
+    ss = [
+        Session(
+            target=collector_url(kind, family),
+            truncate=128,
+            name=kind,
+            rules=[Rule("accept", protocol="udp", destination_ports="5001")],
+        )
+        for kind in KINDS
+    ]
     with tap(tb, ss) as m:
         sent, rx, _, got = send(tb, flows(), collector=True)
         c, sc, rc = m.counters(), m.session_counters(), m.rule_counters()
@@ -138,10 +154,13 @@ def test_outer_checksums_are_right(tb):
     for family in (4, 6):
         s = Session(target=collector_url("vxlan", family), rules=[Rule("accept", protocol="udp")])
         marker = Marker()
-        frames = build([Flow("a", tb_src4(), tb_dst4(), dport=5001, count=5, size=700 + family)], marker,
-                       tb.sender_mac, tb.next_hop_mac)
-        with tap(tb, [s]), Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True,
-                                   expect=5) as col:
+        frames = build(
+            [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=5, size=700 + family)],
+            marker,
+            tb.sender_mac,
+            tb.next_hop_mac,
+        )
+        with tap(tb, [s]), Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=5) as col:
             send_frames(tb.ns("sender"), "eth0", frames)
         raw_frames += col.frames
     assert len(raw_frames) == 10
@@ -164,18 +183,23 @@ def test_rules_first_match_per_session(tb):
     accept UDP ports 5000-5010, accept IPv6 anything, reject everything else.
     Each flow lands on exactly one rule; rules after the first match never count."""
     src_alt = testbeds.Testbed.alt_src4
-    s = Session(target="mon0", rules=[
-        Rule("reject", protocol="udp", source=f"{src_alt}/32", destination_ports=5001),
-        Rule("accept", protocol="udp", destination_ports="5000-5010"),
-        Rule("accept", source="2001:2::/32"),
-        Rule("reject"),
-    ])
-    fl = [Flow("alt5001", src_alt, tb_dst4(), dport=5001, count=7),
-          Flow("alt5002", src_alt, tb_dst4(), dport=5002, count=11),
-          Flow("main5010", tb_src4(), tb_dst4(), dport=5010, count=13),
-          Flow("main5011", tb_src4(), tb_dst4(), dport=5011, count=5),
-          Flow("v6tcp", "2001:2:0:1::10", "2001:2:0:2::2", proto="tcp", dport=80, count=9),
-          Flow("v6range", "2001:2:0:1::10", "2001:2:0:2::2", dport=5003, count=3)]
+    s = Session(
+        target="mon0",
+        rules=[
+            Rule("reject", protocol="udp", source=f"{src_alt}/32", destination_ports=5001),
+            Rule("accept", protocol="udp", destination_ports="5000-5010"),
+            Rule("accept", source="2001:2::/32"),
+            Rule("reject"),
+        ],
+    )
+    fl = [
+        Flow("alt5001", src_alt, tb_dst4(), dport=5001, count=7),
+        Flow("alt5002", src_alt, tb_dst4(), dport=5002, count=11),
+        Flow("main5010", tb_src4(), tb_dst4(), dport=5010, count=13),
+        Flow("main5011", tb_src4(), tb_dst4(), dport=5011, count=5),
+        Flow("v6tcp", "2001:2:0:1::10", "2001:2:0:2::2", proto="tcp", dport=80, count=9),
+        Flow("v6range", "2001:2:0:1::10", "2001:2:0:2::2", dport=5003, count=3),
+    ]
     with tap(tb, [s]) as m:
         sent, rx, mon, _ = send(tb, fl, monitor=True)
         rc = list(m.rule_counters().values())
@@ -198,9 +222,11 @@ def test_several_sessions_one_frame_and_a_shared_target(tb):
     flow: one copy each. Session 3 has session 1's target: it gives way
     (shadowed), so the monitor gets each frame once."""
     rules = [Rule("accept", protocol="udp", destination_ports=5001)]
-    ss = [Session(target="mon0", truncate=64, rules=rules, number=1),
-          Session(target=collector_url("geneve", 4), rules=rules, number=2),
-          Session(target="mon0", rules=rules, number=3, name="late")]
+    ss = [
+        Session(target="mon0", truncate=64, rules=rules, number=1),
+        Session(target=collector_url("geneve", 4), rules=rules, number=2),
+        Session(target="mon0", rules=rules, number=3, name="late"),
+    ]
     with tap(tb, ss) as m:
         sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=25, size=200)])
         sc = m.session_counters()
@@ -222,8 +248,10 @@ def test_fragments_match_as_frames_without_ports(tb):
         marker = Marker()
         frames = build(fl, marker, tb.sender_mac, tb.next_hop_mac)
         assert len(frames) == 30
-        with Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=30) as col, \
-                Capture(tb.ns("monitor"), "eth0", lambda f: "m") as mon:
+        with (
+            Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=30) as col,
+            Capture(tb.ns("monitor"), "eth0", lambda f: "m") as mon,
+        ):
             send_frames(tb.ns("sender"), "eth0", frames)
         sc = m.session_counters()
     assert sorted(decap(f).inner for f in col.frames) == sorted(frames)
@@ -264,8 +292,7 @@ def test_oversize_is_counted_or_cut_to_fit(tb):
     wrapped. Counted oversize and not sent, or with fit cut to fit; never
     fragmented."""
     run = tb.topo.run
-    run("tapnode", ["ip", "route", "replace", "198.18.6.0/24", "via", "198.18.5.1", "mtu", "lock", "600"],
-        check=True)
+    run("tapnode", ["ip", "route", "replace", "198.18.6.0/24", "via", "198.18.5.1", "mtu", "lock", "600"], check=True)
     try:
         for fit in (False, True):
             s = Session(target=collector_url("vxlan", 4), fit=fit, rules=[Rule("accept", protocol="udp")])
@@ -276,7 +303,7 @@ def test_oversize_is_counted_or_cut_to_fit(tb):
                 assert sc["sent"] == sc["truncated"] == 10 and len(got) == 10
                 overhead = 20 + 8 + 8  # outer IPv4, UDP, VXLAN
                 assert all(len(d.inner) == 600 - overhead for d in got)
-                assert all(d.inner == sent[identify_any_prefix(sent, d.inner)][:len(d.inner)] for d in got)
+                assert all(d.inner == sent[identify_any_prefix(sent, d.inner)][: len(d.inner)] for d in got)
             else:
                 assert sc["oversize"] == 10 and sc["sent"] == 0 and got == []
     finally:
@@ -306,8 +333,13 @@ def test_sessions_change_live(tb):
         send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=10)])
         b = Session(target="mon0", number=1, rules=[Rule("accept", protocol="udp", destination_ports=5002)])
         m.set_sessions([b])
-        sent, rx, mon, _ = send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=10),
-                                     Flow("b", tb_src4(), tb_dst4(), dport=5002, count=7)])
+        sent, rx, mon, _ = send(
+            tb,
+            [
+                Flow("a", tb_src4(), tb_dst4(), dport=5001, count=10),
+                Flow("b", tb_src4(), tb_dst4(), dport=5002, count=7),
+            ],
+        )
         sc = m.session_counters()["session 1"]
         rc = m.rule_counters()
     assert len(mon) == 7
@@ -329,10 +361,10 @@ def test_close_removes_the_sender_device(tb):
 def test_the_api_inside_a_running_asyncio_loop(tb):
     """As a notebook cell calls it: a loop runs in this very thread. The object
     explains itself (repr, a notebook's table, a DataFrame per session)."""
+
     async def main():
         asyncio.get_running_loop()
-        s = Session(target=collector_url("geneve", 6), name="cell", truncate=96,
-                    rules=[Rule("accept", protocol="udp")])
+        s = Session(target=collector_url("geneve", 6), name="cell", truncate=96, rules=[Rule("accept", protocol="udp")])
         with tap(tb, [s]) as m:
             sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), count=12)])
             m.set_sessions([Session(target="mon0", name="cell", rules=[Rule("accept", protocol="udp")])])
@@ -350,16 +382,20 @@ def test_direction_rules(tb):
     """Tapped at eth0 ingress and eth1 egress (the same frames pass both): an
     ingress rule's session gets each frame once, from the ingress hook; an
     egress rule's, once, from the egress hook, as the router sent it on."""
-    ss = [Session(target="mon0", rules=[Rule("accept", direction="ingress", protocol="udp")]),
-          Session(target=collector_url("erspan3", 4), rules=[Rule("accept", direction="egress", protocol="udp")])]
+    ss = [
+        Session(target="mon0", rules=[Rule("accept", direction="ingress", protocol="udp")]),
+        Session(target=collector_url("erspan3", 4), rules=[Rule("accept", direction="egress", protocol="udp")]),
+    ]
     with tap(tb, ss, where=(("eth0", "ingress"), ("eth1", "egress"))) as m:
         sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), count=15)])
         sc = m.session_counters()
     assert sorted(mon) == sorted(sent.values())
     assert len(got) == 15 and all(d.direction == 1 for d in got)
+
     # the IP packet as sent, but for the TTL and header checksum the router changed
     def unrouted(ip):
         return ip[:8] + ip[9:10] + ip[12:]
+
     assert sorted(unrouted(d.inner[14:]) for d in got) == sorted(unrouted(f[14:]) for f in sent.values())
     assert all(d.inner[22] == 63 for d in got)  # TTL 64, less the router's hop
     assert sc["session 1"]["sent"] == sc["session 2"]["sent"] == 15
@@ -370,17 +406,24 @@ def test_ipv6_fragments_match_as_frames_without_ports(tb):
     matched alike, as a frame without ports, as IPv4's are."""
     frames = []
     for i in range(5):
-        pkt = IPv6(src="2001:2:0:1::10", dst="2001:2:0:2::2") / IPv6ExtHdrFragment(id=100 + i) / \
-            UDP(sport=40000, dport=5001) / (bytes([i]) * 900)
+        pkt = (
+            IPv6(src="2001:2:0:1::10", dst="2001:2:0:2::2")
+            / IPv6ExtHdrFragment(id=100 + i)
+            / UDP(sport=40000, dport=5001)
+            / (bytes([i]) * 900)
+        )
         frames += [bytes(Ether(src=tb.sender_mac, dst=tb.next_hop_mac) / p) for p in fragment6(pkt, 500)]
     n = len(frames)
     assert n >= 10 and all(b"\x2c" == f[20:21] for f in frames)  # every piece has a fragment header
     ports = Session(target="mon0", rules=[Rule("accept", protocol="udp", destination_ports=5001)], number=1)
-    proto = Session(target=collector_url("gre", 6), rules=[Rule("accept", protocol="udp",
-                                                                source="2001:2:0:1::/64")], number=2)
+    proto = Session(
+        target=collector_url("gre", 6), rules=[Rule("accept", protocol="udp", source="2001:2:0:1::/64")], number=2
+    )
     with tap(tb, [ports, proto]) as m:
-        with Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=n) as col, \
-                Capture(tb.ns("monitor"), "eth0", lambda f: f in frames and "m") as mon:
+        with (
+            Capture(tb.ns("collector"), "eth0", lambda f: decap(f) and "c", keep=True, expect=n) as col,
+            Capture(tb.ns("monitor"), "eth0", lambda f: f in frames and "m") as mon,
+        ):
             send_frames(tb.ns("sender"), "eth0", frames)
         sc = m.session_counters()
     assert sorted(decap(f).inner for f in col.frames) == sorted(frames)
@@ -397,14 +440,31 @@ def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, tmp_path):
     rules = tmp_path / "copies.rules"
     # a payload match (the marker every frame of the run carries): a rule of
     # header matches only is checked once per flow, not per packet
-    rules.write_text('alert udp 198.18.1.10 any -> 198.18.2.2 5001 (msg:"a copied frame"; content:"VTL"; '
-                     'sid:9001; rev:1;)\n')
+    rules.write_text(
+        'alert udp 198.18.1.10 any -> 198.18.2.2 5001 (msg:"a copied frame"; content:"VTL"; sid:9001; rev:1;)\n'
+    )
     n, kinds = 20, ["vxlan", "geneve", "gre", "erspan", "erspan3"]
     ss = [Session(target=collector_url(k, 4), name=k, rules=[Rule("accept", protocol="udp")]) for k in kinds]
     ids = Suricata(tb.ns("collector"), "eth0", rules)
-    dump = subprocess.Popen(["ip", "netns", "exec", tb.ns("collector"), "tcpdump", "-i", "eth0", "-n", "-l",
-                             "-c", str(n * len(kinds)), "udp or proto 47"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    dump = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            tb.ns("collector"),
+            "tcpdump",
+            "-i",
+            "eth0",
+            "-n",
+            "-l",
+            "-c",
+            str(n * len(kinds)),
+            "udp or proto 47",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ids.start()
         with tap(tb, ss) as m:

@@ -52,33 +52,56 @@ def test_a_good_file():
     assert [r.action for r in e3.rules] == ["reject", "accept"]
 
 
-@pytest.mark.parametrize("text,line,says", [
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"accept\"\nsource = \"198.18.0.0/33\"\n",
-     5, "bad CIDR '198.18.0.0/33'"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"copy\"\n", 4, "accept or reject"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"accept\"\ndestination_ports = 80\n",
-     5, "ports need protocol tcp or udp"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"accept\"\nprotocol = \"tcp\"\n"
-     "source_ports = \"90-80\"\n", 6, "bad port range"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"accept\"\nsource = \"198.18.0.0/16\"\n"
-     "destination = \"2001:db8::/32\"\n", 6, "different families"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]]\naction = \"accept\"\ncolour = \"red\"\n",
-     5, "unknown key 'colour'"),
-    ("[[session]]\ntarget = \"mon0\"\ntruncate = 10\n", 3, "truncate must be"),
-    ("[[session]]\ntarget = \"mon0\"\nsample = 0\n", 3, "sample must be"),
-    ("[[session]]\nnumber = 1\n", 1, "no target"),
-    ("[[session]]\ntarget = \"vxlan://198.18.9.2\"\n", 2, "vxlan needs a VNI"),
-    ("[[session]]\ntarget = \"vxlan://198.18.9.2/16777216\"\n", 2, "VNI 16777216 out of range"),
-    ("[[session]]\ntarget = \"erspan://198.18.9.2/1024\"\n", 2, "session id 1024 out of range"),
-    ("[[session]]\ntarget = \"gre://198.18.9.2:99/1\"\n", 2, "gre has no UDP port"),
-    ("[[session]]\ntarget = \"ipip://198.18.9.2/1\"\n", 2, "unknown tunnel 'ipip'"),
-    ("[[session]]\ntarget = \"vxlan://[198.18.9.2]/1\"\n", 2, "brackets are for IPv6"),
-    ("[[session]]\ntarget = \"mon0\"\n\n[[session]]\ntarget = \"mon1\"\nbogus = 1\n", 6, "unknown key 'bogus'"),
-    ("[[session]]\ntarget = \"mon0\"\nnumber = 1\n[[session]]\ntarget = \"mon1\"\nnumber = 1\n", 1,
-     "two sessions are numbered 1"),
-    ("[[session]]\ntarget = \"mon0\"\n[[session.rule]\n", 3, ""),
-    ("[monitor]\nname = \"x\"\n", 1, "unknown key 'monitor'"),
-])
+@pytest.mark.parametrize(
+    "text,line,says",
+    [
+        (
+            '[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n',
+            5,
+            "bad CIDR '198.18.0.0/33'",
+        ),
+        ('[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "copy"\n', 4, "accept or reject"),
+        (
+            '[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "accept"\ndestination_ports = 80\n',
+            5,
+            "ports need protocol tcp or udp",
+        ),
+        (
+            '[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "accept"\nprotocol = "tcp"\n'
+            'source_ports = "90-80"\n',
+            6,
+            "bad port range",
+        ),
+        (
+            '[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/16"\n'
+            'destination = "2001:db8::/32"\n',
+            6,
+            "different families",
+        ),
+        (
+            '[[session]]\ntarget = "mon0"\n[[session.rule]]\naction = "accept"\ncolour = "red"\n',
+            5,
+            "unknown key 'colour'",
+        ),
+        ('[[session]]\ntarget = "mon0"\ntruncate = 10\n', 3, "truncate must be"),
+        ('[[session]]\ntarget = "mon0"\nsample = 0\n', 3, "sample must be"),
+        ("[[session]]\nnumber = 1\n", 1, "no target"),
+        ('[[session]]\ntarget = "vxlan://198.18.9.2"\n', 2, "vxlan needs a VNI"),
+        ('[[session]]\ntarget = "vxlan://198.18.9.2/16777216"\n', 2, "VNI 16777216 out of range"),
+        ('[[session]]\ntarget = "erspan://198.18.9.2/1024"\n', 2, "session id 1024 out of range"),
+        ('[[session]]\ntarget = "gre://198.18.9.2:99/1"\n', 2, "gre has no UDP port"),
+        ('[[session]]\ntarget = "ipip://198.18.9.2/1"\n', 2, "unknown tunnel 'ipip'"),
+        ('[[session]]\ntarget = "vxlan://[198.18.9.2]/1"\n', 2, "brackets are for IPv6"),
+        ('[[session]]\ntarget = "mon0"\n\n[[session]]\ntarget = "mon1"\nbogus = 1\n', 6, "unknown key 'bogus'"),
+        (
+            '[[session]]\ntarget = "mon0"\nnumber = 1\n[[session]]\ntarget = "mon1"\nnumber = 1\n',
+            1,
+            "two sessions are numbered 1",
+        ),
+        ('[[session]]\ntarget = "mon0"\n[[session.rule]\n', 3, ""),
+        ('[monitor]\nname = "x"\n', 1, "unknown key 'monitor'"),
+    ],
+)
 def test_a_bad_file_says_where_in_one_line(text, line, says):
     with pytest.raises(InputError) as e:
         parse_sessions(text, "s.toml")
@@ -88,10 +111,10 @@ def test_a_bad_file_says_where_in_one_line(text, line, says):
 
 
 def test_limits():
-    many = "".join(f"[[session]]\ntarget = \"mon{i}\"\n" for i in range(17))
+    many = "".join(f'[[session]]\ntarget = "mon{i}"\n' for i in range(17))
     with pytest.raises(InputError, match="at most 16"):
         parse_sessions(many)
-    rules = "[[session]]\ntarget = \"mon0\"\n" + "[[session.rule]]\naction = \"accept\"\n" * 257
+    rules = '[[session]]\ntarget = "mon0"\n' + '[[session.rule]]\naction = "accept"\n' * 257
     with pytest.raises(InputError, match="at most 256"):
         parse_sessions(rules)
 
@@ -101,14 +124,17 @@ def test_unreadable_file(tmp_path):
         load_sessions(tmp_path / "none.toml")
 
 
-@pytest.mark.parametrize("text,kind,addr,port,key", [
-    ("vxlan://198.18.9.2/100", "vxlan", "198.18.9.2", 4789, 100),
-    ("vxlan://198.18.9.2:8472/1", "vxlan", "198.18.9.2", 8472, 1),
-    ("geneve://[2001:db8::1]:7000/5", "geneve", "2001:db8::1", 7000, 5),
-    ("gre://198.18.9.2", "gre", "198.18.9.2", None, None),
-    ("gre://198.18.9.2/4294967295", "gre", "198.18.9.2", None, 2**32 - 1),
-    ("erspan3://[2001:db8::1]/1023", "erspan3", "2001:db8::1", None, 1023),
-])
+@pytest.mark.parametrize(
+    "text,kind,addr,port,key",
+    [
+        ("vxlan://198.18.9.2/100", "vxlan", "198.18.9.2", 4789, 100),
+        ("vxlan://198.18.9.2:8472/1", "vxlan", "198.18.9.2", 8472, 1),
+        ("geneve://[2001:db8::1]:7000/5", "geneve", "2001:db8::1", 7000, 5),
+        ("gre://198.18.9.2", "gre", "198.18.9.2", None, None),
+        ("gre://198.18.9.2/4294967295", "gre", "198.18.9.2", None, 2**32 - 1),
+        ("erspan3://[2001:db8::1]/1023", "erspan3", "2001:db8::1", None, 1023),
+    ],
+)
 def test_targets(text, kind, addr, port, key):
     t = parse_target(text)
     assert (t.kind, str(t.address), t.port, t.key) == (kind, addr, port, key)
@@ -148,8 +174,9 @@ def classify(bits, f):
     x &= bits["proto"][f["proto"] if f["proto"] is not None else UNKNOWN_PROTO]
     fam = f["src"].version
     for side, addr in ((0, f["src"]), (1, f["dst"])):
-        best = max((p for (fa, sd, p) in bits["tries"] if fa == fam and sd == side and addr in p),
-                   key=lambda p: p.prefixlen)
+        best = max(
+            (p for (fa, sd, p) in bits["tries"] if fa == fam and sd == side and addr in p), key=lambda p: p.prefixlen
+        )
         x &= bits["tries"][(fam, side, best)]
     x &= bits["sport"][f["sport"] if f["sport"] is not None else NO_PORT]
     x &= bits["dport"][f["dport"] if f["dport"] is not None else NO_PORT]
@@ -174,8 +201,9 @@ def test_tables_agree_with_first_match_on_random_rules():
         fam = rnd.choice([None, 4, 6])
         pool = nets4 if fam == 4 else nets6 if fam == 6 else []
         proto = rnd.choice([None, "tcp", "udp", "icmp"])
-        kw = dict(action=rnd.choice(["accept", "reject"]), direction=rnd.choice(["any", "ingress", "egress"]),
-                  protocol=proto)
+        kw = dict(
+            action=rnd.choice(["accept", "reject"]), direction=rnd.choice(["any", "ingress", "egress"]), protocol=proto
+        )
         if pool and rnd.random() < 0.7:
             kw["source"] = rnd.choice(pool)
         if pool and rnd.random() < 0.5:
@@ -195,18 +223,26 @@ def test_tables_agree_with_first_match_on_random_rules():
         pool = addrs4 if rnd.random() < 0.5 else addrs6
         proto = rnd.choice([6, 17, 1, 58, None])
         ported = proto in (6, 17) and rnd.random() < 0.8
-        f = dict(dir=rnd.choice(["ingress", "egress"]), proto=proto,
-                 src=ipaddress.ip_address(rnd.choice(pool)), dst=ipaddress.ip_address(rnd.choice(pool)),
-                 sport=rnd.choice([0, 53, 80, 81, 1000, 1100, 5000, 65535]) if ported else None,
-                 dport=rnd.choice([0, 53, 80, 443, 1000, 5000, 60000, 65535]) if ported else None)
+        f = dict(
+            dir=rnd.choice(["ingress", "egress"]),
+            proto=proto,
+            src=ipaddress.ip_address(rnd.choice(pool)),
+            dst=ipaddress.ip_address(rnd.choice(pool)),
+            sport=rnd.choice([0, 53, 80, 81, 1000, 1100, 5000, 65535]) if ported else None,
+            dport=rnd.choice([0, 53, 80, 443, 1000, 5000, 60000, 65535]) if ported else None,
+        )
         assert classify(bits, f) == first_match(sessions, f), f
 
 
 def test_monitor_and_watch_as_one_session():
     s = watching("mon0", ["198.18.1.0/24", "2001:2::/48"], match="any", sample=4)
     assert (s.target.ifname, s.sample) == ("mon0", 4)
-    assert [str(r) for r in s.rules] == ["accept from 198.18.1.0/24", "accept to 198.18.1.0/24",
-                                          "accept from 2001:2::/48", "accept to 2001:2::/48"]
+    assert [str(r) for r in s.rules] == [
+        "accept from 198.18.1.0/24",
+        "accept to 198.18.1.0/24",
+        "accept from 2001:2::/48",
+        "accept to 2001:2::/48",
+    ]
     assert [str(r) for r in watching("mon0", ["198.18.1.7/32"], match="dst").rules] == ["accept to 198.18.1.7/32"]
     assert [str(r) for r in watching("mon0").rules] == ["accept"]
     with pytest.raises(InputError, match="unknown match mode"):

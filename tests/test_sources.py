@@ -132,9 +132,15 @@ def test_file_transfer_repairs_losses(tb1):
     pass misses a third of the chunks, more ranges than one RESULT can list, so
     it takes several repair rounds; then the digest matches."""
     rx_ns = tb1.ns("receiver")
-    netns.run(rx_ns, ["nft", "-f", "-"], input=(
-        "table inet vtl_loss {\n chain in {\n type filter hook input priority 0;\n"
-        " udp dport 8083 numgen inc mod 3 == 0 counter drop\n }\n}\n"), text=True)
+    netns.run(
+        rx_ns,
+        ["nft", "-f", "-"],
+        input=(
+            "table inet vtl_loss {\n chain in {\n type filter hook input priority 0;\n"
+            " udp dport 8083 numgen inc mod 3 == 0 counter drop\n }\n}\n"
+        ),
+        text=True,
+    )
     size = 1_000_000
     with FileTransferServer(rx_ns, RX4, 8083) as srv:
         r = FileTransfer(tb1.ns("sender"), "eth0", RX4, 8083, size=size).send(seconds=30, rate_pps=RATE)
@@ -152,9 +158,15 @@ def test_reply_from_the_wrong_source_fails_clearly(tb1):
     replies leave from :8083, the client sent to :8080, so its connected socket
     never sees them, and the transfer fails naming the cause."""
     rx_ns = tb1.ns("receiver")
-    netns.run(rx_ns, ["nft", "-f", "-"], input=(
-        "table ip vtl_rewrite {\n chain pre {\n type filter hook prerouting priority -300;\n"
-        " udp dport 8080 udp dport set 8083\n }\n}\n"), text=True)
+    netns.run(
+        rx_ns,
+        ["nft", "-f", "-"],
+        input=(
+            "table ip vtl_rewrite {\n chain pre {\n type filter hook prerouting priority -300;\n"
+            " udp dport 8080 udp dport set 8083\n }\n}\n"
+        ),
+        text=True,
+    )
     with FileTransferServer(rx_ns, RX4, 8083) as srv:
         ft = FileTransfer(tb1.ns("sender"), "eth0", RX4, 8080, size=10_000)
         with pytest.raises(netns.LabError, match="no READY from 198.18.1.2:8080.*other address"):

@@ -66,10 +66,25 @@ def test_a_dead_runs_leftovers_are_removed_first_and_a_run_left_late_is_named(tm
     (tmp_path / "test_inner.py").write_text(INNER)
     dead = _killed_run()
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "--rootdir",
-                            str(tmp_path), str(tmp_path / "test_inner.py")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-s",
+                "-q",
+                "--rootdir",
+                str(tmp_path),
+                str(tmp_path / "test_inner.py"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         out = r.stdout
         assert f"tests: removed what dead lab runs left before starting: namespace {netns.PREFIX}{dead}-" in out, out
         assert not [n for n in netns.lab_namespaces() if n.startswith(f"{netns.PREFIX}{dead}-")]
@@ -105,16 +120,23 @@ def test_a_lab_instance_with_a_prefix_of_its_own_neither_sees_nor_cleans_another
         mine = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True)
         assert mine.returncode == 0 and "vt9z-" not in mine.stdout, mine.stdout
         assert all(netns.exists(n) for n in theirs)
-        own = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True,
-                             env=other)
+        own = subprocess.run(
+            [sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True, env=other
+        )
         assert own.returncode == 0 and all(f"lab: removed namespace {n}" in own.stdout for n in theirs), own.stdout
         assert not any(netns.exists(n) for n in theirs)
     finally:
         subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, env=other)
     for bad in ("", "vtl", "tmp-", "vt-", "vtabcde-", "VT1-"):
-        r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, "VTL_NETNS_PREFIX": bad})
+        r = subprocess.run(
+            [sys.executable, "-m", "lab", "cleanup"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "VTL_NETNS_PREFIX": bad},
+        )
         assert r.returncode != 0 and r.stdout == "", (bad, r)
         assert r.stderr.strip().splitlines() == [
-            f"lab: error: VTL_NETNS_PREFIX={bad!r}: a lab namespace prefix is \"vt\", 1-4 lower-case letters or "
-            "digits and \"-\" (such as vt1-); unset it for vtl-"], (bad, r.stderr)
+            f'lab: error: VTL_NETNS_PREFIX={bad!r}: a lab namespace prefix is "vt", 1-4 lower-case letters or '
+            'digits and "-" (such as vt1-); unset it for vtl-'
+        ], (bad, r.stderr)

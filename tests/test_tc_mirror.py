@@ -45,22 +45,30 @@ def kernel_prog_id(tb):
     """The program id of the one vTAP filter on the tapped hook, as the kernel
     reports it (TCA_BPF_ID), not as this process remembers it."""
     with netdev.ipr(tb.ns(tb.tap_host)) as ip:
-        (entry,) = [e for e in tc.entries(ip, ip.link_lookup(ifname=tb.tap_iface)[0], tc.PARENTS["ingress"])
-                    if e.name.startswith("vtap")]
+        (entry,) = [
+            e
+            for e in tc.entries(ip, ip.link_lookup(ifname=tb.tap_iface)[0], tc.PARENTS["ingress"])
+            if e.name.startswith("vtap")
+        ]
     assert entry.prog_id > 0
     return entry.prog_id
 
 
 @pytest.mark.parametrize("clone", CLONES)
-@pytest.mark.parametrize("match, want", [
-    ("src", {"src-watched": N, "dst-watched": 0, "none": 0}),
-    ("dst", {"src-watched": 0, "dst-watched": N, "none": 0}),
-    ("any", {"src-watched": N, "dst-watched": N, "none": 0}),
-])
+@pytest.mark.parametrize(
+    "match, want",
+    [
+        ("src", {"src-watched": N, "dst-watched": 0, "none": 0}),
+        ("dst", {"src-watched": 0, "dst-watched": N, "none": 0}),
+        ("any", {"src-watched": N, "dst-watched": N, "none": 0}),
+    ],
+)
 def test_match_modes_mirror_exact_counts(tb1, match, want, clone):
-    flows = [Flow("src-watched", WATCHED_SRC4, RX4, count=N),
-             Flow("dst-watched", UNWATCHED_SRC4, RX4_ALT, count=N),
-             Flow("none", UNWATCHED_SRC4, RX4, count=N)]
+    flows = [
+        Flow("src-watched", WATCHED_SRC4, RX4, count=N),
+        Flow("dst-watched", UNWATCHED_SRC4, RX4_ALT, count=N),
+        Flow("none", UNWATCHED_SRC4, RX4, count=N),
+    ]
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32", f"{RX4_ALT}/32"], match=match, clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         _, rx, mon = run_flows(tb1, flows)
@@ -73,11 +81,13 @@ def test_match_modes_mirror_exact_counts(tb1, match, want, clone):
 
 
 def test_ipv6_prefixes_and_tcp(tb1):
-    flows = [Flow("w6-udp", WATCHED_SRC6, RX6, count=N),
-             Flow("w6-tcp", WATCHED_SRC6, RX6, "tcp", count=N),
-             Flow("u6", UNWATCHED_SRC6, RX6, count=N),
-             Flow("u4", UNWATCHED_SRC4, RX4, "tcp", count=N)]
-    with tap_for(tb1, watch=["2001:2:0:1::8/125"], match="src") as tap:   # ::8 .. ::f, not ::10
+    flows = [
+        Flow("w6-udp", WATCHED_SRC6, RX6, count=N),
+        Flow("w6-tcp", WATCHED_SRC6, RX6, "tcp", count=N),
+        Flow("u6", UNWATCHED_SRC6, RX6, count=N),
+        Flow("u4", UNWATCHED_SRC4, RX4, "tcp", count=N),
+    ]
+    with tap_for(tb1, watch=["2001:2:0:1::8/125"], match="src") as tap:  # ::8 .. ::f, not ::10
         tap.attach(tb1.tap_iface, "ingress")
         _, rx, mon = run_flows(tb1, flows)
     assert sum(mon.values()) == 0  # the prefix length is honoured
@@ -93,14 +103,19 @@ def test_ipv6_prefixes_and_tcp(tb1):
 def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
     marker = Marker()
     watched = flow_frames(Flow("w", WATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac)
-    unwatched = flow_frames(Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac,
-                            tb1.next_hop_mac)
+    unwatched = flow_frames(
+        Flow("u", UNWATCHED_SRC4, RX4, count=N, vlans=vlans), marker, tb1.sender_mac, tb1.next_hop_mac
+    )
     exact = ExactFrames({"w": watched, "u": unwatched})
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"], clone=clone) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         with Capture(tb1.ns("monitor"), "eth0", exact) as mon:
-            send_frames(tb1.ns("sender"), "eth0", [f for pair in zip(watched, unwatched, strict=True) for f in pair],
-                        rate_pps=20000)
+            send_frames(
+                tb1.ns("sender"),
+                "eth0",
+                [f for pair in zip(watched, unwatched, strict=True) for f in pair],
+                rate_pps=20000,
+            )
         c = tap.counters()
     # Byte-exact: the copies carry every tag the sender put on the wire.
     assert dict(mon.counts) == {"w": N}
@@ -108,8 +123,13 @@ def test_vlan_tagged_frames_mirrored_exactly_and_intact(tb1, vlans, clone):
 
 
 def test_arp_and_other_frames_that_are_not_ip(tb1):
-    arp = [bytes(Ether(src=tb1.sender_mac, dst="ff:ff:ff:ff:ff:ff") /
-                 ARP(psrc=WATCHED_SRC4, pdst=RX4, hwsrc=tb1.sender_mac)) + bytes([i % 256]) for i in range(50)]
+    arp = [
+        bytes(
+            Ether(src=tb1.sender_mac, dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=WATCHED_SRC4, pdst=RX4, hwsrc=tb1.sender_mac)
+        )
+        + bytes([i % 256])
+        for i in range(50)
+    ]
     exact = ExactFrames({"arp": arp})
     with tap_for(tb1, watch=[f"{WATCHED_SRC4}/32"]) as tap:  # a watch-list cannot match ARP: not mirrored
         tap.attach(tb1.tap_iface, "ingress")
@@ -209,8 +229,11 @@ def test_live_monitor_change(clone):
             frames = build([Flow(name, src, dst, count=N)], marker, t.mac("sender", "eth0"), t.mac("receiver", "eth0"))
             send_frames(t.ns("sender"), "eth0", frames, rate_pps=20000)
 
-        with TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap, \
-                Capture(t.ns("monitor"), "m0", marker) as m0, Capture(t.ns("monitor"), "m1", marker) as m1:
+        with (
+            TcMirror(monitor="mon0", netns=t.ns("receiver"), clone=clone) as tap,
+            Capture(t.ns("monitor"), "m0", marker) as m0,
+            Capture(t.ns("monitor"), "m1", marker) as m1,
+        ):
             tap.attach("eth0", "ingress")
             at_m0, at_m1 = frames_in(t.ns("monitor"), "m0"), frames_in(t.ns("monitor"), "m1")
             send("first")
@@ -242,7 +265,7 @@ def test_clone_failure_is_counted_with_its_bytes(tb1, clone):
             c = settled(tap, "cloned", N)  # every frame through the tap before the monitor goes
             assert c["cloned"] == N and c["cloned_bytes"] == N * size and c["failed"] == 0
             wait_for(lambda: at_monitor() >= N, what=f"{N} copies at the monitor")
-            arrived = at_monitor()   # (the monitor's end goes with mon0)
+            arrived = at_monitor()  # (the monitor's end goes with mon0)
             with netns.ipr(tb1.ns("receiver")) as ip:
                 ip.link("del", index=ip.link_lookup(ifname="mon0")[0])
             send_frames(tb1.ns("sender"), "eth0", after, rate_pps=20000)
@@ -308,6 +331,7 @@ def test_watch_list_changes_leave_no_gap(tb1):
                 tap.set_watch([f"{WATCHED_SRC4}/32", f"{UNWATCHED_SRC4}/32"])
                 tap.set_watch([f"{WATCHED_SRC4}/32"])
                 flips[0] += 1
+
         t = threading.Thread(target=flip)
         with Capture(tb1.ns("monitor"), "eth0", marker) as mon:
             t.start()
@@ -324,8 +348,8 @@ def test_watch_list_changes_leave_no_gap(tb1):
 
 def test_sample_rate_limits(tb1):
     with pytest.raises(InputError, match="sample rate must be an integer from 1"):
-        tap_for(tb1, sample=2 ** 32)  # a __u32 in the map: 2**32 would wrap to 0, "keep all"
-    with tap_for(tb1, sample=2 ** 32 - 1) as tap:
+        tap_for(tb1, sample=2**32)  # a __u32 in the map: 2**32 would wrap to 0, "keep all"
+    with tap_for(tb1, sample=2**32 - 1) as tap:
         tap.attach(tb1.tap_iface, "ingress")
         _, _, mon = run_flows(tb1, [Flow("a", WATCHED_SRC4, RX4, count=N)])
         c = tap.counters()
@@ -408,17 +432,20 @@ def test_ipv6_destination_alone_watched_is_copied_exactly(match):
     loads (the action path): a run that returns VERDICT_MIRROR is a frame the filter's
     mirred action copies to the monitor, one copy each, and the program counts it
     `mirrored`; the rest pass, `unmatched`."""
-    n, mirror = 100, 2 ** 32 - 1  # VERDICT_MIRROR (-1) as the test run's u32 return value
+    n, mirror = 100, 2**32 - 1  # VERDICT_MIRROR (-1) as the test run's u32 return value
     marker = Marker()
-    flows = [Flow("dst-watched", UNWATCHED_SRC6, RX6, count=n),
-             Flow("none", UNWATCHED_SRC6, "2001:2:0:9::9", count=n)]
+    flows = [Flow("dst-watched", UNWATCHED_SRC6, RX6, count=n), Flow("none", UNWATCHED_SRC6, "2001:2:0:9::9", count=n)]
     want = {"dst-watched": 0 if match == "src" else n, "none": 0}
     with TcMirror(monitor="lo", watch=[f"{RX6}/128"], **({"match": match} if match else {})) as tap:
         assert tap.match == (match or "any")
         fd = tap.load_program().fd
-        copied = {f.name: sum(testrun.run(fd, frame, xdp=False).retval == mirror
-                              for frame in flow_frames(f, marker, "02:00:00:00:00:01", "02:00:00:00:00:02"))
-                  for f in flows}
+        copied = {
+            f.name: sum(
+                testrun.run(fd, frame, xdp=False).retval == mirror
+                for frame in flow_frames(f, marker, "02:00:00:00:00:01", "02:00:00:00:00:02")
+            )
+            for f in flows
+        }
         e = tap.exits(index=1)  # a test run's skb comes in on lo, ifindex 1: that counter slot
     assert copied == want
     assert e["seen"] == 2 * n and e["verdict"]["mirror"] == e["reason"]["mirrored"] == sum(want.values())

@@ -98,8 +98,10 @@ def test_fixture_counters_are_exact():
     assert c["redirect"] == c["drop"] == c["aborted"] == 0
     for name in ("to_backend", "to_client", "not_ip", "unmatched", "fragment", "malformed"):
         assert c[name] == want[name], name
+
     def udp4(f, counted):
         return f.counted == counted and UDP in f.frame and IP in f.frame
+
     rule = per_rule[fx.RULES[0]]  # udp:VIP4:8080=BACKEND4:8083
     assert rule["packets"] == sum(udp4(f, "to_backend") for f in rows) > 0
     assert rule["reply_packets"] == sum(udp4(f, "to_client") for f in rows) > 0
@@ -152,8 +154,11 @@ def router_frame(tb, proto, family, reply=False, ttl=64):
     """A frame as it arrives at the router's interface: to the service, or (reply)
     from the backend to the client."""
     client, vip, server = (tb.client4, tb.vip4, tb.server4) if family == 4 else (tb.client6, tb.vip6, tb.server6)
-    l3 = (IP(src=server, dst=client, ttl=ttl) if reply else IP(src=client, dst=vip, ttl=ttl)) if family == 4 else \
-        (IPv6(src=server, dst=client, hlim=ttl) if reply else IPv6(src=client, dst=vip, hlim=ttl))
+    l3 = (
+        (IP(src=server, dst=client, ttl=ttl) if reply else IP(src=client, dst=vip, ttl=ttl))
+        if family == 4
+        else (IPv6(src=server, dst=client, hlim=ttl) if reply else IPv6(src=client, dst=vip, hlim=ttl))
+    )
     l4cls = UDP if proto == "udp" else TCP
     l4 = l4cls(sport=tb.backend_port, dport=40000) if reply else l4cls(sport=40000, dport=tb.service_port)
     host, ifname = ("server", "eth0") if reply else ("client", "eth0")
@@ -206,10 +211,12 @@ def to_service(tb, n, ttl=64, size=200):
     flow = Flow("s", tb.client4, tb.vip4, "udp", sport=40000, dport=tb.service_port, count=n, size=size)
     frames = build([flow], Marker(), tb.topo.mac("client", "eth0"), tb.topo.mac("dut", "eth0"))
     if ttl != 64:
+
         def with_ttl(p):
             p[IP].ttl = ttl
             del p[IP].chksum
             return bytes(p.__class__(bytes(p)))
+
         frames = [with_ttl(Ether(f)) for f in frames]
     return frames
 
@@ -253,8 +260,7 @@ def test_a_file_arrives_whole_and_nothing_is_left_behind(rtb, action, family):
 
 def udp_checksum_errors(tb, host):
     """UDP datagrams a host's kernel refused for a bad checksum, IPv4 and IPv6."""
-    text = netns.run(tb.ns(host), ["cat", "/proc/net/snmp", "/proc/net/snmp6"], capture_output=True,
-                     text=True).stdout
+    text = netns.run(tb.ns(host), ["cat", "/proc/net/snmp", "/proc/net/snmp6"], capture_output=True, text=True).stdout
     lines = text.splitlines()
     names, values = [ln.split() for ln in lines if ln.startswith("Udp:")]
     v6 = next(int(ln.split()[1]) for ln in lines if ln.startswith("Udp6InCsumErrors"))

@@ -106,9 +106,11 @@ def test_two_runs_never_collide():
 
 
 def test_lab_cleanup_removes_a_crashed_run_and_spares_a_live_one():
-    code = ("import time, sys; sys.path.insert(0, %r)\n"
-            "from lab.testbeds import testbed1\n"
-            "tb = testbed1(); tb.topo.build(); print(tb.topo.prefix, flush=True); time.sleep(60)\n") % str(ROOT)
+    code = (
+        "import time, sys; sys.path.insert(0, %r)\n"
+        "from lab.testbeds import testbed1\n"
+        "tb = testbed1(); tb.topo.build(); print(tb.topo.prefix, flush=True); time.sleep(60)\n"
+    ) % str(ROOT)
     crashed = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     prefix = crashed.stdout.readline().strip()
     crashed.send_signal(signal.SIGKILL)
@@ -138,41 +140,64 @@ def test_demo_runs_and_passes():
     flow sent and received whole, mirrored whole or not at all; vtap's counters
     the sum of the mirrored column."""
     count = 200
-    r = subprocess.run([sys.executable, "-m", "lab", "demo", "--count", str(count)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "demo", "--count", str(count)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     cmd = next(ln.split() for ln in lines if ln.startswith("vtap --monitor"))
     watch = [ipaddress.ip_network(cmd[i + 1]) for i, w in enumerate(cmd) if w == "--watch"]
-    addrs = [ipaddress.ip_address(getattr(testbeds.Testbed, a)) for a in
-             ("src4", "alt_src4", "dst4", "alt_dst4", "src6", "alt_src6", "dst6")]
+    addrs = [
+        ipaddress.ip_address(getattr(testbeds.Testbed, a))
+        for a in ("src4", "alt_src4", "dst4", "alt_dst4", "src6", "alt_src6", "dst6")
+    ]
 
-    def address(short, family):   # ".10" or ":10", the end of one of the testbed's addresses
-        (a,) = [a for a in addrs if a.version == family and str(a).endswith(short[1:]) and
-                str(a)[-len(short)] in ".:"]
+    def address(short, family):  # ".10" or ":10", the end of one of the testbed's addresses
+        (a,) = [a for a in addrs if a.version == family and str(a).endswith(short[1:]) and str(a)[-len(short)] in ".:"]
         return a
 
     head = lines.index(next(ln for ln in lines if ln.startswith("flow ")))
-    rows = [ln.split() for ln in lines[head + 1:lines.index("", head)]]
+    rows = [ln.split() for ln in lines[head + 1 : lines.index("", head)]]
     assert len(rows) >= 4
     mirrored = 0
     for f in rows:
         proto_family, path, (shown, sent, received, copies, ok) = f[0], f[1], f[-5:]
         src, dst = (address(x, int(proto_family[-1])) for x in path.split("->"))
         watched = any(a in n for a in (src, dst) for n in watch if n.version == a.version)
-        assert (shown, int(sent), int(received), int(copies), ok) == \
-            ("yes" if watched else "no", count, count, count if watched else 0, "ok"), f
+        assert (shown, int(sent), int(received), int(copies), ok) == (
+            "yes" if watched else "no",
+            count,
+            count,
+            count if watched else 0,
+            "ok",
+        ), f
         mirrored += int(copies)
-    assert 0 < mirrored < count * len(rows)   # some flows watched, some not
+    assert 0 < mirrored < count * len(rows)  # some flows watched, some not
     assert f"sent {count * len(rows)} frames in " in r.stdout
     assert "unwatched packets that reached the monitor: 0 (must be 0)" in r.stdout
-    counters = dict(kv.rsplit(" ", 1) for kv in next(ln for ln in lines if ln.startswith("vTAP counters: "))
-                    .removeprefix("vTAP counters: ").split(", "))
+    counters = dict(
+        kv.rsplit(" ", 1)
+        for kv in next(ln for ln in lines if ln.startswith("vTAP counters: "))
+        .removeprefix("vTAP counters: ")
+        .split(", ")
+    )
     seen = count * len(rows)  # every frame is IP: those not mirrored are unmatched, and passed
-    assert {k: int(v) for k, v in counters.items()} == {"seen": seen, "matched": mirrored,
-                                                        "cloned": mirrored, "sampled_out": 0, "failed": 0,
-                                                        "not_ip": 0, "malformed": 0, "unmatched": seen - mirrored,
-                                                        "pass": seen - mirrored, "mirror": mirrored}
+    assert {k: int(v) for k, v in counters.items()} == {
+        "seen": seen,
+        "matched": mirrored,
+        "cloned": mirrored,
+        "sampled_out": 0,
+        "failed": 0,
+        "not_ip": 0,
+        "malformed": 0,
+        "unmatched": seen - mirrored,
+        "pass": seen - mirrored,
+        "mirror": mirrored,
+    }
     assert lines[-1].startswith("PASS: ") and "WRONG" not in r.stdout
 
 
@@ -184,9 +209,14 @@ def test_a_built_testbed_is_quiet(make):
     build, into an iperf3 test's count (one run in 15). The lab's hosts use MLDv1,
     whose repeats the build waits for."""
     with make() as tb:
+
         def sent():
-            return {(h, i): iface_counters(tb.ns(h), i)["tx_packets"]
-                    for h, host in tb.topo.hosts.items() for i in host.ifaces}
+            return {
+                (h, i): iface_counters(tb.ns(h), i)["tx_packets"]
+                for h, host in tb.topo.hosts.items()
+                for i in host.ifaces
+            }
+
         first = sent()
         time.sleep(0.3)
         assert sent() == first

@@ -58,6 +58,7 @@ def serve_and_exchange(topo, servers, ns, cmd, args, targets, n=N):
 
 # --- the load balancer ---------------------------------------------------------------
 
+
 def lb_args(tb, n_backends=2):
     args = ["--iface", "eth0"]
     for vip in (tb.vip4, f"[{tb.vip6}]"):
@@ -69,8 +70,14 @@ def lb_args(tb, n_backends=2):
 
 def fix_forwarding(tb, args):
     """Run the command, read the line it refuses with, and run the fix it prints."""
-    r = netns.run(tb.ns("lb"), [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"], check=False,
-                  capture_output=True, text=True, cwd=ROOT)
+    r = netns.run(
+        tb.ns("lb"),
+        [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     *said, refusal = r.stderr.strip().splitlines()  # the other start-up checks' findings first
     assert r.returncode == 2 and " error: " in refusal and all(" warning: " in w for w in said), r.stderr
     fix = re.search(r"for this interface only: (sysctl -w .*)$", refusal).group(1)
@@ -88,9 +95,9 @@ def test_lb_nat_serves_a_plain_segment_on_default_offloads(xdp_mode):
     with user_segment() as tb:
         args = lb_args(tb) + ["--xdp-mode", xdp_mode]
         fix_forwarding(tb, args)
-        _, (got4, got6), final, warnings = serve_and_exchange(tb.topo, tb.backends, tb.ns("lb"), "lb",
-                                                              args + ["--prepare-peer"],
-                                                              [(tb.vip4, PORT), (tb.vip6, PORT)])
+        _, (got4, got6), final, warnings = serve_and_exchange(
+            tb.topo, tb.backends, tb.ns("lb"), "lb", args + ["--prepare-peer"], [(tb.vip4, PORT), (tb.vip6, PORT)]
+        )
         assert got4 == got6 == {"udp": N, "tcp": N, "n": N}, (got4, got6, warnings)
         assert [csum_errors(tb.ns(h)) for h in ["client", *tb.backends]] == [0, 0, 0]
         # the senders' checksums were partial: native finished them, generic kept them so
@@ -102,7 +109,8 @@ def test_lb_nat_serves_a_plain_segment_on_default_offloads(xdp_mode):
         assert not [a for a in xdp.attached(tb.ns("switch")) if a[0] == "lb"]
 
 
-SENDER = """
+SENDER = (
+    """
 import socket, sys, time
 socks = [(socket.socket(socket.AF_INET6 if ':' in a else socket.AF_INET, socket.SOCK_DGRAM), a)
          for a in sys.argv[2:]]
@@ -114,7 +122,9 @@ while time.monotonic() < deadline:
         except OSError:
             pass  # the ICMP errors of the time before the LB attached
     time.sleep(0.001)
-""" % PORT
+"""
+    % PORT
+)
 
 
 def test_lb_started_under_traffic_from_cold_caches_drops_nothing_for_a_neighbour():
@@ -124,8 +134,11 @@ def test_lb_started_under_traffic_from_cold_caches_drops_nothing_for_a_neighbour
     each flow were dropped (no-neigh): a TCP client waited a second for its
     SYN again. Now both are ready before the program attaches."""
     with user_segment() as tb:
-        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
-                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        netns.run(
+            tb.ns("lb"),
+            ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1", "net.ipv6.conf.eth0.forwarding=1"],
+            capture_output=True,
+        )
         procs = echo_servers(tb.topo, tb.backends)
         sender = tb.topo.popen("client", [sys.executable, "-c", SENDER, "30", tb.vip4, tb.vip6])
         tool = None
@@ -152,11 +165,15 @@ def test_lb_dsr_serves_a_plain_segment_both_families():
     from the LB's own address, not from the VIP it also holds (a backend holding
     the VIP would answer them locally)."""
     with user_segment(dsr=True) as tb:
-        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
-                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        netns.run(
+            tb.ns("lb"),
+            ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1", "net.ipv6.conf.eth0.forwarding=1"],
+            capture_output=True,
+        )
         args = lb_args(tb) + ["--mode", "dsr", "--prepare-peer", "--check-interval", "0.3"]
-        _, (got4, got6), final, warnings = serve_and_exchange(tb.topo, tb.backends, tb.ns("lb"), "lb", args,
-                                                              [(tb.vip4, PORT), (tb.vip6, PORT)])
+        _, (got4, got6), final, warnings = serve_and_exchange(
+            tb.topo, tb.backends, tb.ns("lb"), "lb", args, [(tb.vip4, PORT), (tb.vip6, PORT)]
+        )
         assert got4 == got6 == {"udp": N, "tcp": N, "n": N}, (got4, got6, warnings)
         assert [csum_errors(tb.ns(h)) for h in ["client", *tb.backends]] == [0, 0, 0]
         assert all(b["healthy"] for b in final["backends"].values()), warnings
@@ -169,8 +186,11 @@ def test_lb_says_why_traffic_fails_without_a_peer_program():
     fixes it; while running, each backend that gets packets and sends nothing
     back carries a hint in --json (and one warning line)."""
     with user_segment() as tb:
-        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
-                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        netns.run(
+            tb.ns("lb"),
+            ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1", "net.ipv6.conf.eth0.forwarding=1"],
+            capture_output=True,
+        )
         servers = echo_servers(tb.topo, tb.backends)
         tool = Tool(tb.ns("lb"), "lb", *lb_args(tb), "--health-check", "none")
         try:
@@ -186,8 +206,9 @@ def test_lb_says_why_traffic_fails_without_a_peer_program():
             stop_all(servers)
         assert got == {"udp": 0, "tcp": 0, "n": 2}
         silent = [b for b, row in hinted["backends"].items() if "hint" in row]
-        assert silent and all(hinted["backends"][b]["unanswered"] > 0 == hinted["backends"][b]["reply_packets"]
-                              for b in silent)
+        assert silent and all(
+            hinted["backends"][b]["unanswered"] > 0 == hinted["backends"][b]["reply_packets"] for b in silent
+        )
         assert "--prepare-peer" in warning and silent[0] in warning
         assert final["tx"] > 0 and final["to_client"] == 0
 
@@ -195,18 +216,31 @@ def test_lb_says_why_traffic_fails_without_a_peer_program():
 def test_a_killed_lb_leaves_its_peer_program_to_cleanup():
     with user_segment() as tb:
         netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1"], capture_output=True)
-        tool = Tool(tb.ns("lb"), "lb", "--iface", "eth0", "--service", f"tcp:{tb.vip4}:{PORT}", "--backend",
-                    f"{tb.backend4(0)}:{PORT}", "--prepare-peer", "--health-check", "none")
+        tool = Tool(
+            tb.ns("lb"),
+            "lb",
+            "--iface",
+            "eth0",
+            "--service",
+            f"tcp:{tb.vip4}:{PORT}",
+            "--backend",
+            f"{tb.backend4(0)}:{PORT}",
+            "--prepare-peer",
+            "--health-check",
+            "none",
+        )
         tool.kill()
         assert [a[0] for a in xdp.attached(tb.ns("switch"))] == ["lb"]  # the peer program outlived it
-        r = netns.run(tb.ns("lb"), [sys.executable, "-m", "lab", "lb", "--cleanup"], capture_output=True, text=True,
-                      cwd=ROOT)
+        r = netns.run(
+            tb.ns("lb"), [sys.executable, "-m", "lab", "lb", "--cleanup"], capture_output=True, text=True, cwd=ROOT
+        )
         assert "removed xdp_lb on eth0" in r.stdout
         assert f"removed xdp_peer_pass on lb (native) (namespace {tb.ns('switch')})" in r.stdout
         assert xdp.attached(tb.ns("switch")) == [] and xdp.attached(tb.ns("lb")) == []
 
 
 # --- the redirect ------------------------------------------------------------------
+
 
 def redirect_args(tb, vip4, vip6):
     args = ["--iface", "eth0"]
@@ -215,12 +249,20 @@ def redirect_args(tb, vip4, vip6):
     return args
 
 
-CASES = [("pass", "routed", False), ("pass", "held", False), ("forward", "routed", False),
-         ("forward", "held", False), ("pass", "held", True)]
+CASES = [
+    ("pass", "routed", False),
+    ("pass", "held", False),
+    ("forward", "routed", False),
+    ("forward", "held", False),
+    ("pass", "held", True),
+]
 
 
-@pytest.mark.parametrize("action, vip, egress_csum_off", CASES,
-                         ids=[f"{a}-vip {v}" + ("-router egress without offload" if o else "") for a, v, o in CASES])
+@pytest.mark.parametrize(
+    "action, vip, egress_csum_off",
+    CASES,
+    ids=[f"{a}-vip {v}" + ("-router egress without offload" if o else "") for a, v, o in CASES],
+)
 def test_redirect_serves_a_plain_router_on_default_offloads(action, vip, egress_csum_off):
     """client -> router -> server, offloads as veths come: UDP and TCP, IPv4
     and IPv6, through a connected client socket (it takes only replies that come
@@ -236,9 +278,13 @@ def test_redirect_serves_a_plain_router_on_default_offloads(action, vip, egress_
                 tb.topo.run("router", ["ethtool", "-K", ifname, "tx", "off"], capture_output=True)
         extra = ["--prepare-peer"] if action == "forward" else []
         tool, (got4, got6), final, warnings = serve_and_exchange(
-            tb.topo, ["server"], tb.ns("router"), "redirect", redirect_args(tb, vip4, vip6) + ["--action", action,
-                                                                                           *extra],
-            [(vip4, 8080), (vip6, 8080)])
+            tb.topo,
+            ["server"],
+            tb.ns("router"),
+            "redirect",
+            redirect_args(tb, vip4, vip6) + ["--action", action, *extra],
+            [(vip4, 8080), (vip6, 8080)],
+        )
         assert got4 == got6 == {"udp": N, "tcp": N, "n": N}, (got4, got6, warnings)
         assert csum_errors(tb.ns("client")) == csum_errors(tb.ns("server")) == 0
         at_egress = tool.attached["replies_at_tc_egress"]
@@ -295,7 +341,8 @@ def test_host_checks_name_what_is_missing_and_the_fix():
             sink.attach("eth0", netns=t.ns("b"))
             assert hostcheck.check_veth_peer("eth0", t.ns("a")) == []  # now it has one
         assert hostcheck.check_forwarding("eth0", {4, 6}, t.ns("a"))[0].fix == (
-            f"ip netns exec {t.ns('a')} sysctl -w net.ipv4.conf.eth0.forwarding=1 net.ipv6.conf.eth0.forwarding=1")
+            f"ip netns exec {t.ns('a')} sysctl -w net.ipv4.conf.eth0.forwarding=1 net.ipv6.conf.eth0.forwarding=1"
+        )
 
 
 MTU_PROBE = r"""
@@ -323,20 +370,35 @@ def test_the_lb_hosts_own_traffic_from_the_vip_keeps_its_icmp(family):
     conversation from the VIP (a port no service has) lowers that path's MTU.
     Before, the program dropped every ICMPv6 packet to a VIP."""
     with user_segment() as tb:
-        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1",
-                                "net.ipv6.conf.eth0.forwarding=1"], capture_output=True)
+        netns.run(
+            tb.ns("lb"),
+            ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1", "net.ipv6.conf.eth0.forwarding=1"],
+            capture_output=True,
+        )
         vip, client = (tb.vip4, tb.client4) if family == 4 else (tb.vip6, tb.client6)
         tool = Tool(tb.ns("lb"), "lb", *lb_args(tb), "--prepare-peer", "--health-check", "none")
-        probe = tb.topo.popen("lb", [sys.executable, "-c", MTU_PROBE, vip, client], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+        probe = tb.topo.popen(
+            "lb",
+            [sys.executable, "-c", MTU_PROBE, vip, client],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
-            ping = tb.topo.run("client", ["ping", f"-{family}", "-c", "2", "-W", "2", vip], check=False,
-                               capture_output=True, text=True)
+            ping = tb.topo.run(
+                "client", ["ping", f"-{family}", "-c", "2", "-W", "2", vip], check=False, capture_output=True, text=True
+            )
             assert probe.stdout.readline().strip() == "sent"
-            inner = (IP(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64) if family == 4 else
-                     IPv6(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64))
-            outer = (IP(src=client, dst=vip) / ICMP(type=3, code=4, nexthopmtu=1000) if family == 4 else
-                     IPv6(src=client, dst=vip) / ICMPv6PacketTooBig(mtu=1280))
+            inner = (
+                IP(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64)
+                if family == 4
+                else IPv6(src=vip, dst=client) / UDP(sport=5555, dport=6666) / (b"m" * 64)
+            )
+            outer = (
+                IP(src=client, dst=vip) / ICMP(type=3, code=4, nexthopmtu=1000)
+                if family == 4
+                else IPv6(src=client, dst=vip) / ICMPv6PacketTooBig(mtu=1280)
+            )
             frame = Ether(src=tb.topo.mac("client", "eth0"), dst=tb.topo.mac("lb", "eth0")) / outer / inner
             send_frames(tb.ns("client"), "eth0", [bytes(frame)])
             probe.stdin.write("\n")

@@ -31,12 +31,23 @@ def plain_router():
     for h in ("client", "server", "collector"):
         t.add_host(h)
     t.add_host("router", forwarding=True)
-    t.add_link("client", "router", a_addrs=[f"{CLIENT4}/24", f"{CLIENT6}/64"],
-               b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])
-    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
-               b_addrs=[f"{SERVER4}/24", f"{SERVER6}/64"])
-    t.add_link("router", "collector", a_if="eth2", a_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"],
-               b_addrs=[f"{COLLECTOR4}/24", f"{COLLECTOR6}/64"])
+    t.add_link(
+        "client", "router", a_addrs=[f"{CLIENT4}/24", f"{CLIENT6}/64"], b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"]
+    )
+    t.add_link(
+        "router",
+        "server",
+        a_if="eth1",
+        a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
+        b_addrs=[f"{SERVER4}/24", f"{SERVER6}/64"],
+    )
+    t.add_link(
+        "router",
+        "collector",
+        a_if="eth2",
+        a_addrs=["198.18.5.1/24", "2001:2:0:5::1/64"],
+        b_addrs=[f"{COLLECTOR4}/24", f"{COLLECTOR6}/64"],
+    )
     t.add_route("client", "198.18.2.0/24", "198.18.1.254")
     t.add_route("client", "2001:2:0:2::/64", "2001:2:0:1::fe")
     t.add_route("server", "198.18.1.0/24", "198.18.2.254")
@@ -59,16 +70,25 @@ truncate = {truncate}
 
 
 def vtap(ns, *args, timeout=120):
-    return netns.run(ns, [sys.executable, "-m", "vtap", *args], capture_output=True, text=True, cwd=ROOT,
-                     timeout=timeout, check=False)
+    return netns.run(
+        ns,
+        [sys.executable, "-m", "vtap", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def send(t, flows):
     """Frames from the client through the router; (sent frames, copies' inner frames at the collector)."""
     marker = Marker()
     frames = build(flows, marker, t.mac("client", "eth0"), t.mac("router", "eth0"))
-    with Capture(t.ns("server"), "eth0", marker) as rx, \
-            Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+    with (
+        Capture(t.ns("server"), "eth0", marker) as rx,
+        Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col,
+    ):
         send_frames(t.ns("client"), "eth0", frames)
         rx.finish(Counter(marker(f) for f in frames))
         col.finish()
@@ -79,8 +99,9 @@ def test_a_bad_sessions_file_is_refused_with_nothing_attached(tmp_path):
     with plain_router() as t:
         ns = t.ns("router")
         bad = tmp_path / "s.toml"
-        bad.write_text('[[session]]\ntarget = "mon0"\n\n'
-                       '[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n')
+        bad.write_text(
+            '[[session]]\ntarget = "mon0"\n\n[[session.rule]]\naction = "accept"\nsource = "198.18.0.0/33"\n'
+        )
         r = vtap(ns, "--sessions", str(bad))
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip() == f"vtap: error: {bad}:6: rule 1 of session 1: bad CIDR '198.18.0.0/33'"
@@ -112,8 +133,10 @@ def test_the_running_tool_follows_its_file(tmp_path):
         session_file(f, 5001)
         tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0")
         try:
-            flows = [Flow("a", CLIENT4, SERVER4, dport=5001, count=20, size=300),
-                     Flow("b", CLIENT4, SERVER4, dport=5002, count=10, size=300)]
+            flows = [
+                Flow("a", CLIENT4, SERVER4, dport=5001, count=20, size=300),
+                Flow("b", CLIENT4, SERVER4, dport=5002, count=10, size=300),
+            ]
             sent, got = send(t, flows)
             assert sorted(got) == sorted(fr[:128] for fr in sent if fr[36:38] == b"\x13\x89")
             session_file(f, 5002, kind="erspan")
@@ -168,12 +191,15 @@ def test_partial_checksums_of_socket_traffic_reach_an_ipv6_collector_right():
     needs one) is built for the finished frame, as the kernel's own tunnels
     do: with each inner checksum made right, every outer one holds."""
     with plain_router() as t:
-        s = Session(target=f"vxlan://[{COLLECTOR6}]/9", rules=[Rule("accept", protocol="tcp"),
-                                                            Rule("accept", protocol="udp")])
+        s = Session(
+            target=f"vxlan://[{COLLECTOR6}]/9", rules=[Rule("accept", protocol="tcp"), Rule("accept", protocol="udp")]
+        )
         servers = echo_servers(t, ["server"])
         try:
-            with SessionMirror([s], netns=t.ns("router")) as m, \
-                    Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+            with (
+                SessionMirror([s], netns=t.ns("router")) as m,
+                Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col,
+            ):
                 m.attach("eth0", "ingress")
                 for dst in (SERVER4, SERVER6):
                     r = exchange(t, "client", dst, PORT)
@@ -188,7 +214,7 @@ def test_partial_checksums_of_socket_traffic_reach_an_ipv6_collector_right():
         d = decap(f)
         right = finished(d.inner)
         partial += right != d.inner
-        whole = f[:len(f) - len(d.inner)] + right
+        whole = f[: len(f) - len(d.inner)] + right
         p = Ether(whole)
         u = bytes(p[IPv6][UDP])
         assert in6_chksum(17, p[IPv6], u[:6] + b"\0\0" + u[8:]) == p[IPv6][UDP].chksum
@@ -210,8 +236,10 @@ def test_gro_frames_fit_the_path_by_their_segments():
         s = Session(target=f"vxlan://{COLLECTOR4}/9", rules=[Rule("accept", protocol="tcp", destination_ports=PORT)])
         servers = echo_servers(t, ["server"])
         try:
-            with SessionMirror([s], netns=t.ns("router")) as m, \
-                    Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col:
+            with (
+                SessionMirror([s], netns=t.ns("router")) as m,
+                Capture(t.ns("collector"), "eth0", lambda f: decap(f) and "copy", keep=True) as col,
+            ):
                 m.attach("eth0", "ingress")
                 r = exchange(t, "client", SERVER4, PORT)
                 assert r["tcp"] == r["n"], r
@@ -257,6 +285,8 @@ def test_what_is_removed_from_outside_stops_the_tool(tmp_path):
             err = [ln for ln in iter(tool.err.q.get, None)]
         finally:
             tool.kill()
-        assert err[-1].strip() == f"vtap: error: stopped: the sender device {tool.attached['sender']} is gone " \
-            "(deleted from outside)", err
+        assert (
+            err[-1].strip() == f"vtap: error: stopped: the sender device {tool.attached['sender']} is gone "
+            "(deleted from outside)"
+        ), err
         assert not tc_entries(ns, "eth0")

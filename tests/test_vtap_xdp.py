@@ -30,10 +30,16 @@ def plain_router(forwarding=True):
     t.add_host("router", forwarding=forwarding)
     t.add_host("server")
     t.add_host("monitor")
-    t.add_link("client", "router", a_addrs=[f"{CLIENT4}/24", f"{CLIENT6}/64"],
-               b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"])
-    t.add_link("router", "server", a_if="eth1", a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
-               b_addrs=[f"{SERVER4}/24", f"{SERVER6}/64"])
+    t.add_link(
+        "client", "router", a_addrs=[f"{CLIENT4}/24", f"{CLIENT6}/64"], b_addrs=["198.18.1.254/24", "2001:2:0:1::fe/64"]
+    )
+    t.add_link(
+        "router",
+        "server",
+        a_if="eth1",
+        a_addrs=["198.18.2.254/24", "2001:2:0:2::fe/64"],
+        b_addrs=[f"{SERVER4}/24", f"{SERVER6}/64"],
+    )
     t.add_link("router", "monitor", a_if="mon0", a_addrs=[], b_addrs=[])
     t.add_route("client", "198.18.2.0/24", "198.18.1.254")
     t.add_route("client", "2001:2:0:2::/64", "2001:2:0:1::fe")
@@ -57,12 +63,20 @@ def copies_of(*addrs):
         else:
             return None
         return "copy" if packed & set(ends) else None
+
     return classify
 
 
 def vtap(ns, *args, timeout=120):
-    return netns.run(ns, [sys.executable, "-m", "vtap", *args], capture_output=True, text=True, cwd=ROOT,
-                     timeout=timeout, check=False)
+    return netns.run(
+        ns,
+        [sys.executable, "-m", "vtap", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_refuses_until_the_router_can_do_it_and_prints_the_fix():
@@ -80,26 +94,38 @@ def test_refuses_until_the_router_can_do_it_and_prints_the_fix():
         assert r.returncode == 2 and "no copy would reach the monitor" in r.stderr and "--prepare-peer" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
         assert xdp.attached(ns) == []  # nothing half-attached
-        r = vtap(ns, "--hook", "xdp", "--monitor", "mon0", "--iface", "eth0", *WATCH, "--duration", "1",
-                 "--prepare-peer")
+        r = vtap(
+            ns, "--hook", "xdp", "--monitor", "mon0", "--iface", "eth0", *WATCH, "--duration", "1", "--prepare-peer"
+        )
         assert r.returncode == 0, r.stderr
         assert xdp.attached(ns) == [] and xdp.attached(t.ns("monitor")) == []
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--direction", "both"], "--direction both cannot apply with --hook xdp"),
-    (["--clone", "helper"], "--clone cannot apply with --hook xdp"),
-    (["--xdp-mode", "offload"], "--xdp-mode offload cannot apply"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--direction", "both"], "--direction both cannot apply with --hook xdp"),
+        (["--clone", "helper"], "--clone cannot apply with --hook xdp"),
+        (["--xdp-mode", "offload"], "--xdp-mode offload cannot apply"),
+    ],
+)
 def test_what_cannot_apply_at_xdp_is_refused(args, said):
-    r = subprocess.run([sys.executable, "-m", "vtap", "--hook", "xdp", "--monitor", "mon0", *args],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "vtap", "--hook", "xdp", "--monitor", "mon0", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_xdp_options_without_the_xdp_hook_are_refused():
-    r = subprocess.run([sys.executable, "-m", "vtap", "--monitor", "mon0", "--forward", "all"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "vtap", "--monitor", "mon0", "--forward", "all"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "--forward go(es) with --hook xdp" in r.stderr
 
 
@@ -161,19 +187,23 @@ def test_a_tunnel_monitor_takes_copies_in_generic_mode_only():
     the fix; generic copies as skbs, which the tunnel carries to the far end."""
     with plain_router() as t:
         r, m = t.ns("router"), t.ns("monitor")
-        for ns, mine, far, dev in ((r, "198.18.9.1/24", "198.18.9.2", "mon0"), (m, "198.18.9.2/24", "198.18.9.1",
-                                                                               "eth0")):
-            for argv in (["ip", "addr", "add", mine, "dev", dev],
-                         ["ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "remote", far, "dstport", "4789",
-                          "dev", dev],
-                         ["ip", "link", "set", "vx0", "up"]):
+        for ns, mine, far, dev in (
+            (r, "198.18.9.1/24", "198.18.9.2", "mon0"),
+            (m, "198.18.9.2/24", "198.18.9.1", "eth0"),
+        ):
+            for argv in (
+                ["ip", "addr", "add", mine, "dev", dev],
+                ["ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "remote", far, "dstport", "4789", "dev", dev],
+                ["ip", "link", "set", "vx0", "up"],
+            ):
                 netns.run(ns, argv, check=True, capture_output=True)
         refused = vtap(r, "--hook", "xdp", "--monitor", "vx0", "--iface", "eth0", *WATCH, "--duration", "1")
         assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-        assert "vx0's driver does not transmit XDP frames" in refused.stderr and "fix: --xdp-mode generic" in \
-            refused.stderr
-        tool = Tool(r, "vtap", "--hook", "xdp", "--xdp-mode", "generic", "--monitor", "vx0", "--iface", "eth0",
-                    *WATCH)
+        assert (
+            "vx0's driver does not transmit XDP frames" in refused.stderr
+            and "fix: --xdp-mode generic" in refused.stderr
+        )
+        tool = Tool(r, "vtap", "--hook", "xdp", "--xdp-mode", "generic", "--monitor", "vx0", "--iface", "eth0", *WATCH)
         try:
             with Capture(m, "vx0", copies_of(SERVER4, SERVER6)) as far_end:
                 t.run("client", ["ping", "-c", "5", "-i", "0.05", "-q", SERVER4], check=True, capture_output=True)
@@ -193,8 +223,9 @@ def test_an_interface_that_carries_the_copies_is_not_tapped():
     with t:
         r = t.ns("router")
         refused = vtap(r, "--hook", "xdp", "--monitor", "mon1", "--iface", "mon1p", *WATCH, "--duration", "1")
-        assert refused.returncode == 2 and "cannot tap mon1p" in refused.stderr and "carries the copies" in \
-            refused.stderr, refused.stderr
+        assert (
+            refused.returncode == 2 and "cannot tap mon1p" in refused.stderr and "carries the copies" in refused.stderr
+        ), refused.stderr
         tool = Tool(r, "vtap", "--hook", "xdp", "--monitor", "mon1", *WATCH, "--xdp-mode", "generic")
         try:
             assert "mon1p" not in tool.attached["ifaces"] and "eth0" in tool.attached["ifaces"]

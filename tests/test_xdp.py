@@ -34,8 +34,11 @@ def _on_hook(ns, ifname="eth0", mode="native"):
 def _unhook_behind_its_back(ns, ifname="eth0"):
     """What another tool does: remove whatever is on the hook, by netlink."""
     with netns.ipr(ns) as ip:
-        ip.link("set", index=ip.link_lookup(ifname=ifname)[0],
-                xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", xdp.MODES["native"])]})
+        ip.link(
+            "set",
+            index=ip.link_lookup(ifname=ifname)[0],
+            xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", xdp.MODES["native"])]},
+        )
 
 
 def test_detach_removes_our_program(topo):
@@ -101,6 +104,7 @@ def test_detach_is_quiet_when_the_namespace_is_gone():
 
 
 # --- the throughput rig's sinks: close() frees everything even when a sink refuses ---
+
 
 @pytest.fixture
 def rig_parts():
@@ -174,14 +178,33 @@ def test_a_tunnel_without_native_xdp_is_told_to_use_generic(topo):
     with a bare "Operation not supported". The line now says what works, and
     generic mode does."""
     ns = topo.ns("a")
-    netns.run(ns, ["ip", "link", "add", "vx0", "type", "vxlan", "id", "42", "dstport", "4789", "dev", "eth0",
-                   "remote", str(topo.hosts["b"].ifaces["eth0"].addrs[0].ip)], check=True)
+    netns.run(
+        ns,
+        [
+            "ip",
+            "link",
+            "add",
+            "vx0",
+            "type",
+            "vxlan",
+            "id",
+            "42",
+            "dstport",
+            "4789",
+            "dev",
+            "eth0",
+            "remote",
+            str(topo.hosts["b"].ifaces["eth0"].addrs[0].ip),
+        ],
+        check=True,
+    )
     netns.run(ns, ["ip", "link", "set", "vx0", "up"], check=True)
     with XdpSink() as sink:
         with pytest.raises(AttachError) as e:
             sink.attach("vx0", netns=ns, mode="native")
-        assert str(e.value) == ("attaching XDP (native) to vx0: Operation not supported "
-                                "(its driver has no native XDP: use mode generic)")
+        assert str(e.value) == (
+            "attaching XDP (native) to vx0: Operation not supported (its driver has no native XDP: use mode generic)"
+        )
         assert sink.xdp_attachments == []
         a = sink.attach("vx0", netns=ns, mode="generic")
         assert _on_hook(ns, "vx0", "generic") == xdp.prog_id(a.prog_fd)

@@ -30,10 +30,13 @@ def lab(request):
     require_tool("curl")
     tb = lb_testbed(tx_csum_offload=getattr(request, "param", True))
     with tb:
-        webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be).start()
-                for i, be in enumerate(tb.backends)]
-        webs6 = [NginxServer(tb.ns(be), tb.backend6(i), tb.backend_port + 1, name=f"{be}-v6").start()
-                 for i, be in enumerate(tb.backends)]
+        webs = [
+            NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be).start() for i, be in enumerate(tb.backends)
+        ]
+        webs6 = [
+            NginxServer(tb.ns(be), tb.backend6(i), tb.backend_port + 1, name=f"{be}-v6").start()
+            for i, be in enumerate(tb.backends)
+        ]
         # the switch's port towards the LB runs XDP too: else veth drops the LB's XDP_TX frames
         sink = XdpSink("pass")
         sink.attach(tb.lb, netns=tb.ns(tb.switch))
@@ -57,11 +60,12 @@ def get(tb, url, n):
     return bodies
 
 
-LB_FIN_CLIENT = defines("lb/xdp_lb.h")["LB_FIN_CLIENT"]   # a session's flag: the client's FIN seen
+LB_FIN_CLIENT = defines("lb/xdp_lb.h")["LB_FIN_CLIENT"]  # a session's flag: the client's FIN seen
 
 
-@pytest.mark.parametrize("lab", [True, False], indirect=True,
-                         ids=["default offloads", "senders without TX checksum offload"])
+@pytest.mark.parametrize(
+    "lab", [True, False], indirect=True, ids=["default offloads", "senders without TX checksum offload"]
+)
 def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     tb, lb, webs, webs6 = lab
     svc = lb.add_service(f"tcp:{tb.vip4}:{tb.service_port}")
@@ -84,14 +88,20 @@ def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     assert lb.sessions() == []
     per_backend = lb.backend_counters()
     assert sum(v["new_sessions"] for v in per_backend.values()) == 2 * n
-    assert all(v["new_sessions"] == w for v, w in zip(per_backend.values(),
-                                                       [x.requests() for x in webs + webs6], strict=True))
+    assert all(
+        v["new_sessions"] == w for v, w in zip(per_backend.values(), [x.requests() for x in webs + webs6], strict=True)
+    )
 
 
 def lb_cli(tb, *args):
-    return subprocess.Popen(["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
@@ -100,8 +110,24 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
     tb, _, webs, _ = lab
     backends = tmp_path / "backends.txt"
     backends.write_text(f"{tb.backend4(0)}:{tb.backend_port}\n{tb.backend4(1)}:{tb.backend_port}\n")
-    p = lb_cli(tb, "--iface", "eth0", "--service", f"tcp:{tb.vip4}:80", "--backends-file", str(backends),
-               "--json", "--interval", "0.2", "--check-interval", "0.2", "--rise", "1", "--fall", "2")
+    p = lb_cli(
+        tb,
+        "--iface",
+        "eth0",
+        "--service",
+        f"tcp:{tb.vip4}:80",
+        "--backends-file",
+        str(backends),
+        "--json",
+        "--interval",
+        "0.2",
+        "--check-interval",
+        "0.2",
+        "--rise",
+        "1",
+        "--fall",
+        "2",
+    )
     out, err = Lines(p.stdout), Lines(p.stderr)
     try:
         first = json.loads(out.wait_for("attached", timeout=60))
@@ -126,12 +152,22 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         for lines in (out, err):
-            lines.t.join(timeout=10)   # the streams end with the process; then close them
+            lines.t.join(timeout=10)  # the streams end with the process; then close them
         p.stdout.close()
         p.stderr.close()
     # killed: the program stays on the interface until --cleanup
-    p = lb_cli(tb, "--iface", "eth0", "--service", f"tcp:{tb.vip4}:80", "--backend",
-               f"{tb.backend4(0)}:{tb.backend_port}", "--json", "--health-check", "none")
+    p = lb_cli(
+        tb,
+        "--iface",
+        "eth0",
+        "--service",
+        f"tcp:{tb.vip4}:80",
+        "--backend",
+        f"{tb.backend4(0)}:{tb.backend_port}",
+        "--json",
+        "--health-check",
+        "none",
+    )
     out = Lines(p.stdout)
     assert json.loads(out.wait_for("attached", timeout=60))["event"] == "attached"
     os.killpg(p.pid, signal.SIGKILL)
@@ -140,27 +176,41 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
     p.stdout.close()
     p.stderr.close()
     assert len(xdp.attached(tb.ns(tb.lb))) == 1
-    r = subprocess.run(["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", "--cleanup"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", "--cleanup"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "lb: removed" in r.stdout, r.stdout + r.stderr
     assert xdp.attached(tb.ns(tb.lb)) == []
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "--iface is required"),
-    (["--iface", "eth0"], "--service is required"),
-    (["--iface", "eth0", "--service", "icmp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "bad service 'icmp:1.2.3.4:80'"),
-    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5"], "bad backend '1.2.3.5'"),
-    (["--iface", "eth0", "--service", "tcp:[2001:2::1]:80", "--backend", "1.2.3.5:80"], "has no IPv6 backend"),
-    (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
-    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "udp=0"],
-     "bad --timeout 'udp=0'"),
-    (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "tcp=5"],
-     "bad --timeout 'tcp=5'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--iface is required"),
+        (["--iface", "eth0"], "--service is required"),
+        (
+            ["--iface", "eth0", "--service", "icmp:1.2.3.4:80", "--backend", "1.2.3.5:80"],
+            "bad service 'icmp:1.2.3.4:80'",
+        ),
+        (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5"], "bad backend '1.2.3.5'"),
+        (["--iface", "eth0", "--service", "tcp:[2001:2::1]:80", "--backend", "1.2.3.5:80"], "has no IPv6 backend"),
+        (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "udp=0"],
+            "bad --timeout 'udp=0'",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "tcp=5"],
+            "bad --timeout 'tcp=5'",
+        ),
+    ],
+)
 def test_command_line_bad_input_is_one_line(args, message):
-    r = subprocess.run([sys.executable, "-m", "lab", "lb", *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "lab", "lb", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m lab lb: error: ") and message in lines[0], r.stderr
@@ -186,22 +236,26 @@ def test_dsr_backends_answer_the_client_directly():
             lb.attach("eth0")
             n = 20
             assert set(get(tb, f"http://{tb.vip4}/", n)) == {"served by be1", "served by be2"}
-            assert {c for w in webs for c in w.clients()} == {tb.client4}   # the client's own address
+            assert {c for w in webs for c in w.clients()} == {tb.client4}  # the client's own address
             assert sum(w.requests() for w in webs) == n
             c = lb.counters()
-            assert c["to_client"] == 0 and c["to_backend"] > 0        # replies never came through the LB
+            assert c["to_client"] == 0 and c["to_backend"] > 0  # replies never came through the LB
             assert c["new_sessions"] == c["established"] == n
-            assert c["closed_fin"] == c["closed_rst"] == 0             # no session could see both FINs
+            assert c["closed_fin"] == c["closed_rst"] == 0  # no session could see both FINs
             # every connection's session, established, with the client's FIN (the last may be in flight)
             wait_for(lambda: sum(s["fin"] == LB_FIN_CLIENT for s in lb.sessions()) == n, what=f"{n} sessions FIN'd")
             left = lb.sessions()
-            assert len(left) == n and {(s["state"], s["fin"], s["half_open"]) for s in left} == \
-                {("established", LB_FIN_CLIENT, False)}
+            assert len(left) == n and {(s["state"], s["fin"], s["half_open"]) for s in left} == {
+                ("established", LB_FIN_CLIENT, False)
+            }
             assert {s["client"] for s in left} == {tb.client4} and len({s["client_port"] for s in left}) == n
             swept = []
-            wait_for(lambda: swept.append(lb.sweep()) or lb.sessions() == [], timeout=30,
-                     what="the sweep to empty the session table")
-            assert sum(swept) == n                                      # each session swept once, nothing else
+            wait_for(
+                lambda: swept.append(lb.sweep()) or lb.sessions() == [],
+                timeout=30,
+                what="the sweep to empty the session table",
+            )
+            assert sum(swept) == n  # each session swept once, nothing else
         finally:
             lb.close()
             sink.close()

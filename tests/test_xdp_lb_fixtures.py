@@ -79,7 +79,7 @@ def checksums_valid(frame: bytes) -> bool:
     return True
 
 
-CLIENT4, CLIENT6 = "198.18.7.7", "2001:2:0:7::7"   # the fixtures' client (Rig.from_client)
+CLIENT4, CLIENT6 = "198.18.7.7", "2001:2:0:7::7"  # the fixtures' client (Rig.from_client)
 FAMILIES = pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 
 
@@ -93,8 +93,9 @@ def handshake(rig, sport=40000, src=CLIENT4, v6=False):
     assert syn.verdict == "XDP_TX"
     out = Ether(syn.data)
     lb_port = out[TCP].sport
-    synack = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="SA", seq=5000, ack=1001),
-                                      src=out[l3(v6)].dst, v6=v6))
+    synack = rig.run(
+        rig.from_backend(TCP(sport=8080, dport=lb_port, flags="SA", seq=5000, ack=1001), src=out[l3(v6)].dst, v6=v6)
+    )
     ack = rig.run(rig.from_client(TCP(sport=sport, dport=80, flags="A", seq=1001, ack=5001), src=src, v6=v6))
     return syn, synack, ack
 
@@ -103,7 +104,7 @@ def test_syn_creates_a_half_open_session_and_leaves_rewritten(rig):
     r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="S", seq=1000)))
     assert r.verdict == "XDP_TX"
     out = Ether(r.data)
-    assert (out.src, out.dst) == (rig.mac, rig.be_mac)            # from us, to the backend's MAC (neighbour table)
+    assert (out.src, out.dst) == (rig.mac, rig.be_mac)  # from us, to the backend's MAC (neighbour table)
     assert (out[IP].src, out[IP].dst, out[TCP].dport) == (SELF4, BE1, 8080)
     assert PORT_MIN <= out[TCP].sport < PORT_MIN + PORT_COUNT
     assert out[TCP].seq == 1000 and out[TCP].flags == "S"
@@ -120,11 +121,12 @@ def test_reply_is_translated_back_and_the_handshake_establishes(rig, v6):
     assert synack.verdict == "XDP_TX"
     back = Ether(synack.data)
     assert (back.src, back.dst) == (rig.mac, CLIENT_MAC)
-    assert (back[l3(v6)].src, back[TCP].sport, back[l3(v6)].dst, back[TCP].dport) == \
-        ((VIP6, 80, CLIENT6, 40000) if v6 else (VIP, 80, CLIENT4, 40000))
+    assert (back[l3(v6)].src, back[TCP].sport, back[l3(v6)].dst, back[TCP].dport) == (
+        (VIP6, 80, CLIENT6, 40000) if v6 else (VIP, 80, CLIENT4, 40000)
+    )
     assert checksums_valid(synack.data)
     assert ack.verdict == "XDP_TX" and checksums_valid(ack.data)
-    assert Ether(ack.data)[TCP].sport == Ether(syn.data)[TCP].sport   # the same LB port all along
+    assert Ether(ack.data)[TCP].sport == Ether(syn.data)[TCP].sport  # the same LB port all along
     (s,) = rig.lb.sessions()
     assert not s["half_open"] and s["state"] == "established"
     assert rig.lb.counters()["established"] == 1
@@ -134,18 +136,22 @@ def test_reply_is_translated_back_and_the_handshake_establishes(rig, v6):
 def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig, v6):
     syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict \
+    assert (
+        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict == "XDP_TX"
+    )
+    assert (
+        rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5001, ack=1002), v6=v6)).verdict
         == "XDP_TX"
-    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5001, ack=1002), v6=v6)).verdict \
-        == "XDP_TX"
+    )
     assert len(rig.lb.sessions()) == 1
     last = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6))
-    assert last.verdict == "XDP_TX"            # the last ACK still reaches the backend
+    assert last.verdict == "XDP_TX"  # the last ACK still reaches the backend
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
-    assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))   # its LB port is free again
+    assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))  # its LB port is free again
     # and nothing of it is left: a stray ACK now has no session
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).verdict \
-        == "XDP_DROP"
+    assert (
+        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).verdict == "XDP_DROP"
+    )
     assert rig.lb.counters()["dropped_no_session"] == 1
 
 
@@ -155,21 +161,28 @@ def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(r
     Those ACKs must not end the session; only the ACK after both FINs does."""
     syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict \
-        == "XDP_TX"
-    for i in range(3):                         # the backend's data after the client's FIN, each ACKed
-        data = rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="PA", seq=5001 + 100 * i, ack=1002)
-                                        / Raw(b"x" * 100), v6=v6))
+    assert (
+        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).verdict == "XDP_TX"
+    )
+    for i in range(3):  # the backend's data after the client's FIN, each ACKed
+        data = rig.run(
+            rig.from_backend(
+                TCP(sport=8080, dport=lb_port, flags="PA", seq=5001 + 100 * i, ack=1002) / Raw(b"x" * 100), v6=v6
+            )
+        )
         assert data.verdict == "XDP_TX" and Ether(data.data)[TCP].dport == 40000
         ack = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5101 + 100 * i), v6=v6))
         assert ack.verdict == "XDP_TX"
         (s,) = rig.lb.sessions()
-        assert s["state"] == "established" and s["fin"] == 0x10   # half-closed (the client's FIN seen), still there
+        assert s["state"] == "established" and s["fin"] == 0x10  # half-closed (the client's FIN seen), still there
     assert rig.lb.counters()["closed_fin"] == 0
-    assert rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002), v6=v6)).verdict \
+    assert (
+        rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002), v6=v6)).verdict
         == "XDP_TX"
-    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302), v6=v6)).verdict \
-        == "XDP_TX"
+    )
+    assert (
+        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302), v6=v6)).verdict == "XDP_TX"
+    )
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
 
 
@@ -199,8 +212,10 @@ def test_two_clients_with_the_same_source_port_get_different_lb_ports(rig):
 def test_when_no_lb_port_is_free_the_syn_is_dropped_and_counted(net):
     r = Rig(net, port_count=2)
     try:
-        verdicts = [r.run(r.from_client(TCP(sport=40000 + i, dport=80, flags="S"), src=f"198.18.7.{i + 1}")).verdict
-                    for i in range(3)]
+        verdicts = [
+            r.run(r.from_client(TCP(sport=40000 + i, dport=80, flags="S"), src=f"198.18.7.{i + 1}")).verdict
+            for i in range(3)
+        ]
         assert verdicts == ["XDP_TX", "XDP_TX", "XDP_DROP"]
         assert r.lb.counters()["dropped_no_port"] == 1
         assert sorted(s["lb_port"] for s in r.lb.sessions()) == [PORT_MIN, PORT_MIN + 1]
@@ -217,11 +232,11 @@ def test_when_no_lb_port_is_free_the_syn_is_dropped_and_counted(net):
 def test_traffic_not_for_a_service_passes_unchanged(rig):
     frames = [
         Ether(src=CLIENT_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(pdst=VIP, psrc="198.18.7.7"),
-        rig.from_client(ICMP()),                                        # ping to the VIP
-        rig.from_client(TCP(sport=40000, dport=81, flags="S")),          # another port
-        rig.from_client(UDP(sport=40000, dport=80) / b"x"),              # another protocol
+        rig.from_client(ICMP()),  # ping to the VIP
+        rig.from_client(TCP(sport=40000, dport=81, flags="S")),  # another port
+        rig.from_client(UDP(sport=40000, dport=80) / b"x"),  # another protocol
         rig.from_client(TCP(sport=40000, dport=80, flags="S"), dst=SELF4),  # the LB's own address
-        rig.from_backend(TCP(sport=8080, dport=PORT_MIN + 5, flags="A")),   # to an LB port no session holds
+        rig.from_backend(TCP(sport=8080, dport=PORT_MIN + 5, flags="A")),  # to an LB port no session holds
     ]
     for f in frames:
         r = rig.run(f)
@@ -232,8 +247,11 @@ def test_traffic_not_for_a_service_passes_unchanged(rig):
 def test_fragments_and_ip_options_to_a_vip_are_dropped_and_counted(rig):
     frag = rig.from_client(TCP(sport=40000, dport=80, flags="S"))
     frag[IP].flags = "MF"
-    opts = Ether(src=CLIENT_MAC, dst=rig.mac) / IP(src="198.18.7.7", dst=VIP, options=b"\x94\x04\x00\x00") \
+    opts = (
+        Ether(src=CLIENT_MAC, dst=rig.mac)
+        / IP(src="198.18.7.7", dst=VIP, options=b"\x94\x04\x00\x00")
         / TCP(sport=40000, dport=80, flags="S")
+    )
     assert rig.run(frag).verdict == "XDP_DROP"
     assert rig.run(opts).verdict == "XDP_DROP"
     c = rig.lb.counters()
@@ -254,19 +272,20 @@ def test_what_no_service_owns_at_l4_reaches_the_stack_untouched_in_both_families
     big_echo = IP(src="198.18.7.7", dst=VIP, flags="MF", id=9) / ICMP() / (b"e" * 64)
     frames = [
         e6 / IPv6(src=c6, dst=VIP6) / ICMPv6ND_NS(tgt=VIP6) / ICMPv6NDOptSrcLLAddr(lladdr=CLIENT_MAC),
-        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6ND_NA(tgt=c6, R=0, S=1),          # an answer to the LB's own NS
+        e6 / IPv6(src=c6, dst=VIP6) / ICMPv6ND_NA(tgt=c6, R=0, S=1),  # an answer to the LB's own NS
         e6 / IPv6(src=c6, dst=VIP6) / ICMPv6EchoRequest(data=b"ping"),
         e6 / IPv6(src=c6, dst=VIP6) / ICMPv6PacketTooBig(mtu=1280) / IPv6(src=VIP6, dst=c6) / TCP(sport=80),
         e6 / IPv6(src=c6, dst=VIP6) / IPv6ExtHdrHopByHop() / ICMPv6MLReport2(),  # MLD has a hop-by-hop header
         e6 / IPv6(src=c6, dst=VIP6) / IPv6ExtHdrFragment(m=1, nh=58) / ICMPv6EchoRequest(data=b"f" * 64),
-        Ether(src=CLIENT_MAC, dst=rig.mac) / big_echo,                           # an ICMP fragment
+        Ether(src=CLIENT_MAC, dst=rig.mac) / big_echo,  # an ICMP fragment
         rig.from_client(ICMP(type=3, code=4, nexthopmtu=1400) / IP(src=VIP, dst="198.18.7.7") / TCP(sport=80)),
         Ether(src=CLIENT_MAC, dst=rig.mac) / IP(src="198.18.7.7", dst=VIP, proto=47) / (b"g" * 24),  # GRE
         # TCP to the VIP on a port no service has, with IPv4 options
-        Ether(src=CLIENT_MAC, dst=rig.mac) / IP(src="198.18.7.7", dst=VIP, options=b"\x94\x04\x00\x00") /
-        TCP(sport=40000, dport=22, flags="S"),
+        Ether(src=CLIENT_MAC, dst=rig.mac)
+        / IP(src="198.18.7.7", dst=VIP, options=b"\x94\x04\x00\x00")
+        / TCP(sport=40000, dport=22, flags="S"),
         # a TCP header cut short, to an address that is no VIP
-        Raw(bytes(rig.from_client(TCP(sport=40000, dport=80, flags="S"), dst="198.18.1.200"))[:14 + 20 + 10]),
+        Raw(bytes(rig.from_client(TCP(sport=40000, dport=80, flags="S"), dst="198.18.1.200"))[: 14 + 20 + 10]),
     ]
     for f in frames:
         r = rig.run(f)
@@ -279,19 +298,51 @@ def test_what_no_service_owns_at_l4_reaches_the_stack_untouched_in_both_families
     assert rig.lb.sessions() == []
 
 
-@pytest.mark.parametrize("what, frame, reason", [
-    ("tcp6 fragment to a vip", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) / IPv6(src="2001:2:0:7::7", dst=VIP6) /
-     IPv6ExtHdrFragment(m=1) / TCP(sport=40000, dport=80, flags="S"), "dropped_fragment"),
-    ("later tcp6 fragment", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) / IPv6(src="2001:2:0:7::7", dst=VIP6) /
-     IPv6ExtHdrFragment(offset=8, nh=6) / (b"x" * 16), "dropped_fragment"),
-    ("tcp6 service traffic behind a hop-by-hop header", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) /
-     IPv6(src="2001:2:0:7::7", dst=VIP6) / IPv6ExtHdrHopByHop() / TCP(sport=40000, dport=80, flags="S"),
-     "dropped_ip_options"),
-    ("later udp4 fragment to a vip", lambda r: Ether(src=CLIENT_MAC, dst=r.mac) /
-     IP(src="198.18.7.7", dst=VIP, frag=8, proto=17) / (b"x" * 16), "dropped_fragment"),
-    ("a tcp header cut short, to a vip", lambda r: Raw(bytes(r.from_client(TCP(sport=1, dport=80)))[:14 + 20 + 10]),
-     "dropped_malformed"),
-])
+@pytest.mark.parametrize(
+    "what, frame, reason",
+    [
+        (
+            "tcp6 fragment to a vip",
+            lambda r: (
+                Ether(src=CLIENT_MAC, dst=r.mac)
+                / IPv6(src="2001:2:0:7::7", dst=VIP6)
+                / IPv6ExtHdrFragment(m=1)
+                / TCP(sport=40000, dport=80, flags="S")
+            ),
+            "dropped_fragment",
+        ),
+        (
+            "later tcp6 fragment",
+            lambda r: (
+                Ether(src=CLIENT_MAC, dst=r.mac)
+                / IPv6(src="2001:2:0:7::7", dst=VIP6)
+                / IPv6ExtHdrFragment(offset=8, nh=6)
+                / (b"x" * 16)
+            ),
+            "dropped_fragment",
+        ),
+        (
+            "tcp6 service traffic behind a hop-by-hop header",
+            lambda r: (
+                Ether(src=CLIENT_MAC, dst=r.mac)
+                / IPv6(src="2001:2:0:7::7", dst=VIP6)
+                / IPv6ExtHdrHopByHop()
+                / TCP(sport=40000, dport=80, flags="S")
+            ),
+            "dropped_ip_options",
+        ),
+        (
+            "later udp4 fragment to a vip",
+            lambda r: Ether(src=CLIENT_MAC, dst=r.mac) / IP(src="198.18.7.7", dst=VIP, frag=8, proto=17) / (b"x" * 16),
+            "dropped_fragment",
+        ),
+        (
+            "a tcp header cut short, to a vip",
+            lambda r: Raw(bytes(r.from_client(TCP(sport=1, dport=80)))[: 14 + 20 + 10]),
+            "dropped_malformed",
+        ),
+    ],
+)
 def test_service_traffic_it_cannot_forward_right_is_dropped_by_reason(rig, what, frame, reason):
     assert rig.run(frame(rig)).verdict == "XDP_DROP", what
     c = rig.lb.counters()
@@ -318,7 +369,7 @@ def test_udp_session_and_reply(net, v6):
         assert q.verdict == "XDP_TX" and checksums_valid(q.data)
         out = Ether(q.data)
         assert (out[ip].src, out[ip].dst, out[UDP].dport) == want_out and out[UDP].load == b"query"
-        assert out[UDP].chksum != 0                    # a UDP checksum is never dropped, in IPv6 it is mandatory
+        assert out[UDP].chksum != 0  # a UDP checksum is never dropped, in IPv6 it is mandatory
         a = r.run(r.from_backend(UDP(sport=8080, dport=out[UDP].sport) / b"answer", v6=v6))
         assert a.verdict == "XDP_TX" and checksums_valid(a.data)
         back = Ether(a.data)
@@ -368,8 +419,12 @@ def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net, v6):
 
     def syn(i, sport):
         l4 = TCP(sport=sport, dport=80, flags="S")
-        return (Ether(src=CLIENT_MAC, dst=r.mac)
-                / (IPv6(src=client(i), dst=VIP6) if v6 else IP(src=client(i), dst=VIP)) / l4)
+        return (
+            Ether(src=CLIENT_MAC, dst=r.mac)
+            / (IPv6(src=client(i), dst=VIP6) if v6 else IP(src=client(i), dst=VIP))
+            / l4
+        )
+
     try:
         dst = []
         for i in range(400):
@@ -378,12 +433,12 @@ def test_maglev_spreads_by_weight_and_drain_keeps_existing_sessions(net, v6):
             dst.append(Ether(res.data)[ip].dst)
         assert set(dst) == {one, three}
         share = dst.count(three) / len(dst)
-        assert 0.65 <= share <= 0.85, share      # 3 of 4 by weight, within a stated tolerance
+        assert 0.65 <= share <= 0.85, share  # 3 of 4 by weight, within a stated tolerance
         # drain the heavier one: new sessions avoid it, a session it holds goes on
         held = next(i for i, d in enumerate(dst) if d == three)
         r.lb.set_backends(vip, {be(one): 1, be(three): 0})
         again = r.run(syn(held, 30000 + held))
-        assert Ether(again.data)[ip].dst == three        # its half-open session still holds it
+        assert Ether(again.data)[ip].dst == three  # its half-open session still holds it
         fresh = [Ether(r.run(syn(399, 50000 + i)).data)[ip].dst for i in range(50)]
         assert set(fresh) == {one}
     finally:
@@ -410,13 +465,13 @@ def test_maglev_minimal_disruption(net):
     before = maglev_table(names)
     after = maglev_table({n: w for n, w in names.items() if n != "10.0.0.3:80"})
     moved = sum(1 for a, b in zip(before, after, strict=True) if a != b and a != "10.0.0.3:80")
-    assert moved / len(before) < 1 / 8                   # others' slots barely move
+    assert moved / len(before) < 1 / 8  # others' slots barely move
     assert all(b != "10.0.0.3:80" for b in after)
-    assert differing(maglev_table(dict(reversed(list(names.items())))), before) == []   # order does not matter
+    assert differing(maglev_table(dict(reversed(list(names.items())))), before) == []  # order does not matter
     # re-adding it (last, after the seven that stayed) restores the table before its removal
     readded = {n: w for n, w in names.items() if n != "10.0.0.3:80"} | {"10.0.0.3:80": 1}
     assert list(readded) != list(names) and differing(maglev_table(readded), before) == []
-    assert differing(maglev_table(readded | {"10.0.0.3:80": 2}), before) != []   # (the comparison tells them apart)
+    assert differing(maglev_table(readded | {"10.0.0.3:80": 2}), before) != []  # (the comparison tells them apart)
     # the same in the kernel, where set_backends writes only the slots that change
     lb = XdpLoadBalancer(self4=SELF4, netns=net.ns("lb"))
     try:
@@ -464,8 +519,11 @@ def test_the_program_expires_a_session_idle_past_its_timeout_when_it_is_next_see
     for less stays. (Its age is written into the map: no test waits for time.)"""
     r = Rig(net, services=(proto,))
     timeout = r.lb.timeouts[state]
-    l4 = (lambda: UDP(sport=5353, dport=80) / b"q") if proto == "udp" else \
-        (lambda: TCP(sport=40000, dport=80, flags="S"))
+    l4 = (
+        (lambda: UDP(sport=5353, dport=80) / b"q")
+        if proto == "udp"
+        else (lambda: TCP(sport=40000, dport=80, flags="S"))
+    )
     try:
         assert r.run(r.from_client(l4())).verdict == "XDP_TX"
         age(r.lb, table, 0.75 * timeout)
@@ -477,7 +535,7 @@ def test_the_program_expires_a_session_idle_past_its_timeout_when_it_is_next_see
         c = r.lb.counters()
         assert (c["new_sessions"], c["expired"]) == (2, 1)
         (s,) = r.lb.sessions()
-        assert s["idle_s"] < 1   # the new one, seen just now
+        assert s["idle_s"] < 1  # the new one, seen just now
     finally:
         r.close()
 
@@ -487,7 +545,7 @@ def test_idle_sessions_are_swept_from_both_tables(net):
     space's sweep removes them and their LB ports, and the port is free again."""
     r = Rig(net, services=("tcp", "udp"), port_count=1)
     r.lb.timeouts.update(syn=0.2, udp=0.2)
-    r.lb.maps_created()   # write the shorter timeouts
+    r.lb.maps_created()  # write the shorter timeouts
     try:
         assert r.run(r.from_client(TCP(sport=40000, dport=80, flags="S"))).verdict == "XDP_TX"
         assert r.run(r.from_client(UDP(sport=5353, dport=80) / b"q")).verdict == "XDP_TX"
@@ -513,8 +571,7 @@ def test_nat_ports_and_the_hosts_own_ephemeral_ports_never_meet(net):
     key = "net.ipv4.ip_local_port_range"
     saved = netns.read_sysctl(ns, key)
     try:
-        for rng, want in (("32768 60999", (1024, 31744)), ("10000 50000", (50001, 15535)),
-                          ("1500 65000", None)):
+        for rng, want in (("32768 60999", (1024, 31744)), ("10000 50000", (50001, 15535)), ("1500 65000", None)):
             netns.sysctl(ns, key, rng)
             if want is None:
                 with pytest.raises(InputError, match="fewer than 1024 ports.*fix: sysctl -w"):
@@ -550,9 +607,12 @@ def test_maglev_shares_follow_weights_that_do_not_divide_each_other():
     slot by some weights and names. A drained backend (weight 0) takes no turn:
     no slot, and the others' slots are the table without it."""
     for size in (251, RING_SIZE):
-        for weights in ({"10.0.0.1:80": 2, "10.0.0.2:80": 3}, {"10.0.0.1:80": 3, "10.0.0.2:80": 5},
-                        {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4},
-                        {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4, "10.0.0.4:80": 0}):
+        for weights in (
+            {"10.0.0.1:80": 2, "10.0.0.2:80": 3},
+            {"10.0.0.1:80": 3, "10.0.0.2:80": 5},
+            {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4},
+            {"10.0.0.1:80": 1, "10.0.0.2:80": 2, "10.0.0.3:80": 4, "10.0.0.4:80": 0},
+        ):
             table = maglev_table(weights, size)
             live = {b: w for b, w in weights.items() if w}
             n, total, wmax = len(live), sum(live.values()), max(live.values())

@@ -29,8 +29,14 @@ def node():
     monitor's MTU at fx.MONITOR_MTU. Native XDP pass programs on the receiver's
     eth0 and the monitor's eth0, so that eth1 and mon0 take XDP frames."""
     tb = testbeds.testbed3()
-    tb.topo.add_link("tapnode", "receiver", a_if="eth2", b_if="eth1",
-                     a_addrs=["198.18.3.254/24", "2001:2:0:3::fe/64"], b_addrs=["198.18.3.2/24", "2001:2:0:3::2/64"])
+    tb.topo.add_link(
+        "tapnode",
+        "receiver",
+        a_if="eth2",
+        b_if="eth1",
+        a_addrs=["198.18.3.254/24", "2001:2:0:3::fe/64"],
+        b_addrs=["198.18.3.2/24", "2001:2:0:3::2/64"],
+    )
     with tb:
         run = tb.topo.run
         run("tapnode", ["ip", "route", "add", "198.18.9.0/24", "via", fx.DST4, "mtu", "lock", "1300"], check=True)
@@ -102,8 +108,11 @@ def test_counters_are_exact(node):
         assert (e["reason"][name] if name == "mirrored" else c[name]) == n, name
     assert c["matched"] == len(FIXTURES) - want["unmatched"] - want["not_ip"] - want["malformed"]
     assert c["mirror"] == want["mirrored"] == c["forwarded"]
-    assert c["csum_finished"] == sum(fx.partial.is_partial(bytes(f.frame)) for f in FIXTURES if f.sent_on
-                                     and "partial" in f.description) == 4
+    assert (
+        c["csum_finished"]
+        == sum(fx.partial.is_partial(bytes(f.frame)) for f in FIXTURES if f.sent_on and "partial" in f.description)
+        == 4
+    )
     assert c["cloned_bytes"] == sum(len(bytes(f.frame)) for f in FIXTURES if f.reason == "mirrored")
     # a test run transmits nothing: every copy stays pending, never reported by the
     # device, and so counted as failed (as a copy the kernel skips is); no redirect
@@ -147,8 +156,9 @@ def test_forward_all_sends_unwatched_frames_alone(node):
     with mirror(node, forward="all") as t:
         r = run(node, t, bytes(unwatched.frame))
         assert r.verdict == "XDP_REDIRECT"
-        assert r.data == fx.routed(bytes(unwatched.frame), node.topo.mac("tapnode", "eth1"),
-                                   node.topo.mac("receiver", "eth0"))
+        assert r.data == fx.routed(
+            bytes(unwatched.frame), node.topo.mac("tapnode", "eth1"), node.topo.mac("receiver", "eth0")
+        )
         r = run(node, t, bytes(slow.frame))  # not watched either way: passed, counted as unmatched
         e = t.exits()
     assert (r.verdict, r.data) == ("XDP_PASS", bytes(slow.frame))
@@ -167,8 +177,9 @@ def test_mirror_everything_without_a_watch_list(node):
     assert (c["mirror"], c["not_ip"], c["matched"]) == (1, 1, 1)
 
 
-@pytest.mark.parametrize("match, src_watched, copied", [("src", True, 1), ("src", False, 0),
-                                                        ("dst", True, 0), ("dst", False, 1)])
+@pytest.mark.parametrize(
+    "match, src_watched, copied", [("src", True, 1), ("src", False, 0), ("dst", True, 0), ("dst", False, 1)]
+)
 def test_match_src_or_dst(node, match, src_watched, copied):
     frame = bytes(FIXTURES[0].frame)  # SRC4 -> DST4
     watch = [f"{fx.SRC4}/32"] if src_watched else [f"{fx.DST4}/32"]
@@ -208,14 +219,18 @@ def exact(c):
     reasons = ("not_ip", "malformed", "unmatched", "sampled_out", "cloned", "failed", *SLOW_REASONS)
     # the copies the monitor's driver refused or the kernel skipped were made
     # (mirror) or not (clone_failed, redirect): the verdicts' sum is seen all the same
-    return (c["seen"] == c["pass"] + c["mirror"] + c["redirect"] == sum(c[k] for k in reasons)
-            and c["matched"] == c["cloned"] + c["sampled_out"] + c["failed"] + sum(c[k] for k in SLOW_REASONS))
+    return c["seen"] == c["pass"] + c["mirror"] + c["redirect"] == sum(c[k] for k in reasons) and c["matched"] == c[
+        "cloned"
+    ] + c["sampled_out"] + c["failed"] + sum(c[k] for k in SLOW_REASONS)
 
 
 @pytest.mark.parametrize("mode", ["native", "generic"])
 def test_exact_counts_at_receiver_and_monitor(mode):
-    flows = [Flow("w4", SRC4, DST4, count=N), Flow("w6", SRC6, DST6, "tcp", count=N),
-             Flow("u4", SRC4, UNW_DST4, count=N)]
+    flows = [
+        Flow("w4", SRC4, DST4, count=N),
+        Flow("w6", SRC6, DST6, "tcp", count=N),
+        Flow("u4", SRC4, UNW_DST4, count=N),
+    ]
     with routed_bed() as tb, tap_on(tb, mode) as tap:
         _, rx, mon = run_flows(tb, flows)
         c = tap.counters()
@@ -257,8 +272,9 @@ def test_vlan_tagged_frames_go_to_the_kernel_counted():
     devices, so here the kernel then drops them: the receiver gets none.)"""
     with routed_bed() as tb, tap_on(tb) as tap:
         marker = Marker()
-        frames = build([Flow("tagged", SRC4, DST4, count=N, vlans=((0x8100, 100),))], marker, tb.sender_mac,
-                       tb.next_hop_mac)
+        frames = build(
+            [Flow("tagged", SRC4, DST4, count=N, vlans=((0x8100, 100),))], marker, tb.sender_mac, tb.next_hop_mac
+        )
         with Capture(tb.ns("monitor"), "eth0", marker) as mon:  # (none reaches the receiver: nothing to wait for)
             assert send_frames(tb.ns("sender"), "eth0", frames, rate_pps=RATE).packets == N
             wait_for(lambda: tap.counters()["seen"] >= N, what="every tagged frame at the tap")
@@ -297,8 +313,12 @@ def test_two_taps_on_two_nodes_with_the_same_interface_indexes():
         assert tb1.topo.ifindex("tapnode", "mon0") == tb2.topo.ifindex("tapnode", "mon0")
         with tap_on(tb1) as t1, tap_on(tb2) as t2:
             results = {}
-            threads = [threading.Thread(target=lambda tb=tb, k=k: results.__setitem__(
-                k, run_flows(tb, [Flow("w", SRC4, DST4, count=2000)]))) for k, tb in (("1", tb1), ("2", tb2))]
+            threads = [
+                threading.Thread(
+                    target=lambda tb=tb, k=k: results.__setitem__(k, run_flows(tb, [Flow("w", SRC4, DST4, count=2000)]))
+                )
+                for k, tb in (("1", tb1), ("2", tb2))
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -322,6 +342,7 @@ def test_watch_list_changes_leave_no_gap():
                 tap.set_watch([f"{DST4}/32", f"{UNW_DST4}/32"])
                 tap.set_watch([f"{DST4}/32"])
                 flips[0] += 1
+
         t = threading.Thread(target=flip)
         t.start()
         try:
@@ -338,15 +359,19 @@ def test_socket_traffic_on_default_offloads_arrives_with_valid_checksums():
     """UDP from a socket, both families, through a veth with TX checksum offload
     on (as it comes): the checksums reach XDP partial, and the program finishes
     them, for the receiver (no InCsumErrors) and the monitor alike."""
-    send = ("import socket, time\n"
-            "for fam, dst in ((socket.AF_INET, '%s'), (socket.AF_INET6, '%s')):\n"
-            "    s = socket.socket(fam, socket.SOCK_DGRAM)\n"
-            "    for i in range(200):\n"
-            "        s.sendto(b'x' * 300, (dst, 9)); time.sleep(0.0005)\n") % (DST4, DST6)
+    send = (
+        "import socket, time\n"
+        "for fam, dst in ((socket.AF_INET, '%s'), (socket.AF_INET6, '%s')):\n"
+        "    s = socket.socket(fam, socket.SOCK_DGRAM)\n"
+        "    for i in range(200):\n"
+        "        s.sendto(b'x' * 300, (dst, 9)); time.sleep(0.0005)\n"
+    ) % (DST4, DST6)
     with routed_bed() as tb, tap_on(tb) as tap:
         at_monitor = frames_in(tb.ns("monitor"), "eth0")
-        before = {k: snmp_any(tb.ns("receiver"), k) for k in ("UdpNoPorts", "Udp6NoPorts", "UdpInCsumErrors",
-                                                              "Udp6InCsumErrors")}
+        before = {
+            k: snmp_any(tb.ns("receiver"), k)
+            for k in ("UdpNoPorts", "Udp6NoPorts", "UdpInCsumErrors", "Udp6InCsumErrors")
+        }
         tb.topo.run("sender", [sys.executable, "-c", send], check=True)
         wait_for(lambda: at_monitor() >= 400, what="400 copies at the monitor")
         after = {k: snmp_any(tb.ns("receiver"), k) for k in before}

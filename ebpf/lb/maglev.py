@@ -37,7 +37,7 @@ def permutation(name: str, size: int) -> tuple[int, int]:
 def maglev_table(weights: dict, size: int = SIZE) -> list:
     """The table: `size` slots, each holding a backend name from `weights`
     ({name: weight >= 0}), or None everywhere when no backend has weight."""
-    if size < 3 or any(size % d == 0 for d in range(2, int(size ** 0.5) + 1)):
+    if size < 3 or any(size % d == 0 for d in range(2, int(size**0.5) + 1)):
         raise ValueError(f"a Maglev table's size must be a prime, not {size}")
     live = sorted((n, w) for n, w in weights.items() if w > 0)
     if any(w < 0 for w in weights.values()):

@@ -42,7 +42,7 @@ TIMEOUTS = {"syn": 10.0, "established": 300.0, "fin": 10.0, "udp": 30.0}  # seco
 def _words(addr) -> list[int]:
     """An address as the four __u32 of struct lb_addr (network byte order in memory)."""
     packed = addr.packed + bytes(16 - len(addr.packed))
-    return [int.from_bytes(packed[i:i + 4], "little") for i in range(0, 16, 4)]
+    return [int.from_bytes(packed[i : i + 4], "little") for i in range(0, 16, 4)]
 
 
 def _sysctl(ns, path):
@@ -67,8 +67,10 @@ def nat_ports(netns=None) -> tuple[int, int]:
     below, above = (1024, lo - 1024), (hi + 1, 65535 - hi)
     port_min, count = max(below, above, key=lambda r: r[1])
     if count < 1024:
-        raise InputError(f"the host's ephemeral ports ({lo}-{hi}) leave fewer than 1024 ports for the LB's NAT "
-                         f"sessions; fix: sysctl -w net.ipv4.ip_local_port_range='32768 60999'")
+        raise InputError(
+            f"the host's ephemeral ports ({lo}-{hi}) leave fewer than 1024 ports for the LB's NAT "
+            f"sessions; fix: sysctl -w net.ipv4.ip_local_port_range='32768 60999'"
+        )
     return port_min, count
 
 
@@ -108,6 +110,7 @@ class Backend:
 @dataclass(frozen=True)
 class WeightedBackend:
     """A backend and its weight, as a command line or a backends file gives them."""
+
     backend: Backend
     weight: int = 1
 
@@ -133,12 +136,36 @@ class XdpLoadBalancer(BpfProgram):
     ROWS = "backend"
     MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "tx", "pass", "drop")
     VERDICTS = ("tx", "pass", "drop")
-    REASONS = ("to_backend", "to_client", "not_ip", "malformed", "unmatched", "fragment", "ip_options", "no_backend",
-               "no_port", "no_session", "no_neigh", "stale")
+    REASONS = (
+        "to_backend",
+        "to_client",
+        "not_ip",
+        "malformed",
+        "unmatched",
+        "fragment",
+        "ip_options",
+        "no_backend",
+        "no_port",
+        "no_session",
+        "no_neigh",
+        "stale",
+    )
     DROPS = ("malformed", "fragment", "ip_options", "no_backend", "no_port", "no_session", "no_neigh", "stale")
 
-    def __init__(self, self4=None, self6=None, mode="nat", port_min=None, port_count=None, timeouts=None,
-                 netns=None, source=None, cflags=(), max_sessions=None, max_half_open=None):
+    def __init__(
+        self,
+        self4=None,
+        self6=None,
+        mode="nat",
+        port_min=None,
+        port_count=None,
+        timeouts=None,
+        netns=None,
+        source=None,
+        cflags=(),
+        max_sessions=None,
+        max_half_open=None,
+    ):
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (nat or dsr)")
         self.max_sessions = max_sessions or ABI["LB_MAX_SESSIONS"]
@@ -156,10 +183,10 @@ class XdpLoadBalancer(BpfProgram):
         self.self6 = ipaddress.IPv6Address(self6) if self6 else None
         self.port_min, self.port_count = port_min, port_count
         self.timeouts = {**TIMEOUTS, **(timeouts or {})}
-        self._services = {}   # Service -> id
-        self._backends = {}   # Backend -> index (1..)
-        self._weights = {}    # Service -> {Backend: weight}
-        self._rings = {}      # Service -> the table written
+        self._services = {}  # Service -> id
+        self._backends = {}  # Backend -> index (1..)
+        self._weights = {}  # Service -> {Backend: weight}
+        self._rings = {}  # Service -> the table written
         if netns:
             with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
                 pass
@@ -284,13 +311,18 @@ class XdpLoadBalancer(BpfProgram):
         bpf_fib_lookup() answers only on an interface that forwards, so that is
         checked first: an LB is a router for its VIPs."""
         families = {s.vip.version for s in self._services} or {4}
-        off = [f"net.ipv{v}.conf.{ifname}.forwarding" for v in sorted(families)
-               if _sysctl(self.netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"]
+        off = [
+            f"net.ipv{v}.conf.{ifname}.forwarding"
+            for v in sorted(families)
+            if _sysctl(self.netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"
+        ]
         if off:
             where = f"ip netns exec {self.netns} " if self.netns and "/" not in self.netns else ""
-            raise InputError(f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
-                             "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
-                             f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}")
+            raise InputError(
+                f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
+                "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
+                f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}"
+            )
         return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
 
     # --- state ----------------------------------------------------------------------------
@@ -325,8 +357,12 @@ class XdpLoadBalancer(BpfProgram):
                 if be is not None and self.mode == "nat":
                     rk = self.table("reverse").Key()
                     rk.backend.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
-                    rk.bport, rk.lb_port, rk.proto, rk.family = socket.htons(be.port), v.lb_port, k.proto, \
-                        be.addr.version
+                    rk.bport, rk.lb_port, rk.proto, rk.family = (
+                        socket.htons(be.port),
+                        v.lb_port,
+                        k.proto,
+                        be.addr.version,
+                    )
                     for rt in ("reverse", "reverse_half"):
                         try:
                             del self.table(rt)[rk]
@@ -349,9 +385,17 @@ class XdpLoadBalancer(BpfProgram):
                 fam = by_id[k.service].vip.version if k.service in by_id else 4
                 raw = b"".join(int(w).to_bytes(4, "little") for w in k.client.a)
                 client = ipaddress.ip_address(raw[:4] if fam == 4 else raw)
-                out.append({"service": str(by_id.get(k.service, k.service)), "client": str(client),
-                            "client_port": socket.ntohs(k.cport), "backend": str(by_index.get(v.backend, v.backend)),
-                            "lb_port": socket.ntohs(v.lb_port), "state": STATES.get(v.state & 0x0F, v.state),
-                            "fin": v.state & 0x30, "half_open": half,
-                            "idle_s": max(0.0, time.clock_gettime(time.CLOCK_MONOTONIC) - v.last_seen / 1e9)})
+                out.append(
+                    {
+                        "service": str(by_id.get(k.service, k.service)),
+                        "client": str(client),
+                        "client_port": socket.ntohs(k.cport),
+                        "backend": str(by_index.get(v.backend, v.backend)),
+                        "lb_port": socket.ntohs(v.lb_port),
+                        "state": STATES.get(v.state & 0x0F, v.state),
+                        "fin": v.state & 0x30,
+                        "half_open": half,
+                        "idle_s": max(0.0, time.clock_gettime(time.CLOCK_MONOTONIC) - v.last_seen / 1e9),
+                    }
+                )
         return out

@@ -36,7 +36,7 @@ PROTOS = {"udp": socket.IPPROTO_UDP, "tcp": socket.IPPROTO_TCP}
 
 @dataclass(frozen=True)
 class Rule:
-    proto: str                  # "udp" or "tcp"
+    proto: str  # "udp" or "tcp"
     vip: ipaddress._BaseAddress  # the service's address
     vport: int
     backend: ipaddress._BaseAddress
@@ -56,14 +56,18 @@ class Rule:
             return text
         m = re.fullmatch(rf"{endpoints.SERVICE}={endpoints.ENDPOINT}", text.strip())
         if not m:
-            raise InputError(f"bad rule {text!r}: want PROTO:VIP:PORT=BACKEND:PORT, PROTO udp or tcp, IPv6 addresses "
-                             "in brackets (udp:[2001:2::17]:8080=[2001:2:0:1::2]:8083)")
+            raise InputError(
+                f"bad rule {text!r}: want PROTO:VIP:PORT=BACKEND:PORT, PROTO udp or tcp, IPv6 addresses "
+                "in brackets (udp:[2001:2::17]:8080=[2001:2:0:1::2]:8083)"
+            )
         proto, vip, vport, backend, bport = m.groups()
         vip, vport = endpoints.checked(vip, vport, "rule", text)
         addr, bport = endpoints.checked(backend, bport, "rule", text)
         if vip.version != addr.version:
-            raise InputError(f"bad rule {text!r}: an IPv{vip.version} service cannot have an "
-                             f"IPv{addr.version} backend (the program rewrites addresses, not families)")
+            raise InputError(
+                f"bad rule {text!r}: an IPv{vip.version} service cannot have an "
+                f"IPv{addr.version} backend (the program rewrites addresses, not families)"
+            )
         return cls(proto, vip, vport, addr, bport)
 
     @property
@@ -80,8 +84,10 @@ def check_rules(rules):
         if s in services:
             raise InputError(f"two rules for {r.proto}:{r.vip}:{r.vport} ({services[s]} and {r})")
         if b in backends:
-            raise InputError(f"two rules send to backend {r.proto}:{r.backend}:{r.bport} ({backends[b]} and {r}): "
-                             "its replies could not be given back to the right service")
+            raise InputError(
+                f"two rules send to backend {r.proto}:{r.backend}:{r.bport} ({backends[b]} and {r}): "
+                "its replies could not be given back to the right service"
+            )
         services[s], backends[b] = r, r
     if len(services) > MAX_RULES:
         raise InputError(f"{len(services)} rules, more than the {MAX_RULES} the maps hold")
@@ -146,7 +152,9 @@ class XdpRedirect(BpfProgram):
     def _key(self, rule, addr, port):
         key = self.table("rules").Key()
         packed = addr.packed
-        key.addr = (ctypes.c_uint32 * 4)(*[int.from_bytes(packed[i:i + 4], "little") for i in range(0, len(packed), 4)])
+        key.addr = (ctypes.c_uint32 * 4)(
+            *[int.from_bytes(packed[i : i + 4], "little") for i in range(0, len(packed), 4)]
+        )
         key.port = socket.htons(port)
         key.proto = PROTOS[rule.proto]
         key.family = rule.family
@@ -155,8 +163,9 @@ class XdpRedirect(BpfProgram):
     def _target(self, rule, addr, port, index):
         leaf = self.table("rules").Leaf()
         packed = addr.packed
-        leaf.addr = (ctypes.c_uint32 * 4)(*[int.from_bytes(packed[i:i + 4], "little")
-                                             for i in range(0, len(packed), 4)])
+        leaf.addr = (ctypes.c_uint32 * 4)(
+            *[int.from_bytes(packed[i : i + 4], "little") for i in range(0, len(packed), 4)]
+        )
         leaf.port = socket.htons(port)
         leaf.rule = index
         return leaf
@@ -243,4 +252,3 @@ class XdpRedirect(BpfProgram):
         self.zero_percpu("stats")
         for i in self._rules.values():
             self.zero_percpu("rule_stats", i)
-

@@ -23,7 +23,7 @@ from ebpf.vtap.watchlist import parse_watch_list, per_family, trie_key
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
 VTAP = defines("vtap/vtap.h")
 VTAP_F_MIRROR_ALL = VTAP["VTAP_F_MIRROR_ALL"]
-IF_SLOTS = VTAP["VTAP_IF_SLOTS"]      # per-interface counters, by ifindex & (IF_SLOTS - 1)
+IF_SLOTS = VTAP["VTAP_IF_SLOTS"]  # per-interface counters, by ifindex & (IF_SLOTS - 1)
 SAMPLE_MAX = VTAP["VTAP_SAMPLE_MAX"]
 WATCH_MAX_DEFAULT = 1024  # watch-list room per family when the list is shorter
 
@@ -52,8 +52,9 @@ class MirrorBase(BpfProgram):
         self.watch_max = watch_max
         self._check_watch_size(counts)
         src, dst = MATCH_MODES[match]
-        super().__init__([f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}", f"-DVTAP_WATCH_MAX={watch_max}",
-                          *cflags], source)
+        super().__init__(
+            [f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}", f"-DVTAP_WATCH_MAX={watch_max}", *cflags], source
+        )
         self.match = match
         self._watch = nets
         self._sample = sample
@@ -96,8 +97,10 @@ class MirrorBase(BpfProgram):
     def _check_watch_size(self, counts):
         for version, n in counts.items():
             if n > self.watch_max:
-                raise InputError(f"the watch-list has {n} IPv{version} entries, more than the {self.watch_max} "
-                                 f"it has room for (watch_max, vtap --watch-max)")
+                raise InputError(
+                    f"the watch-list has {n} IPv{version} entries, more than the {self.watch_max} "
+                    f"it has room for (watch_max, vtap --watch-max)"
+                )
 
     def set_sample(self, n: int):
         """Keep 1 in n matched packets (chosen at random per packet)."""

@@ -13,11 +13,12 @@ from ebpf.errors import AttachError, InputError
 @dataclass
 class Health:
     """What changed outside the vTAP since it attached."""
-    missing: list          # [(TcFilter, why)] of our filters that are gone
-    monitor_state: str     # "up", "down", "no-carrier" (mirred refuses copies to it too), "gone",
-                           # or "renewed" (deleted and made again, and now followed)
+
+    missing: list  # [(TcFilter, why)] of our filters that are gone
+    monitor_state: str  # "up", "down", "no-carrier" (mirred refuses copies to it too), "gone",
+    # or "renewed" (deleted and made again, and now followed)
     monitor_mtu: int
-    note: str = ""         # why a monitor made again is not followed
+    note: str = ""  # why a monitor made again is not followed
 
 
 def health(tap) -> Health:
@@ -29,8 +30,11 @@ def health(tap) -> Health:
     missing = []
     for f in tap.tc_filters:
         if tc.find(f) is None:
-            why = (f"{f.ifname} was deleted" if f.ifindex not in devs else
-                   "its filter was removed from outside (vtap --cleanup --all, tc filter del)")
+            why = (
+                f"{f.ifname} was deleted"
+                if f.ifindex not in devs
+                else "its filter was removed from outside (vtap --cleanup --all, tc filter del)"
+            )
             missing.append((f, why))
     mon = devs.get(tap.monitor_ifindex)
     if mon is None:
@@ -54,8 +58,11 @@ def other_taps(tap, owner):
     hooks = {(f.ifindex, f.direction) for f in tap.tc_filters}
     found = []
     for ifindex in sorted({i for i, _ in hooks}):
-        found += [o for o in tc.filters_of(owner, tap.netns, ifindex)
-                  if (o.ifindex, o.direction) in hooks and o.entry.prog_id not in ours]
+        found += [
+            o
+            for o in tc.filters_of(owner, tap.netns, ifindex)
+            if (o.ifindex, o.direction) in hooks and o.entry.prog_id not in ours
+        ]
     return found
 
 
@@ -75,13 +82,20 @@ def other_tap_notes(tap, owner, hooks=None) -> list[str]:
     for o in other_taps(tap, owner):
         if hooks is not None and (o.ifindex, o.direction) not in hooks:
             continue
-        who = (f"vtap pid {', '.join(map(str, o.pids))} runs it" if o.live else
-               "left by a killed vtap: `vtap --cleanup` removes it")
+        who = (
+            f"vtap pid {', '.join(map(str, o.pids))} runs it"
+            if o.live
+            else "left by a killed vtap: `vtap --cleanup` removes it"
+        )
         if os.getpid() in o.pids:
             who = "another TcMirror of this process runs it: close() that one"
         mon = interface_name(tap.netns, o.entry.mirror_ifindex)
-        to = (f"to the same monitor {mon}: frames both match arrive there twice" if mon == tap.monitor else
-              f"to {mon}: frames both match are copied twice" if mon else
-              "(with --clone helper): frames both match are copied twice")
+        to = (
+            f"to the same monitor {mon}: frames both match arrive there twice"
+            if mon == tap.monitor
+            else f"to {mon}: frames both match are copied twice"
+            if mon
+            else "(with --clone helper): frames both match are copied twice"
+        )
         notes.append(f"{o.where} already has another vTAP filter ({who}) copying {to}")
     return notes

@@ -30,7 +30,7 @@ class FailureLedger:
 
     def __init__(self):
         self.kept = defaultdict(int)  # slot -> failures of filters detached or swapped since the reset
-        self.moved = {}               # slot -> what moving them has taken so far
+        self.moved = {}  # slot -> what moving them has taken so far
 
     def keep(self, slot, failed):
         self.kept[slot] += failed
@@ -46,15 +46,16 @@ class FailureLedger:
     def move(self, slot, c, failed):
         """Move `failed` of slot's counters `c` (as the program counts them) from
         cloned to failed, in place."""
-        led = self.moved.setdefault(slot, {"handed": 0, "bytes": 0, "segs": 0, "failed": 0,
-                                           "failed_bytes": 0, "failed_segs": 0})
+        led = self.moved.setdefault(
+            slot, {"handed": 0, "bytes": 0, "segs": 0, "failed": 0, "failed_bytes": 0, "failed_segs": 0}
+        )
         new_failed, handed = failed - led["failed"], c["cloned"] - led["handed"]
         if new_failed > 0 and c["cloned"]:
             if handed > 0:  # the failures came from this interval's copies
                 share = min(new_failed, handed) / handed
                 led["failed_bytes"] += round((c["cloned_bytes"] - led["bytes"]) * share)
                 led["failed_segs"] += round((c["cloned_segs"] - led["segs"]) * share)
-            else:           # copies handed before the last read: at the mean size so far
+            else:  # copies handed before the last read: at the mean size so far
                 led["failed_bytes"] += round(c["cloned_bytes"] / c["cloned"] * new_failed)
                 led["failed_segs"] += round(c["cloned_segs"] / c["cloned"] * new_failed)
         led.update(handed=c["cloned"], bytes=c["cloned_bytes"], segs=c["cloned_segs"], failed=failed)

@@ -17,8 +17,10 @@ def loops(path, ifindex, directions, monitor):
     for d in directions:
         why = path.get((ifindex, d))
         if why:
-            return f"{'it' if why == 'the monitor itself' else 'its ' + d} carries the copies to monitor " \
-                   f"{monitor} ({why}): they would be copied again"
+            return (
+                f"{'it' if why == 'the monitor itself' else 'its ' + d} carries the copies to monitor "
+                f"{monitor} ({why}): they would be copied again"
+            )
     return None
 
 

@@ -36,11 +36,24 @@ from ebpf.vtap.mirror_base import MirrorBase, slot_of
 from ebpf.vtap.mirror_ledger import FailureLedger, action_failures
 
 CLONE_MODES = ("action", "helper")
-FILTER_OWNER = "vtap"   # TC filter names start with this; `vtap --cleanup` looks for it
+FILTER_OWNER = "vtap"  # TC filter names start with this; `vtap --cleanup` looks for it
 # What counters() says; from the program's: matched = sampled_out + mirrored + clone_failed,
 # cloned = mirrored less the mirred action's refusals, failed = those and clone_failed.
-COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", "not_ip", "malformed", "unmatched",
-            "cloned_bytes", "cloned_segs", "oversize", "pass", "mirror")
+COUNTERS = (
+    "seen",
+    "matched",
+    "cloned",
+    "sampled_out",
+    "failed",
+    "not_ip",
+    "malformed",
+    "unmatched",
+    "cloned_bytes",
+    "cloned_segs",
+    "oversize",
+    "pass",
+    "mirror",
+)
 
 
 class TcMirror(MirrorBase):
@@ -52,12 +65,23 @@ class TcMirror(MirrorBase):
     VERDICTS = ("pass", "mirror")
     REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed")
 
-    def __init__(self, monitor, watch=None, match="any", sample=1, netns=None,
-                 watch_max=None, clone="action", source=None, cflags=()):
+    def __init__(
+        self,
+        monitor,
+        watch=None,
+        match="any",
+        sample=1,
+        netns=None,
+        watch_max=None,
+        clone="action",
+        source=None,
+        cflags=(),
+    ):
         if clone not in CLONE_MODES:
             raise InputError(f"unknown clone mode {clone!r} (action or helper)")
-        super().__init__(watch, match, sample, watch_max, source,
-                         [f"-DVTAP_CLONE_BY_ACTION={int(clone == 'action')}", *cflags])
+        super().__init__(
+            watch, match, sample, watch_max, source, [f"-DVTAP_CLONE_BY_ACTION={int(clone == 'action')}", *cflags]
+        )
         self.netns = netns
         self.clone = clone
         self._snapshot_lock = threading.Lock()
@@ -65,7 +89,7 @@ class TcMirror(MirrorBase):
         self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
 
     def _reset_bookkeeping(self):
-        self._ledger = FailureLedger()        # the mirred action's refusals (action path)
+        self._ledger = FailureLedger()  # the mirred action's refusals (action path)
         self._slot_names = defaultdict(list)  # slot -> names of the interfaces tapped since the reset
         for f in self.tc_filters:
             self._note_slot(f.ifindex, f.ifname)
@@ -81,8 +105,11 @@ class TcMirror(MirrorBase):
             path = netdev.copy_path(ip, ifindex)
             mtu = netdev.device(ip, ifindex).mtu
         for f in self.tc_filters:
-            why = (f"{ifname} is a tapped interface (its own clones would loop)" if f.ifindex == ifindex else
-                   mirror_loops.loops(path, f.ifindex, (f.direction,), ifname))
+            why = (
+                f"{ifname} is a tapped interface (its own clones would loop)"
+                if f.ifindex == ifindex
+                else mirror_loops.loops(path, f.ifindex, (f.direction,), ifname)
+            )
             if why:
                 raise InputError(f"monitor {ifname} refused: {f.ifname} {f.direction}: {why}")
         if self.clone == "action" and self.tc_filters:
@@ -129,8 +156,9 @@ class TcMirror(MirrorBase):
             raise InputError(f"unknown direction {direction!r} (ingress, egress or both)")
         if ifname == self._monitor:
             raise InputError(f"monitor {ifname} is also a tapped interface (its own clones would loop)")
-        self.refuse_reattach_tc(self.FUNCTION, ifname, tc.DIRECTIONS if direction == "both" else (direction,),
-                                self.netns)
+        self.refuse_reattach_tc(
+            self.FUNCTION, ifname, tc.DIRECTIONS if direction == "both" else (direction,), self.netns
+        )
         why = self.loop_reason(ifname, direction)
         if why:
             raise InputError(f"cannot tap {ifname} {direction}: {why}")
@@ -148,8 +176,16 @@ class TcMirror(MirrorBase):
         try:
             for d in directions:
                 with interrupts.held():  # a filter attached is a filter counted
-                    done.append(self.attach_tc(self.FUNCTION, ifname, d, self.netns, FILTER_OWNER,
-                                               self._monitor_ifindex if self.clone == "action" else 0))
+                    done.append(
+                        self.attach_tc(
+                            self.FUNCTION,
+                            ifname,
+                            d,
+                            self.netns,
+                            FILTER_OWNER,
+                            self._monitor_ifindex if self.clone == "action" else 0,
+                        )
+                    )
                     self._note_slot(done[-1].ifindex, done[-1].ifname)
         except (AttachError, NetlinkError):
             for f in done:

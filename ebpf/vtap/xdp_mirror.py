@@ -41,18 +41,49 @@ XDP_MIRROR = defines("vtap/xdp_mirror.h")
 VTAP_F_FORWARD_ALL, VTAP_F_MONITOR_NO_XDP = XDP_MIRROR["VTAP_F_FORWARD_ALL"], XDP_MIRROR["VTAP_F_MONITOR_NO_XDP"]
 BPF_MAP_TYPE_DEVMAP = 14
 # The tracepoints' fields the program reads, by the -D name it reads them under.
-TP_FIELDS = {"xdp_devmap_xmit": {"TP_XMIT_FROM": "from_ifindex", "TP_XMIT_TO": "to_ifindex",
-                                 "TP_XMIT_DROPS": "drops", "TP_XMIT_SENT": "sent"},
-             "xdp_redirect_err": {"TP_ERR_PROG": "prog_id", "TP_ERR_IFINDEX": "ifindex", "TP_ERR_ERR": "err"}}
+TP_FIELDS = {
+    "xdp_devmap_xmit": {
+        "TP_XMIT_FROM": "from_ifindex",
+        "TP_XMIT_TO": "to_ifindex",
+        "TP_XMIT_DROPS": "drops",
+        "TP_XMIT_SENT": "sent",
+    },
+    "xdp_redirect_err": {"TP_ERR_PROG": "prog_id", "TP_ERR_IFINDEX": "ifindex", "TP_ERR_ERR": "err"},
+}
 # Why a watched frame went to the kernel instead of out on the fast path.
-SLOW_REASONS = ("no_neigh", "ttl_expired", "too_big", "no_route", "not_forwarded", "no_xdp_egress", "ip_options",
-                "vlan")
+SLOW_REASONS = (
+    "no_neigh",
+    "ttl_expired",
+    "too_big",
+    "no_route",
+    "not_forwarded",
+    "no_xdp_egress",
+    "ip_options",
+    "vlan",
+)
 # What counters() says; from the program's: matched = mirrored + clone_failed + sampled_out + the
 # slow reasons, cloned = mirrored less what the monitor refused or the kernel skipped and the
 # refused redirects, failed = those and clone_failed (the monitor took no XDP frames).
-COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", *SLOW_REASONS, "not_ip", "malformed",
-            "unmatched", "cloned_bytes", "forwarded", "csum_finished", "egress_dropped", "redirect_errors", "pass",
-            "mirror", "redirect")
+COUNTERS = (
+    "seen",
+    "matched",
+    "cloned",
+    "sampled_out",
+    "failed",
+    "to_kernel",
+    *SLOW_REASONS,
+    "not_ip",
+    "malformed",
+    "unmatched",
+    "cloned_bytes",
+    "forwarded",
+    "csum_finished",
+    "egress_dropped",
+    "redirect_errors",
+    "pass",
+    "mirror",
+    "redirect",
+)
 
 
 def tracepoint_offsets() -> list[str]:
@@ -81,16 +112,26 @@ class XdpMirror(MirrorBase):
     REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed", *SLOW_REASONS)
     DROPS = ("malformed",)  # a partial checksum it could not finish (a frame over 4 KB: not on veth)
 
-    def __init__(self, monitor, watch=None, match="any", sample=1, netns=None, watch_max=None, forward="watched",
-                 source=None, cflags=()):
+    def __init__(
+        self,
+        monitor,
+        watch=None,
+        match="any",
+        sample=1,
+        netns=None,
+        watch_max=None,
+        forward="watched",
+        source=None,
+        cflags=(),
+    ):
         if forward not in FORWARD_MODES:
             raise InputError(f"unknown forward mode {forward!r} (watched or all)")
         super().__init__(watch, match, sample, watch_max, source, [*tracepoint_offsets(), *cflags])
         self.netns = netns
         self.forward = forward
-        self._inner = {}        # egress ifindex -> fd of its devmap {egress, monitor}
+        self._inner = {}  # egress ifindex -> fd of its devmap {egress, monitor}
         self._egress_names = {}  # egress ifindex -> name
-        self.not_egresses = {}   # name -> why the fast path cannot send out of it
+        self.not_egresses = {}  # name -> why the fast path cannot send out of it
         self._lock = threading.Lock()
         self._trace_fds = []  # perf events that run the tracepoint programs
         self.monitor_takes_xdp = True  # as the kernel last said (refresh_egresses)
@@ -100,8 +141,11 @@ class XdpMirror(MirrorBase):
         self.monitor = monitor  # resolves the ifindex, so a bad name fails before any compile
 
     def config_flags(self) -> int:
-        return (super().config_flags() | (VTAP_F_FORWARD_ALL if self.forward == "all" else 0)
-                | (0 if self.monitor_takes_xdp else VTAP_F_MONITOR_NO_XDP))
+        return (
+            super().config_flags()
+            | (VTAP_F_FORWARD_ALL if self.forward == "all" else 0)
+            | (0 if self.monitor_takes_xdp else VTAP_F_MONITOR_NO_XDP)
+        )
 
     # --- the monitor -------------------------------------------------------------
     @MirrorBase.monitor.setter
@@ -149,8 +193,10 @@ class XdpMirror(MirrorBase):
         if prog_name(prog) == self.FUNCTION:
             fix = "stop it first" if pids else "vtap --cleanup removes it"
             return f"another XDP vTAP is on its hook ({hook_mode}; {held}): one program per hook, {fix}"
-        return (f"its XDP hook ({hook_mode}) runs another program, {prog_name(prog) or prog} ({held}); the XDP "
-                "vTAP needs the hook to itself")
+        return (
+            f"its XDP hook ({hook_mode}) runs another program, {prog_name(prog) or prog} ({held}); the XDP "
+            "vTAP needs the hook to itself"
+        )
 
     def attach(self, ifname, mode="native"):
         """Tap the frames that come in on one interface, in XDP mode native or generic."""
@@ -210,8 +256,11 @@ class XdpMirror(MirrorBase):
                     why_not[d.name] = f"its counter slot is the monitor's (ifindex {d.index})"
                     continue
                 if native and can_transmit_xdp(self.netns, d.index) is False:
-                    why_not[d.name] = ("its veth peer runs no XDP program" if d.kind == "veth" else
-                                       f"its driver ({d.kind or 'a device'}) does not transmit XDP frames")
+                    why_not[d.name] = (
+                        "its veth peer runs no XDP program"
+                        if d.kind == "veth"
+                        else f"its driver ({d.kind or 'a device'}) does not transmit XDP frames"
+                    )
                     continue
                 able[d.index] = d.name
             pairs = self.table("pairs")
@@ -237,8 +286,14 @@ class XdpMirror(MirrorBase):
         in `pairs`. Written from inside the namespace: the kernel resolves a
         devmap entry's ifindex in the writer's namespace (xdp_redirect.py)."""
         lib = libbpf()
-        lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
-                                       ctypes.c_uint32, ctypes.c_void_p]
+        lib.bpf_map_create.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+        ]
         lib.bpf_map_create.restype = ctypes.c_int
         fd = self._inner.get(egress)
         if fd is None:
@@ -267,8 +322,11 @@ class XdpMirror(MirrorBase):
         (up, but its driver takes no XDP frames now: every copy is refused,
         counted as failed). Rereads the egresses too."""
         gone = set(xdp.removed_from_outside(self.xdp_attachments))
-        missing = [(a, "its program was removed from outside (vtap --hook xdp --cleanup --all, "
-                       "ip link set ... xdp off)") for a in self.xdp_attachments if a.ifname in gone]
+        missing = [
+            (a, "its program was removed from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
+            for a in self.xdp_attachments
+            if a.ifname in gone
+        ]
         return mirror_health.Health(missing, self._monitor_state(), self.monitor_mtu)
 
     def _monitor_state(self) -> str:
@@ -329,4 +387,3 @@ class XdpMirror(MirrorBase):
                 os.close(fd)
             self._inner.clear()
             self._egress_names = {}
-

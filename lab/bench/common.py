@@ -35,8 +35,12 @@ def add_options(p, trials, duration=None, peers=None, old_peers=None, cpus=None)
       --out       where the CSV and its sidecar go
     `old_peers`: the bench's former spelling of --peers, taken for one release."""
     if peers is not None:
-        p.add_argument("--peers", default=",".join(peers), metavar="NAME[,NAME...]",
-                       help=f"what to compare: any of {','.join(peers)} (default: all)")
+        p.add_argument(
+            "--peers",
+            default=",".join(peers),
+            metavar="NAME[,NAME...]",
+            help=f"what to compare: any of {','.join(peers)} (default: all)",
+        )
         if old_peers:
             renamed(p, old_peers, "--peers")
     p.add_argument("--trials", type=int, default=trials, help="trials per setting, interleaved (default %(default)s)")
@@ -73,8 +77,12 @@ def udp_frames(src, dst, src_mac, dst_mac, size, flows=4, base_sport=40000, dpor
     marker = Marker()
     out = []
     for i in range(flows):
-        out += flow_frames(Flow(f"f{i}", src, dst, "udp", sport=base_sport + i, dport=dport, count=1,
-                                size=size - FCS), marker, src_mac, dst_mac)
+        out += flow_frames(
+            Flow(f"f{i}", src, dst, "udp", sport=base_sport + i, dport=dport, count=1, size=size - FCS),
+            marker,
+            src_mac,
+            dst_mac,
+        )
     return out
 
 

@@ -61,25 +61,39 @@ def run(sizes, gens, trials, duration, out=None, cpu=0, progress=True):
         try:
             for trial, size, name in interleaved(trials, sizes, gens):
                 if (name, size) not in sources:
-                    frames = udp_frames(t.addr("tx", "eth0"), t.addr("rx", "eth0"), t.mac("tx", "eth0"),
-                                        t.mac("rx", "eth0"), size)
+                    frames = udp_frames(
+                        t.addr("tx", "eth0"), t.addr("rx", "eth0"), t.mac("tx", "eth0"), t.mac("rx", "eth0"), size
+                    )
                     sources[name, size] = GENERATORS[name](t.ns("tx"), "eth0", frames, cpu=cpu).open()
                 sink.reset_counters()
                 rep = sources[name, size].send(seconds=duration)
                 time.sleep(0.1)  # let the veth ring drain into the sink
                 got = sink.counters()["packets"]
-                rows.append({"generator": name, "size": size, "trial": trial, "duration_s": rep.seconds,
-                             "sent_packets": rep.packets, "received_packets": got, "sent_pps": rep.pps,
-                             "received_pps": got / rep.seconds,
-                             "received_mbps": got * size * 8 / rep.seconds / 1e6})
+                rows.append(
+                    {
+                        "generator": name,
+                        "size": size,
+                        "trial": trial,
+                        "duration_s": rep.seconds,
+                        "sent_packets": rep.packets,
+                        "received_packets": got,
+                        "sent_pps": rep.pps,
+                        "received_pps": got / rep.seconds,
+                        "received_mbps": got * size * 8 / rep.seconds / 1e6,
+                    }
+                )
                 if bar:
                     bar.step(f"{name} {size}B trial {trial}")
         finally:
             for g in sources.values():
                 g.close()
     df = pd.DataFrame(rows)
-    path = write_results(df, "generators", {"sizes": sizes, "generators": gens, "trials": trials,
-                                            "duration_s": duration, "cpu": cpu, "fcs_bytes": FCS}, out)
+    path = write_results(
+        df,
+        "generators",
+        {"sizes": sizes, "generators": gens, "trials": trials, "duration_s": duration, "cpu": cpu, "fcs_bytes": FCS},
+        out,
+    )
     return df, path
 
 
@@ -87,5 +101,7 @@ def print_summary(df, stream=sys.stdout):
     s = summarize(df, ["size", "generator"], ["received_pps"])
     stream.write("\nreceived kpps, median [min..max]\n")
     for _, r in s.iterrows():
-        stream.write(f"{r['size']:>5} {r['generator']:<8} {r['received_pps_median'] / 1e3:9.0f} "
-                     f"[{r['received_pps_min'] / 1e3:.0f}..{r['received_pps_max'] / 1e3:.0f}]\n")
+        stream.write(
+            f"{r['size']:>5} {r['generator']:<8} {r['received_pps_median'] / 1e3:9.0f} "
+            f"[{r['received_pps_min'] / 1e3:.0f}..{r['received_pps_max'] / 1e3:.0f}]\n"
+        )

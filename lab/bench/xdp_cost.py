@@ -57,8 +57,10 @@ def main(a):
     s = common.summarize(df, ["program", "size", "sender_csum"], ["ns_per_run"])
     print("\nmedian [min..max] ns per run of the program")
     for _, r in s.iterrows():
-        print(f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} {r['ns_per_run_median']:7.0f} "
-              f"[{r['ns_per_run_min']:.0f}..{r['ns_per_run_max']:.0f}]")
+        print(
+            f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} {r['ns_per_run_median']:7.0f} "
+            f"[{r['ns_per_run_min']:.0f}..{r['ns_per_run_max']:.0f}]"
+        )
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
 
@@ -119,8 +121,15 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                 prog = progs[name]
                 key = (name, size, csum)
                 if key not in gens:
-                    frames = common.udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
-                                        tb.topo.mac(tb.lb, "eth0"), size, 1, dport=PORT[name])
+                    frames = common.udp_frames(
+                        tb.client4,
+                        tb.vip4,
+                        tb.topo.mac(tb.client, "eth0"),
+                        tb.topo.mac(tb.lb, "eth0"),
+                        size,
+                        1,
+                        dport=PORT[name],
+                    )
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=0).open()
@@ -133,16 +142,33 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                 finally:
                     prog.detach_xdp(a)
                 runs = n1 - n0
-                rows.append({"program": name, "size": size, "sender_csum": csum, "trial": trial, "runs": runs,
-                             "ns_per_run": (t1 - t0) / runs if runs else None, "offered_pps": rate,
-                             "duration_s": round(rep.seconds, 3), "sent_packets": rep.packets})
+                rows.append(
+                    {
+                        "program": name,
+                        "size": size,
+                        "sender_csum": csum,
+                        "trial": trial,
+                        "runs": runs,
+                        "ns_per_run": (t1 - t0) / runs if runs else None,
+                        "offered_pps": rate,
+                        "duration_s": round(rep.seconds, 3),
+                        "sent_packets": rep.packets,
+                    }
+                )
                 if bar:
                     bar.step(f"{name} {csum} {size}B trial {trial}")
         finally:
             common.close_all(gens, progs)
     df = common.columns_first(rows, COLUMNS)
-    params = {"programs": programs, "sizes": sizes, "sender_csum": csums, "trials": trials, "duration_s": duration,
-              "rate_pps": rate, "fcs": common.FCS}
+    params = {
+        "programs": programs,
+        "sizes": sizes,
+        "sender_csum": csums,
+        "trials": trials,
+        "duration_s": duration,
+        "rate_pps": rate,
+        "fcs": common.FCS,
+    }
     return df, write_results(df, "xdp_cost", params, out)
 
 

@@ -53,9 +53,9 @@ def nofile() -> int:
 
 class Daemon:
     suffix = ".daemon"
-    what = "daemon"     # how errors and cleanup name it
-    output = None       # a file in the run directory for the first process's stdout (else discarded)
-    close_grace = 5.0   # seconds between SIGTERM and SIGKILL when closed
+    what = "daemon"  # how errors and cleanup name it
+    output = None  # a file in the run directory for the first process's stdout (else discarded)
+    close_grace = 5.0  # seconds between SIGTERM and SIGKILL when closed
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -134,8 +134,16 @@ class Daemon:
             argv = ["taskset", "-c", str(self.cpu), *argv]
         err = self.dir / f"stderr{len(self.procs) or ''}.log"
         with open(self.dir / output, "wb") if output else open(os.devnull, "wb") as out, open(err, "wb") as e:
-            p = netns.popen(self.ns, argv, stdin=subprocess.DEVNULL, stdout=out, stderr=e, env=env,
-                            start_new_session=True, preexec_fn=self._in_child)
+            p = netns.popen(
+                self.ns,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=e,
+                env=env,
+                start_new_session=True,
+                preexec_fn=self._in_child,
+            )
         self.procs.append(p)
         return p
 
@@ -146,8 +154,10 @@ class Daemon:
         while not check():
             for p in self.procs:
                 if p.poll() is not None:
-                    raise LabError(f"{what or self.what} {self.where()} did not start: "
-                                   f"{self.error_line() or f'exit status {p.returncode}'}")
+                    raise LabError(
+                        f"{what or self.what} {self.where()} did not start: "
+                        f"{self.error_line() or f'exit status {p.returncode}'}"
+                    )
             if time.monotonic() > deadline:
                 raise LabError(f"{what or self.what} {self.where()} is not ready after {timeout:.0f} s")
             time.sleep(0.02)
@@ -204,6 +214,7 @@ class Daemon:
 
 class Proxy(Daemon):
     """A proxy daemon in the LB namespace (run directory <ns>.<name>.proxy)."""
+
     suffix = ".proxy"
     what = "proxy"
 

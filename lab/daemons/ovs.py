@@ -30,27 +30,54 @@ class OvsSwitch(Daemon):
 
     def env(self):
         d = str(self.dir)
-        return {**os.environ, "OVS_RUNDIR": d, "OVS_DBDIR": d, "OVS_LOGDIR": d, "OVS_SYSCONFDIR": d,
-                "OVS_PKGDATADIR": str(self.SCHEMA.parent)}
+        return {
+            **os.environ,
+            "OVS_RUNDIR": d,
+            "OVS_DBDIR": d,
+            "OVS_LOGDIR": d,
+            "OVS_SYSCONFDIR": d,
+            "OVS_PKGDATADIR": str(self.SCHEMA.parent),
+        }
 
     def launch(self, timeout):
         """A database of our own, its server, then the switch daemon, each waited for."""
         d = self.dir
-        subprocess.run(["ovsdb-tool", "create", str(d / "conf.db"), str(self.SCHEMA)], check=True,
-                       capture_output=True)
-        self.spawn(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{d}/db.sock",
-                    f"--unixctl={d}/ovsdb-server.ctl", f"--log-file={d}/ovsdb-server.log", "--no-chdir"],
-                   env=self.env())
+        subprocess.run(["ovsdb-tool", "create", str(d / "conf.db"), str(self.SCHEMA)], check=True, capture_output=True)
+        self.spawn(
+            [
+                "ovsdb-server",
+                str(d / "conf.db"),
+                f"--remote=punix:{d}/db.sock",
+                f"--unixctl={d}/ovsdb-server.ctl",
+                f"--log-file={d}/ovsdb-server.log",
+                "--no-chdir",
+            ],
+            env=self.env(),
+        )
         self.wait_until((d / "db.sock").exists, timeout, "ovsdb-server")
         self.vsctl("--no-wait", "init")
-        self.spawn(["ovs-vswitchd", f"unix:{d}/db.sock", f"--unixctl={d}/ovs-vswitchd.ctl",
-                    f"--log-file={d}/ovs-vswitchd.log", "--no-chdir"], env=self.env())
+        self.spawn(
+            [
+                "ovs-vswitchd",
+                f"unix:{d}/db.sock",
+                f"--unixctl={d}/ovs-vswitchd.ctl",
+                f"--log-file={d}/ovs-vswitchd.log",
+                "--no-chdir",
+            ],
+            env=self.env(),
+        )
         self.wait_until((d / "ovs-vswitchd.ctl").exists, timeout, "ovs-vswitchd")
 
     def vsctl(self, *args):
         """ovs-vsctl against this switch's database; LabError with its own words."""
-        r = netns.run(self.ns, ["ovs-vsctl", f"--db=unix:{self.dir}/db.sock", "--timeout=20", *args],
-                      check=False, capture_output=True, text=True, env=self.env())
+        r = netns.run(
+            self.ns,
+            ["ovs-vsctl", f"--db=unix:{self.dir}/db.sock", "--timeout=20", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+        )
         if r.returncode != 0:
             said = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
             raise LabError(f"ovs-vsctl {' '.join(args[:3])}: {said}")

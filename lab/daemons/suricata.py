@@ -63,6 +63,7 @@ def require_suricata():
 
 # --- configuration -----------------------------------------------------------
 
+
 def config_yaml(run_dir, iface, home_net="any", stats_interval=1, ring_size=2048) -> str:
     """Suricata's configuration for one capture on `iface` (see the module's notes)."""
     home = f"[{home_net}]" if "," in home_net else home_net
@@ -178,14 +179,16 @@ detect:
 
 # --- results -----------------------------------------------------------------
 
+
 @dataclass
 class IdsResult:
     """What one Suricata run saw: its capture counters and its alerts."""
+
     kernel_packets: int = 0
     kernel_drops: int = 0
     decoder_packets: int = 0
     alerts: Counter = field(default_factory=Counter)  # sid -> alerts
-    messages: dict = field(default_factory=dict)       # sid -> msg
+    messages: dict = field(default_factory=dict)  # sid -> msg
 
     @property
     def total_alerts(self):
@@ -240,8 +243,10 @@ def first_error(log_text: str) -> str:
 
 # --- the instance --------------------------------------------------------------
 
+
 class Suricata(Daemon):
     """One Suricata IDS on one interface of a lab namespace (see the module's notes)."""
+
     suffix = SUFFIX
     what = "Suricata"
     close_grace = 10.0
@@ -269,9 +274,23 @@ class Suricata(Daemon):
         return {"suricata.yaml": config_yaml(self.dir, self.iface, self.home_net, ring_size=self.ring_size)}
 
     def argv(self):
-        argv = [self.binary, "-c", str(self.dir / "suricata.yaml"), "-S", str(self.rules),
-                f"--af-packet={self.iface}", "-l", str(self.dir), "--pidfile", str(self.dir / "suricata.pid"),
-                "--runmode", "workers", "-k", "all", "--init-errors-fatal"]
+        argv = [
+            self.binary,
+            "-c",
+            str(self.dir / "suricata.yaml"),
+            "-S",
+            str(self.rules),
+            f"--af-packet={self.iface}",
+            "-l",
+            str(self.dir),
+            "--pidfile",
+            str(self.dir / "suricata.pid"),
+            "--runmode",
+            "workers",
+            "-k",
+            "all",
+            "--init-errors-fatal",
+        ]
         return argv
 
     def where(self):
@@ -373,9 +392,28 @@ def offline(pcap, rules, home_net="any", timeout=300.0) -> IdsResult:
     with tempfile.TemporaryDirectory(prefix="vtl-suricata-") as d:
         cfg = Path(d) / "suricata.yaml"
         cfg.write_text(config_yaml(d, "default", home_net))
-        r = subprocess.run([binary, "-c", str(cfg), "-S", str(rules), "-r", str(pcap), "-l", d, "-k", "all",
-                            "--runmode", "single", "--init-errors-fatal"],
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [
+                binary,
+                "-c",
+                str(cfg),
+                "-S",
+                str(rules),
+                "-r",
+                str(pcap),
+                "-l",
+                d,
+                "-k",
+                "all",
+                "--runmode",
+                "single",
+                "--init-errors-fatal",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         log = (Path(d) / "suricata.log").read_text(errors="replace") if (Path(d) / "suricata.log").exists() else ""
         if r.returncode != 0:
             err = first_error(log) or (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
@@ -392,8 +430,13 @@ def check_rules(rules, home_net="any", timeout=120.0):
     with tempfile.TemporaryDirectory(prefix="vtl-suricata-") as d:
         cfg = Path(d) / "suricata.yaml"
         cfg.write_text(config_yaml(d, "default", home_net))
-        r = subprocess.run([binary, "-T", "-c", str(cfg), "-S", str(rules), "-l", d, "--init-errors-fatal"],
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [binary, "-T", "-c", str(cfg), "-S", str(rules), "-l", d, "--init-errors-fatal"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if r.returncode != 0:
             log = (Path(d) / "suricata.log").read_text(errors="replace") if (Path(d) / "suricata.log").exists() else ""
             err = first_error(log) or first_error(r.stderr) or f"exit status {r.returncode}"

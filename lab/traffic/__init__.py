@@ -13,23 +13,39 @@
 
 Every source has send(count=None, seconds=..., rate_pps=None) -> SendReport.
 """
+
 from ebpf.lazy import lazy
 
 # Imported on first use: a generator's own process (`python -m lab.traffic.filetransfer`
 # in a namespace, started dozens of times per bench) then loads only what it runs,
 # not scapy, BCC and pandas for every sibling module (a second of CPU per start).
 _LAZY = {
-    "FileTransfer": ".filetransfer", "FileTransferServer": ".filetransfer",
-    "Capture": ".frames", "ExactFrames": ".frames", "Flow": ".frames", "Marker": ".frames", "build": ".frames",
-    "flow_frames": ".frames", "packet_socket": ".frames", "send_frames": ".frames",
+    "FileTransfer": ".filetransfer",
+    "FileTransferServer": ".filetransfer",
+    "Capture": ".frames",
+    "ExactFrames": ".frames",
+    "Flow": ".frames",
+    "Marker": ".frames",
+    "build": ".frames",
+    "flow_frames": ".frames",
+    "packet_socket": ".frames",
+    "send_frames": ".frames",
     "Iperf3": ".iperf",
-    "MAX_PACKETS": ".report", "MAX_SECONDS": ".report", "SendReport": ".report",
-    "TrafgenGenerator": ".trafgen", "XdpGenerator": ".xdpgen",
+    "MAX_PACKETS": ".report",
+    "MAX_SECONDS": ".report",
+    "SendReport": ".report",
+    "TrafgenGenerator": ".trafgen",
+    "XdpGenerator": ".xdpgen",
 }
 
 __all__ = sorted([*_LAZY, "GENERATORS"])
 
 
-__getattr__, __dir__ = lazy(__name__, _LAZY, made={
-    # each generator's module, so that whoever names one gets the class
-    "GENERATORS": lambda: {"xdp": __getattr__("XdpGenerator"), "trafgen": __getattr__("TrafgenGenerator")}})
+__getattr__, __dir__ = lazy(
+    __name__,
+    _LAZY,
+    made={
+        # each generator's module, so that whoever names one gets the class
+        "GENERATORS": lambda: {"xdp": __getattr__("XdpGenerator"), "trafgen": __getattr__("TrafgenGenerator")}
+    },
+)

@@ -34,9 +34,9 @@ from pathlib import Path
 
 HOME_NET = "198.18.1.96/27"
 RULES = Path(__file__).resolve().parent.parent / "rules" / "vtap-lab.rules"
-SRC_MAC = "02:76:74:6c:00:01"   # "vtl": locally administered, no lab interface has them
+SRC_MAC = "02:76:74:6c:00:01"  # "vtl": locally administered, no lab interface has them
 DST_MAC = "02:76:74:6c:00:02"
-PCAP_EPOCH = 1_700_000_000       # fixed timestamps: the same seed gives the same file
+PCAP_EPOCH = 1_700_000_000  # fixed timestamps: the same seed gives the same file
 PCAP_STEP_US = 100
 MSS = 1448
 
@@ -47,13 +47,24 @@ def _scapy():
     from scapy.layers.dns import DNS, DNSQR, DNSRR  # noqa: PLC0415 -- slow (see above)
     from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption, fragment  # noqa: PLC0415 -- slow (see above)
     from scapy.layers.l2 import Ether  # noqa: PLC0415 -- slow (see above)
-    return {"IP": IP, "TCP": TCP, "UDP": UDP, "ICMP": ICMP, "DNS": DNS, "DNSQR": DNSQR, "DNSRR": DNSRR,
-            "Ether": Ether, "fragment": fragment, "IPOption": IPOption}
+
+    return {
+        "IP": IP,
+        "TCP": TCP,
+        "UDP": UDP,
+        "ICMP": ICMP,
+        "DNS": DNS,
+        "DNSQR": DNSQR,
+        "DNSRR": DNSRR,
+        "Ether": Ether,
+        "fragment": fragment,
+        "IPOption": IPOption,
+    }
 
 
 @dataclass
 class Traffic:
-    frames: list = field(default_factory=list)   # bytes, in replay order
+    frames: list = field(default_factory=list)  # bytes, in replay order
     truth: Counter = field(default_factory=Counter)  # sid -> alerts expected
     seed: int = 0
     repetitions: int = 1
@@ -108,7 +119,7 @@ class _Builder:
         self.emit(IP(*c) / TCP(sport=sport, dport=dport, flags="A", seq=cseq, ack=sseq, window=502))
         for from_client, payload in exchanges:
             # MSS-sized segments; the receiver ACKs every second one and the last (delayed ACK)
-            segs = [payload[i:i + MSS] for i in range(0, len(payload), MSS)]
+            segs = [payload[i : i + MSS] for i in range(0, len(payload), MSS)]
             for i, seg in enumerate(segs):
                 last = i == len(segs) - 1
                 flags = "PA" if last else "A"
@@ -134,8 +145,17 @@ class _Builder:
 
     # -- one repetition of the mix ----------------------------------------------------------
     def repetition(self):
-        parts = [self.scans, self.floods, self.web, self.client_side, self.shellcode, self.logins,
-                 self.fragments, self.bad_traffic, self.dns] + [self.background] * 4
+        parts = [
+            self.scans,
+            self.floods,
+            self.web,
+            self.client_side,
+            self.shellcode,
+            self.logins,
+            self.fragments,
+            self.bad_traffic,
+            self.dns,
+        ] + [self.background] * 4
         self.rng.shuffle(parts)
         for part in parts:
             part()
@@ -146,15 +166,20 @@ class _Builder:
         sport = self.client_port()
         for port in self.rng.sample(range(1, 1024), 20):  # SYN scan; closed ports answer RST
             seq = self.isn()
-            self.emit(IP(scanner, victim) / TCP(sport=sport, dport=port, flags="S", seq=seq, window=1024),
-                      expect=[9100001])
+            self.emit(
+                IP(scanner, victim) / TCP(sport=sport, dport=port, flags="S", seq=seq, window=1024), expect=[9100001]
+            )
             self.emit(IP(victim, scanner) / TCP(sport=port, dport=sport, flags="RA", seq=0, ack=seq + 1, window=0))
         for port in self.rng.sample(range(1, 1024), 5):
-            self.emit(IP(scanner, victim) / TCP(sport=sport, dport=port, flags="FPU", seq=self.isn(), window=1024),
-                      expect=[9100002])
+            self.emit(
+                IP(scanner, victim) / TCP(sport=sport, dport=port, flags="FPU", seq=self.isn(), window=1024),
+                expect=[9100002],
+            )
         for port in self.rng.sample(range(1, 1024), 5):
-            self.emit(IP(scanner, victim) / TCP(sport=sport, dport=port, flags=0, seq=self.isn(), window=1024),
-                      expect=[9100003])
+            self.emit(
+                IP(scanner, victim) / TCP(sport=sport, dport=port, flags=0, seq=self.isn(), window=1024),
+                expect=[9100003],
+            )
         for port in self.rng.sample(range(1024, 33000), 10):
             self.emit(IP(scanner, victim) / UDP(sport=sport, dport=port), expect=[9100004])
 
@@ -166,11 +191,15 @@ class _Builder:
             self.emit(IP(attacker, victim) / ICMP(type=8, id=ident, seq=seq) / (b"X" * 1400), expect=[9100005])
         for _ in range(5):  # land: a SYN from the victim to itself
             port = self.rng.choice([80, 139, 445])
-            self.emit(IP(victim, victim) / TCP(sport=port, dport=port, flags="S", seq=self.isn(), window=8192),
-                      expect=[9100006])
+            self.emit(
+                IP(victim, victim) / TCP(sport=port, dport=port, flags="S", seq=self.isn(), window=8192),
+                expect=[9100006],
+            )
         for _ in range(20):  # chargen flood from spoofed sources
-            self.emit(IP(self.outside(), victim) / UDP(sport=self.rng.randrange(1024, 65536), dport=19) / (b"A" * 64),
-                      expect=[9100007])
+            self.emit(
+                IP(self.outside(), victim) / UDP(sport=self.rng.randrange(1024, 65536), dport=19) / (b"A" * 64),
+                expect=[9100007],
+            )
 
     def web(self):
         server = self.home()
@@ -187,29 +216,55 @@ class _Builder:
             self.http(self.outside(), server, req, ok, expect=[sid])
 
     def client_side(self):
-        body = (b"%PDF-1.4\n1 0 obj << /Type /Catalog /OpenAction 2 0 R >> endobj\n"
-                b"2 0 obj << /S /JavaScript /JS (app.alert\\('x'\\)) >> endobj\n%%EOF\n")
-        resp = (b"HTTP/1.1 200 OK\r\nContent-Type: application/pdf\r\nContent-Length: "
-                + str(len(body)).encode() + b"\r\n\r\n" + body)
+        body = (
+            b"%PDF-1.4\n1 0 obj << /Type /Catalog /OpenAction 2 0 R >> endobj\n"
+            b"2 0 obj << /S /JavaScript /JS (app.alert\\('x'\\)) >> endobj\n%%EOF\n"
+        )
+        resp = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/pdf\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         req = b"GET /invoice.pdf HTTP/1.1\r\nHost: files.outside.example\r\nUser-Agent: Mozilla/5.0\r\n\r\n"
         self.http(self.home(), self.outside(), req, resp, expect=[9100012])
 
     def shellcode(self):
         nops = b"\x90" * 64
-        execve = (b"\x31\xc0\x50\x68\x2f\x2f\x73\x68\x68\x2f\x62\x69\x6e\x89\xe3\x50\x53\x89\xe1\xb0\x0b\xcd\x80"
-                  b"/bin/sh\x00")
-        self.tcp_session(self.outside(), self.home(), self.client_port(), 4444,
-                         [(True, b"HELO " + nops + b"\xcc" * 8)], expect=[9100013])
-        self.tcp_session(self.outside(), self.home(), self.client_port(), 9999,
-                         [(True, b"EXEC " + execve)], expect=[9100014])
+        execve = (
+            b"\x31\xc0\x50\x68\x2f\x2f\x73\x68\x68\x2f\x62\x69\x6e\x89\xe3\x50\x53\x89\xe1\xb0\x0b\xcd\x80/bin/sh\x00"
+        )
+        self.tcp_session(
+            self.outside(),
+            self.home(),
+            self.client_port(),
+            4444,
+            [(True, b"HELO " + nops + b"\xcc" * 8)],
+            expect=[9100013],
+        )
+        self.tcp_session(
+            self.outside(), self.home(), self.client_port(), 9999, [(True, b"EXEC " + execve)], expect=[9100014]
+        )
 
     def logins(self):
-        ftp = [(False, b"220 ProFTPD Server ready.\r\n"), (True, b"USER admin\r\n"),
-               (False, b"331 Password required for admin\r\n"), (True, b"PASS guess1\r\n"),
-               (False, b"530 Login incorrect.\r\n"), (True, b"QUIT\r\n"), (False, b"221 Goodbye.\r\n")]
-        pop = [(False, b"+OK POP3 server ready\r\n"), (True, b"USER alice\r\n"), (False, b"+OK\r\n"),
-               (True, b"PASS 123456\r\n"), (False, b"-ERR authentication failed\r\n"), (True, b"QUIT\r\n"),
-               (False, b"+OK bye\r\n")]
+        ftp = [
+            (False, b"220 ProFTPD Server ready.\r\n"),
+            (True, b"USER admin\r\n"),
+            (False, b"331 Password required for admin\r\n"),
+            (True, b"PASS guess1\r\n"),
+            (False, b"530 Login incorrect.\r\n"),
+            (True, b"QUIT\r\n"),
+            (False, b"221 Goodbye.\r\n"),
+        ]
+        pop = [
+            (False, b"+OK POP3 server ready\r\n"),
+            (True, b"USER alice\r\n"),
+            (False, b"+OK\r\n"),
+            (True, b"PASS 123456\r\n"),
+            (False, b"-ERR authentication failed\r\n"),
+            (True, b"QUIT\r\n"),
+            (False, b"+OK bye\r\n"),
+        ]
         attacker = self.outside()
         for _ in range(3):  # one failed login per session: brute force opens one after another
             self.tcp_session(attacker, self.home(), self.client_port(), 21, ftp, expect=[9100015])
@@ -223,41 +278,60 @@ class _Builder:
         # the last has More Fragments set: those are the tiny ones the rule flags)
         dgram = bytes(UDP(sport=self.rng.randrange(1024, 65536), dport=53) / (b"Q" * 32))
         ident = self.rng.randrange(1 << 16)
-        pieces = [dgram[i:i + 8] for i in range(0, len(dgram), 8)]
+        pieces = [dgram[i : i + 8] for i in range(0, len(dgram), 8)]
         for i, piece in enumerate(pieces):
             more = i < len(pieces) - 1
-            self.emit(self.s["IP"](src=attacker, dst=victim, id=ident, proto=17, flags="MF" if more else 0,
-                                   frag=i) / piece, expect=[9100017] if more else [])
+            self.emit(
+                self.s["IP"](src=attacker, dst=victim, id=ident, proto=17, flags="MF" if more else 0, frag=i) / piece,
+                expect=[9100017] if more else [],
+            )
         # overlapping fragments (teardrop-like): the second starts inside the first
         ident = self.rng.randrange(1 << 16)
         payload = bytes(ICMP(type=8, id=ident, seq=1) / (b"O" * 48))
         self.emit(self.s["IP"](src=attacker, dst=victim, id=ident, proto=1, flags="MF", frag=0) / payload[:32])
-        self.emit(self.s["IP"](src=attacker, dst=victim, id=ident, proto=1, flags=0, frag=2) / payload[16:],
-                  expect=[9100018])
+        self.emit(
+            self.s["IP"](src=attacker, dst=victim, id=ident, proto=1, flags=0, frag=2) / payload[16:], expect=[9100018]
+        )
 
     def bad_traffic(self):
         IP, TCP, IPOption = self.ip, self.s["TCP"], self.s["IPOption"]
         attacker, victim = self.outside(), self.home()
         for _ in range(5):  # TCP checksum wrong
-            self.emit(IP(attacker, victim) / TCP(sport=self.client_port(), dport=80, flags="S", seq=self.isn(),
-                                                 window=8192, chksum=0xdead), expect=[9100019])
+            self.emit(
+                IP(attacker, victim)
+                / TCP(sport=self.client_port(), dport=80, flags="S", seq=self.isn(), window=8192, chksum=0xDEAD),
+                expect=[9100019],
+            )
         for _ in range(3):  # IP header checksum wrong (an ICMP echo, so no other rule looks)
-            self.emit(self.s["IP"](src=attacker, dst=victim, id=self.rng.randrange(1 << 16), chksum=0xbeef)
-                      / self.s["ICMP"](type=8, id=7, seq=1) / b"ping", expect=[9100020])
+            self.emit(
+                self.s["IP"](src=attacker, dst=victim, id=self.rng.randrange(1 << 16), chksum=0xBEEF)
+                / self.s["ICMP"](type=8, id=7, seq=1)
+                / b"ping",
+                expect=[9100020],
+            )
         for _ in range(3):  # loose source route: traffic that asks to be routed via a host of the attacker's
             opt = bytes([0x83, 7, 4]) + bytes(map(int, attacker.split(".")))
-            self.emit(IP(attacker, victim, options=[IPOption(opt)])
-                      / self.s["ICMP"](type=8, id=9, seq=1) / b"route", expect=[9100021])
+            self.emit(
+                IP(attacker, victim, options=[IPOption(opt)]) / self.s["ICMP"](type=8, id=9, seq=1) / b"route",
+                expect=[9100021],
+            )
 
     def dns(self):
         IP, UDP, DNS, DNSQR = self.ip, self.s["UDP"], self.s["DNS"], self.s["DNSQR"]
         client, resolver = self.home(), self.outside()
         ident = self.rng.randrange(1 << 16)
         sport = self.client_port()
-        self.emit(IP(client, resolver) / UDP(sport=sport, dport=53)
-                  / DNS(id=ident, rd=1, qd=DNSQR(qname="update.malware.example")), expect=[9100022])
-        self.emit(IP(resolver, client) / UDP(sport=53, dport=sport)
-                  / DNS(id=ident, qr=1, ra=1, rcode=3, qd=DNSQR(qname="update.malware.example")))
+        self.emit(
+            IP(client, resolver)
+            / UDP(sport=sport, dport=53)
+            / DNS(id=ident, rd=1, qd=DNSQR(qname="update.malware.example")),
+            expect=[9100022],
+        )
+        self.emit(
+            IP(resolver, client)
+            / UDP(sport=53, dport=sport)
+            / DNS(id=ident, qr=1, ra=1, rcode=3, qd=DNSQR(qname="update.malware.example"))
+        )
 
     def background(self):
         """Benign traffic no rule may flag: a web page, a DNS lookup, a ping and a
@@ -267,16 +341,31 @@ class _Builder:
         client, server = self.outside(), self.home()
         # pages of 1-24 kB: most bytes of real traffic are in full-sized segments
         page = b"<html><body>" + b"lorem ipsum " * self.rng.randrange(80, 2000) + b"</body></html>"
-        self.http(client, server, b"GET /index.html HTTP/1.1\r\nHost: www.home.lab\r\nUser-Agent: curl/8.5\r\n\r\n",
-                  b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: " + str(len(page)).encode()
-                  + b"\r\n\r\n" + page)
+        self.http(
+            client,
+            server,
+            b"GET /index.html HTTP/1.1\r\nHost: www.home.lab\r\nUser-Agent: curl/8.5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: "
+            + str(len(page)).encode()
+            + b"\r\n\r\n"
+            + page,
+        )
         home, resolver = self.home(), self.outside()
         ident, sport = self.rng.randrange(1 << 16), self.client_port()
-        self.emit(IP(home, resolver) / UDP(sport=sport, dport=53)
-                  / DNS(id=ident, rd=1, qd=DNSQR(qname="www.example.org")))
-        self.emit(IP(resolver, home) / UDP(sport=53, dport=sport)
-                  / DNS(id=ident, qr=1, ra=1, qd=DNSQR(qname="www.example.org"),
-                        an=DNSRR(rrname="www.example.org", rdata="198.19.200.1")))
+        self.emit(
+            IP(home, resolver) / UDP(sport=sport, dport=53) / DNS(id=ident, rd=1, qd=DNSQR(qname="www.example.org"))
+        )
+        self.emit(
+            IP(resolver, home)
+            / UDP(sport=53, dport=sport)
+            / DNS(
+                id=ident,
+                qr=1,
+                ra=1,
+                qd=DNSQR(qname="www.example.org"),
+                an=DNSRR(rrname="www.example.org", rdata="198.19.200.1"),
+            )
+        )
         ident = self.rng.randrange(1 << 16)
         self.emit(IP(home, resolver) / ICMP(type=8, id=ident, seq=1) / (b"p" * 56))
         self.emit(IP(resolver, home) / ICMP(type=0, id=ident, seq=1) / (b"p" * 56))
@@ -318,6 +407,7 @@ def stream(seed=1, repetitions=1):
             delta = b.rng.randrange(1, 1 << 32)
             for f in crafted[k % len(crafted)]:
                 yield derive(f, k, delta)
+
     return frames(), truth
 
 
@@ -330,8 +420,8 @@ def stream(seed=1, repetitions=1):
 # right stays right, one crafted wrong stays wrong by the same amount.
 
 MAX_REPETITIONS = 20_000
-_OUTSIDE = 254 * 254      # 198.19.a.b, a and b in 1..254
-_STRIDE = 7919            # prime to _OUTSIDE: the k-th map repeats after _OUTSIDE repetitions
+_OUTSIDE = 254 * 254  # 198.19.a.b, a and b in 1..254
+_STRIDE = 7919  # prime to _OUTSIDE: the k-th map repeats after _OUTSIDE repetitions
 
 
 def _fold(x):
@@ -341,7 +431,7 @@ def _fold(x):
 
 
 def _words(b):
-    return sum(int.from_bytes(b[i:i + 2], "big") for i in range(0, len(b), 2))
+    return sum(int.from_bytes(b[i : i + 2], "big") for i in range(0, len(b), 2))
 
 
 def _moved(addr: bytes, k: int) -> bytes:
@@ -357,32 +447,32 @@ def derive(frame: bytes, k: int, delta: int) -> bytes:
         return bytes(f)
     ip = 14
     ihl = (f[ip] & 0x0F) * 4
-    old_src, old_dst = bytes(f[ip + 12:ip + 16]), bytes(f[ip + 16:ip + 20])
+    old_src, old_dst = bytes(f[ip + 12 : ip + 16]), bytes(f[ip + 16 : ip + 20])
     src, dst = _moved(old_src, k), _moved(old_dst, k)
     if (src, dst) != (old_src, old_dst):
         old_addrs, new_addrs = old_src + old_dst, src + dst
-        f[ip + 12:ip + 20] = new_addrs
-        _patch(f, ip + 10, old_addrs, new_addrs)                     # IPv4 header checksum
+        f[ip + 12 : ip + 20] = new_addrs
+        _patch(f, ip + 10, old_addrs, new_addrs)  # IPv4 header checksum
     else:
         old_addrs = new_addrs = b""
     proto = f[ip + 9]
-    first = (int.from_bytes(f[ip + 6:ip + 8], "big") & 0x1FFF) == 0
+    first = (int.from_bytes(f[ip + 6 : ip + 8], "big") & 0x1FFF) == 0
     l4 = ip + ihl
     if not first:
         return bytes(f)
     if proto == 6 and len(f) >= l4 + 20:
-        old = bytes(f[l4 + 4:l4 + 12])
+        old = bytes(f[l4 + 4 : l4 + 12])
         seq = (int.from_bytes(old[:4], "big") + delta) & 0xFFFFFFFF
         ack = int.from_bytes(old[4:], "big")
         if f[l4 + 13] & 0x10:  # ACK set: the acknowledgement number is a sequence number too
             ack = (ack + delta) & 0xFFFFFFFF
         new = seq.to_bytes(4, "big") + ack.to_bytes(4, "big")
-        f[l4 + 4:l4 + 12] = new
-        _patch(f, l4 + 16, old_addrs + old, new_addrs + new)         # pseudo-header + header
-    elif proto == 17 and len(f) >= l4 + 8 and f[l4 + 6:l4 + 8] != b"\x00\x00":
-        _patch(f, l4 + 6, old_addrs, new_addrs)                      # pseudo-header
-        if f[l4 + 6:l4 + 8] == b"\x00\x00":  # in UDP 0 means "no checksum": send its other form
-            f[l4 + 6:l4 + 8] = b"\xff\xff"
+        f[l4 + 4 : l4 + 12] = new
+        _patch(f, l4 + 16, old_addrs + old, new_addrs + new)  # pseudo-header + header
+    elif proto == 17 and len(f) >= l4 + 8 and f[l4 + 6 : l4 + 8] != b"\x00\x00":
+        _patch(f, l4 + 6, old_addrs, new_addrs)  # pseudo-header
+        if f[l4 + 6 : l4 + 8] == b"\x00\x00":  # in UDP 0 means "no checksum": send its other form
+            f[l4 + 6 : l4 + 8] = b"\xff\xff"
     return bytes(f)
 
 
@@ -391,14 +481,15 @@ def _patch(f, at, old, new):
     (RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'))."""
     if old == new:
         return
-    hc = int.from_bytes(f[at:at + 2], "big")
+    hc = int.from_bytes(f[at : at + 2], "big")
     m_old = _fold(_words(old))
     m_new = _fold(_words(new))
     x = _fold((~hc & 0xFFFF) + (~m_old & 0xFFFF) + m_new)
-    f[at:at + 2] = (~x & 0xFFFF).to_bytes(2, "big")
+    f[at : at + 2] = (~x & 0xFFFF).to_bytes(2, "big")
 
 
 # --- files ---------------------------------------------------------------------------
+
 
 def write_pcap(path, frames) -> tuple[int, int]:
     """A classic pcap (microseconds, Ethernet) with fixed timestamps, from any
@@ -422,9 +513,9 @@ def read_pcap(path) -> list[bytes]:
     end = _byte_order(data[:4], path)
     frames, off = [], 24
     while off + 16 <= len(data):
-        _, _, caplen, _ = struct.unpack(end + "IIII", data[off:off + 16])
+        _, _, caplen, _ = struct.unpack(end + "IIII", data[off : off + 16])
         off += 16
-        frames.append(data[off:off + caplen])
+        frames.append(data[off : off + caplen])
         off += caplen
     return frames
 
@@ -439,8 +530,10 @@ def pcap_stats(path) -> tuple[int, int, int]:
         end = _byte_order(head[:4], path)
         linktype = struct.unpack(end + "I", head[20:24])[0] & 0xFFFF
         if linktype != 1:
-            raise ValueError(f"{path}: link type {linktype}, not Ethernet (1): the replay sends its frames "
-                             "as they are onto an Ethernet interface")
+            raise ValueError(
+                f"{path}: link type {linktype}, not Ethernet (1): the replay sends its frames "
+                "as they are onto an Ethernet interface"
+            )
         n = nbytes = longest = 0
         while len(rec := f.read(16)) == 16:
             caplen = struct.unpack(end + "I", rec[8:12])[0]
@@ -456,8 +549,7 @@ def _byte_order(magic, path):
         return "<"
     if magic in (b"\xa1\xb2\xc3\xd4", b"\xa1\xb2\x3c\x4d"):
         return ">"
-    raise ValueError(f"{path}: not a classic pcap file (pcapng is not read here; convert it with "
-                     "`editcap -F pcap`)")
+    raise ValueError(f"{path}: not a classic pcap file (pcapng is not read here; convert it with `editcap -F pcap`)")
 
 
 def write_truth(path, truth: Counter, messages=None):

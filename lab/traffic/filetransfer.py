@@ -60,11 +60,11 @@ START, READY, DATA, END, RESULT = 1, 2, 3, 4, 5
 START_BODY = struct.Struct("!QI")
 RESULT_BODY = struct.Struct("!BI")
 RANGE = struct.Struct("!II")
-MAX_RANGES = 178      # missing ranges per RESULT: 13 + 5 + 178 * 8 + UDP + IPv6 = 1490 bytes, one frame
-REPLY_TIMEOUT = 0.5   # seconds to wait for READY/RESULT before asking again
+MAX_RANGES = 178  # missing ranges per RESULT: 13 + 5 + 178 * 8 + UDP + IPv6 = 1490 bytes, one frame
+REPLY_TIMEOUT = 0.5  # seconds to wait for READY/RESULT before asking again
 REPLY_TRIES = 6
 SPOOL_DIR = Path("/var/tmp")  # received files, unless kept: on disk, not in /run's memory
-SPOOL_PREFIX = "vtl-ft-"      # vtl-ft-<server pid>-...: `lab cleanup` removes those of dead servers
+SPOOL_PREFIX = "vtl-ft-"  # vtl-ft-<server pid>-...: `lab cleanup` removes those of dead servers
 
 
 def default_chunk(addr, mtu=1500):
@@ -157,11 +157,13 @@ def send_file(to, port, source: Source, rate_pps=None, seconds=60.0, rounds=1000
                 if len(data) >= HDR.size:
                     magic, k, sess, s = HDR.unpack_from(data)
                     if magic == MAGIC and k == want and sess == session and s == seq:
-                        return data[HDR.size:]
+                        return data[HDR.size :]
             if time.monotonic() > deadline:
                 break
-        raise TimeoutError(f"no {('READY', 'RESULT')[want == RESULT]} from {to}:{port} "
-                           "(a reply from any other address is dropped: check the return path's translation)")
+        raise TimeoutError(
+            f"no {('READY', 'RESULT')[want == RESULT]} from {to}:{port} "
+            "(a reply from any other address is dropped: check the return path's translation)"
+        )
 
     start = time.monotonic()
     ask(START, 0, START_BODY.pack(source.size, source.chunk), READY)
@@ -179,8 +181,10 @@ def send_file(to, port, source: Source, rate_pps=None, seconds=60.0, rounds=1000
     for rnd in range(rounds + 1):
         body = ask(END, rnd, sha, RESULT)
         ok, missing = RESULT_BODY.unpack_from(body)
-        ranges = [RANGE.unpack_from(body, RESULT_BODY.size + i * RANGE.size)
-                  for i in range((len(body) - RESULT_BODY.size) // RANGE.size)]
+        ranges = [
+            RANGE.unpack_from(body, RESULT_BODY.size + i * RANGE.size)
+            for i in range((len(body) - RESULT_BODY.size) // RANGE.size)
+        ]
         if first_missing is None:
             first_missing = missing
         if missing == 0 or rnd == rounds or time.monotonic() > deadline:
@@ -194,12 +198,23 @@ def send_file(to, port, source: Source, rate_pps=None, seconds=60.0, rounds=1000
         stats["retransmitted"] += resent
     sock.close()
     elapsed = time.monotonic() - start
-    return {"to": f"{to}:{port}", "session": session, "bytes": source.size, "chunk": source.chunk,
-            "chunks": source.chunks, "datagrams": stats["datagrams"], "payload_bytes": stats["payload_bytes"],
-            "retransmitted": stats["retransmitted"], "first_pass_missing": first_missing,
-            "rounds": rnd, "missing": missing, "ok": bool(ok),
-            "sha256": sha.hex(), "seconds": elapsed,
-            "mbps": source.size * 8 / elapsed / 1e6 if elapsed else 0.0}
+    return {
+        "to": f"{to}:{port}",
+        "session": session,
+        "bytes": source.size,
+        "chunk": source.chunk,
+        "chunks": source.chunks,
+        "datagrams": stats["datagrams"],
+        "payload_bytes": stats["payload_bytes"],
+        "retransmitted": stats["retransmitted"],
+        "first_pass_missing": first_missing,
+        "rounds": rnd,
+        "missing": missing,
+        "ok": bool(ok),
+        "sha256": sha.hex(),
+        "seconds": elapsed,
+        "mbps": source.size * 8 / elapsed / 1e6 if elapsed else 0.0,
+    }
 
 
 # --- server ---------------------------------------------------------------------
@@ -271,7 +286,7 @@ def serve(bind, port, out_dir=None, once=False, emit=print, stop=None):
             key = (peer, sid)
             s = sessions.get(key)
             if kind == DATA and s is not None:
-                s.data(seq, bytes(buf[HDR.size:n]))
+                s.data(seq, bytes(buf[HDR.size : n]))
             elif kind == START and n >= HDR.size + START_BODY.size:
                 if s is None:
                     size, chunk = START_BODY.unpack_from(buf, HDR.size)
@@ -283,18 +298,32 @@ def serve(bind, port, out_dir=None, once=False, emit=print, stop=None):
                 missing = s.missing()
                 if s.first_missing is None:
                     s.first_missing = len(missing)
-                sha = bytes(buf[HDR.size:HDR.size + 32])
+                sha = bytes(buf[HDR.size : HDR.size + 32])
                 ok = not missing and s.digest() == sha
                 reply = RESULT_BODY.pack(ok, len(missing)) + b"".join(
-                    RANGE.pack(lo, hi) for lo, hi in _ranges(missing)[:MAX_RANGES])
+                    RANGE.pack(lo, hi) for lo, hi in _ranges(missing)[:MAX_RANGES]
+                )
                 sock.sendto(HDR.pack(MAGIC, RESULT, sid, seq) + reply, peer)
                 if not missing:
-                    emit(json.dumps({"event": "done", "client": f"{peer[0]}:{peer[1]}", "session": sid,
-                                     "bytes": s.size, "chunks": s.chunks, "received": s.received,
-                                     "duplicates": s.duplicates, "first_pass_missing": s.first_missing,
-                                     "rounds": seq, "ok": ok, "sha256": sha.hex(),
-                                     "seconds": time.monotonic() - s.start,
-                                     "path": s.path if s.keep else None}))
+                    emit(
+                        json.dumps(
+                            {
+                                "event": "done",
+                                "client": f"{peer[0]}:{peer[1]}",
+                                "session": sid,
+                                "bytes": s.size,
+                                "chunks": s.chunks,
+                                "received": s.received,
+                                "duplicates": s.duplicates,
+                                "first_pass_missing": s.first_missing,
+                                "rounds": seq,
+                                "ok": ok,
+                                "sha256": sha.hex(),
+                                "seconds": time.monotonic() - s.start,
+                                "path": s.path if s.keep else None,
+                            }
+                        )
+                    )
                     s.close()
                     del sessions[key]
                     if once:
@@ -324,8 +353,9 @@ class FileTransferServer:
             argv += ["--out", self.out_dir]
         if self.cpu is not None:  # pinned from its first instruction, imports included
             argv = ["taskset", "-c", str(self.cpu), *argv]
-        self.proc = netns.popen(self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=REPO, start_new_session=True)  # REPO: so `-m lab...` imports
+        self.proc = netns.popen(
+            self.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+        )  # REPO: so `-m lab...` imports
         threading.Thread(target=self._read, daemon=True).start()
         first = self.wait_result(timeout=10, event="listening")
         if first is None:
@@ -372,6 +402,7 @@ class FileTransferServer:
 class FileTransfer(Generator):
     """The client as a lab traffic source: each send() is one whole transfer, by a
     client process in the namespace (pinned to `cpu`), bounded by `seconds`."""
+
     name = "filetransfer"
     needs_frames = False
 
@@ -388,8 +419,19 @@ class FileTransfer(Generator):
         pass
 
     def _send(self, limit, seconds, rate_pps):
-        argv = _module_argv("send", "--to", self.to, "--port", self.port, "--chunk", self.chunk,
-                            "--seconds", seconds, "--rounds", self.rounds)
+        argv = _module_argv(
+            "send",
+            "--to",
+            self.to,
+            "--port",
+            self.port,
+            "--chunk",
+            self.chunk,
+            "--seconds",
+            seconds,
+            "--rounds",
+            self.rounds,
+        )
         argv += ["--file", self.path] if self.path else ["--size", self.size]
         if rate_pps:
             argv += ["--rate-pps", rate_pps]
@@ -401,8 +443,9 @@ class FileTransfer(Generator):
         except (ValueError, IndexError):
             res = {}
         if rc != 0 or "error" in res:
-            raise netns.LabError(f"file transfer to {self.to}:{self.port}: "
-                                 f"{res.get('error') or out.strip()[-200:] or f'exit {rc}'}")
+            raise netns.LabError(
+                f"file transfer to {self.to}:{self.port}: {res.get('error') or out.strip()[-200:] or f'exit {rc}'}"
+            )
         if res["datagrams"] > limit:
             raise netns.LabError(f"file transfer needs {res['datagrams']} datagrams, more than the bound {limit}")
         nbytes = res["payload_bytes"] + res["datagrams"] * (UDP_HLEN + self.ip_hlen + ETH_HLEN)

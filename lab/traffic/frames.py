@@ -39,17 +39,18 @@ TP_STATUS_VLAN_TPID_VALID = 0x40
 class Flow:
     """A bounded stream of frames of one shape. size is the Ethernet frame length
     without the 4-byte FCS (frames are padded up to it, never cut below their headers)."""
+
     name: str
     src: str
     dst: str
-    proto: str = "udp"          # udp, tcp or raw (payload straight after IP)
+    proto: str = "udp"  # udp, tcp or raw (payload straight after IP)
     sport: int = 40000
     dport: int = 5001
     count: int = 100
     size: int = 128
-    vlans: tuple = ()           # ((tpid, vid), ...), outermost first
-    ip_options: bytes = b""     # IPv4 options (padded to 4 bytes)
-    fragment: int = 0           # >0: IPv4 fragments of at most this many payload bytes
+    vlans: tuple = ()  # ((tpid, vid), ...), outermost first
+    ip_options: bytes = b""  # IPv4 options (padded to 4 bytes)
+    fragment: int = 0  # >0: IPv4 fragments of at most this many payload bytes
 
 
 class Marker:
@@ -96,6 +97,7 @@ class ExactFrames:
 
 def _l2(flow, src_mac, dst_mac):
     from scapy.layers.l2 import Dot1AD, Dot1Q, Ether  # noqa: PLC0415 -- slow (~0.5 s): only to build frames
+
     l2 = Ether(src=src_mac, dst=dst_mac)
     for tpid, vid in flow.vlans:
         l2 = l2 / (Dot1AD(vlan=vid) if tpid == 0x88A8 else Dot1Q(vlan=vid))
@@ -160,16 +162,16 @@ def _patched(first: bytearray, flow, marker, seq) -> bytes:
     l3 = 14 + 4 * len(flow.vlans)
     v6 = f[l3] >> 4 == 6
     if v6:
-        l4, proto, pseudo_addrs = l3 + 40, f[l3 + 6], f[l3 + 8:l3 + 40]
+        l4, proto, pseudo_addrs = l3 + 40, f[l3 + 6], f[l3 + 8 : l3 + 40]
     else:
-        l4, proto, pseudo_addrs = l3 + (f[l3] & 0x0F) * 4, f[l3 + 9], f[l3 + 12:l3 + 20]
+        l4, proto, pseudo_addrs = l3 + (f[l3] & 0x0F) * 4, f[l3 + 9], f[l3 + 12 : l3 + 20]
         struct.pack_into("!H", f, l3 + 4, seq & 0xFFFF)
     if flow.proto == "tcp":
         struct.pack_into("!I", f, l4 + 4, seq * 1000)
         payload = l4 + (f[l4 + 12] >> 4) * 4
     else:
         payload = l4 + 8 if flow.proto == "udp" else l4
-    f[payload:payload + Marker.LEN] = marker.encode(flow.name, seq, len(f))
+    f[payload : payload + Marker.LEN] = marker.encode(flow.name, seq, len(f))
     if not v6:
         struct.pack_into("!H", f, l3 + 10, 0)
         struct.pack_into("!H", f, l3 + 10, _csum(f[l3:l4]))
@@ -177,8 +179,11 @@ def _patched(first: bytearray, flow, marker, seq) -> bytes:
         at = l4 + (6 if flow.proto == "udp" else 16)
         struct.pack_into("!H", f, at, 0)
         seg = f[l4:]
-        ck = _csum(pseudo_addrs + struct.pack("!IxxxB" if v6 else "!xBH", *((len(seg), proto) if v6 else
-                                                                                 (proto, len(seg)))) + seg)
+        ck = _csum(
+            pseudo_addrs
+            + struct.pack("!IxxxB" if v6 else "!xBH", *((len(seg), proto) if v6 else (proto, len(seg))))
+            + seg
+        )
         if flow.proto == "udp" and ck == 0:
             ck = 0xFFFF  # RFC 768: a sum of 0 is sent as all ones (0 means "no checksum")
         struct.pack_into("!H", f, at, ck)
@@ -236,9 +241,15 @@ def send_frames(ns, ifname, frames, rate_pps=None, max_seconds=MAX_SECONDS, stop
 
 
 class _Aux(ctypes.Structure):
-    _fields_ = [("tp_status", ctypes.c_uint32), ("tp_len", ctypes.c_uint32), ("tp_snaplen", ctypes.c_uint32),
-                ("tp_mac", ctypes.c_uint16), ("tp_net", ctypes.c_uint16),
-                ("tp_vlan_tci", ctypes.c_uint16), ("tp_vlan_tpid", ctypes.c_uint16)]
+    _fields_ = [
+        ("tp_status", ctypes.c_uint32),
+        ("tp_len", ctypes.c_uint32),
+        ("tp_snaplen", ctypes.c_uint32),
+        ("tp_mac", ctypes.c_uint16),
+        ("tp_net", ctypes.c_uint16),
+        ("tp_vlan_tci", ctypes.c_uint16),
+        ("tp_vlan_tpid", ctypes.c_uint16),
+    ]
 
 
 class Capture:
@@ -263,8 +274,8 @@ class Capture:
         self.frames = []
         self.kernel_drops = 0
         self._stop = threading.Event()
-        self._read = 0      # frames of `direction` taken off the socket, classified or not
-        self._dropped = 0   # frames the socket's queue dropped (either direction)
+        self._read = 0  # frames of `direction` taken off the socket, classified or not
+        self._dropped = 0  # frames the socket's queue dropped (either direction)
 
     def __enter__(self):
         self.sock = packet_socket(self.ns, self.ifname, ETH_P_ALL)
@@ -275,7 +286,7 @@ class Capture:
         self.sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         self.sock.settimeout(0.05)
         self._base = self._device_frames()
-        self._socket_stats()               # (reading them resets them: start from zero)
+        self._socket_stats()  # (reading them resets them: start from zero)
         self._dropped = 0
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()

@@ -23,8 +23,9 @@ def run_bounded(ns, argv, seconds, grace=10.0, **kw):
     after `seconds` (a sender that forks, like trafgen, must be stopped whole),
     SIGKILL it `grace` seconds later. Returns (returncode, stdout+stderr, wall seconds)."""
     start = time.monotonic()
-    proc = netns.popen(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       start_new_session=True, **kw)
+    proc = netns.popen(
+        ns, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw
+    )
     try:
         out, _ = proc.communicate(timeout=seconds)
     except BaseException as e:
@@ -81,8 +82,14 @@ class Generator:
         before = iface_counters(self.ns, self.ifname)
         packets, nbytes, secs, *extra = self._send(limit, seconds, rate_pps)
         after = iface_counters(self.ns, self.ifname)
-        return SendReport(packets, nbytes, secs, self.name, dropped=after["tx_dropped"] - before["tx_dropped"],
-                          extra=extra[0] if extra else {})
+        return SendReport(
+            packets,
+            nbytes,
+            secs,
+            self.name,
+            dropped=after["tx_dropped"] - before["tx_dropped"],
+            extra=extra[0] if extra else {},
+        )
 
     def _open(self):
         raise NotImplementedError

@@ -60,9 +60,9 @@ end
 class HttpResult:
     tool: str
     connections: int
-    offered_rps: float | None       # open loop: the schedule's rate; closed loop: None
-    requests: int                   # answered with a 2xx/3xx
-    errors: int                     # failed, non-2xx/3xx or unanswered within the timeout
+    offered_rps: float | None  # open loop: the schedule's rate; closed loop: None
+    requests: int  # answered with a 2xx/3xx
+    errors: int  # failed, non-2xx/3xx or unanswered within the timeout
     seconds: float
     quantiles_ms: list = field(default_factory=list)  # latency at each of QUANTILES
     detail: dict = field(default_factory=dict)
@@ -92,16 +92,36 @@ def closed_loop(ns, addr, port, connections=100, seconds=10.0, threads=2, timeou
     with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="vtl-wrk-") as script:
         script.write(WRK_SCRIPT)
         script.flush()
-        argv = [wrk, "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s", "--timeout", f"{timeout:g}s",
-                "-s", script.name, f"http://{host}:{port}{path}"]
+        argv = [
+            wrk,
+            "-t",
+            str(threads),
+            "-c",
+            str(connections),
+            "-d",
+            f"{seconds:g}s",
+            "--timeout",
+            f"{timeout:g}s",
+            "-s",
+            script.name,
+            f"http://{host}:{port}{path}",
+        ]
         r = netns.run(ns, argv, check=False, capture_output=True, text=True, timeout=seconds + 60)
     out = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not out:
         err = (r.stderr.strip() or r.stdout.strip() or f"exit {r.returncode}").splitlines()[-1]
         raise LabError(f"wrk against {host}:{port} failed: {err}")
     d = json.loads(out[-1])
-    return HttpResult("wrk", connections, None, d["requests"] - d["status"], d["errors"], d["seconds"],
-                      d["quantiles_ms"], {k: d[k] for k in ("connect", "read", "write", "status", "timeout")})
+    return HttpResult(
+        "wrk",
+        connections,
+        None,
+        d["requests"] - d["status"],
+        d["errors"],
+        d["seconds"],
+        d["quantiles_ms"],
+        {k: d[k] for k in ("connect", "read", "write", "status", "timeout")},
+    )
 
 
 def openloop_binary() -> Path:
@@ -138,8 +158,17 @@ def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, 
         raise ValueError(f"rate must be positive, not {rate}")
     binary = openloop_binary()
     with tempfile.NamedTemporaryFile(prefix="vtl-openloop-", suffix=".u32") as lat:
-        argv = [str(binary), str(addr), str(port), path, str(connections), f"{rate:.3f}", f"{seconds:g}",
-                f"{timeout:g}", lat.name]
+        argv = [
+            str(binary),
+            str(addr),
+            str(port),
+            path,
+            str(connections),
+            f"{rate:.3f}",
+            f"{seconds:g}",
+            f"{timeout:g}",
+            lat.name,
+        ]
         r = netns.run(ns, argv, check=False, capture_output=True, text=True, timeout=seconds + 2 * timeout + 30)
         if r.returncode != 0 or not r.stdout.strip():
             err = (r.stderr.strip() or f"exit {r.returncode}").splitlines()[-1]
@@ -149,9 +178,22 @@ def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, 
     qs = [round(float(v) / 1000, 3) for v in np.percentile(us, QUANTILES)] if len(us) else []
     # the rate is what was answered while the schedule ran, over its length: an LB past its
     # capacity answers at its capacity, and one late answer in the drain after it cannot halve it
-    return HttpResult("openloop", connections, rate, d["requests"], d["errors"], seconds, qs,
-                      {**{k: d[k] for k in ("scheduled", "in_schedule", "timeouts", "status_errors",
-                                            "connect_errors", "reconnects")}, "elapsed_s": d["seconds"]})
+    return HttpResult(
+        "openloop",
+        connections,
+        rate,
+        d["requests"],
+        d["errors"],
+        seconds,
+        qs,
+        {
+            **{
+                k: d[k]
+                for k in ("scheduled", "in_schedule", "timeouts", "status_errors", "connect_errors", "reconnects")
+            },
+            "elapsed_s": d["seconds"],
+        },
+    )
 
 
 def merge(results: list) -> HttpResult:
@@ -166,15 +208,26 @@ def merge(results: list) -> HttpResult:
     if done:
         grid = np.unique(np.concatenate([r.quantiles_ms for r in done]))
         weights = np.array([r.requests for r in done], dtype=float)
-        cdf = sum(w * np.interp(grid, r.quantiles_ms, QUANTILES, left=0.0, right=100.0)
-                  for w, r in zip(weights, done, strict=True)) / weights.sum()
+        cdf = (
+            sum(
+                w * np.interp(grid, r.quantiles_ms, QUANTILES, left=0.0, right=100.0)
+                for w, r in zip(weights, done, strict=True)
+            )
+            / weights.sum()
+        )
         cdf = np.maximum.accumulate(cdf)
         qs = [round(float(v), 3) for v in np.interp(QUANTILES, cdf, grid)]
     detail = {k: sum(r.detail.get(k, 0) for r in results) for k in first.detail}
-    return HttpResult(first.tool, sum(r.connections for r in results),
-                      None if first.offered_rps is None else sum(r.offered_rps for r in results),
-                      sum(r.requests for r in results), sum(r.errors for r in results),
-                      max(r.seconds for r in results), qs, {**detail, "servers": len(results)})
+    return HttpResult(
+        first.tool,
+        sum(r.connections for r in results),
+        None if first.offered_rps is None else sum(r.offered_rps for r in results),
+        sum(r.requests for r in results),
+        sum(r.errors for r in results),
+        max(r.seconds for r in results),
+        qs,
+        {**detail, "servers": len(results)},
+    )
 
 
 def spread(load, ns, targets, connections, rate=None, **kw) -> HttpResult:
@@ -238,8 +291,10 @@ class Connections:
                     while pending:
                         events = sel.select(timeout=max(0.0, deadline - time.monotonic()))
                         if not events:
-                            raise LabError(f"{pending} of {len(new)} connections to {self.addr}:{self.port} "
-                                           f"not established within {self.timeout:g} s")
+                            raise LabError(
+                                f"{pending} of {len(new)} connections to {self.addr}:{self.port} "
+                                f"not established within {self.timeout:g} s"
+                            )
                         for key, _ in events:
                             err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                             if err:
@@ -254,8 +309,9 @@ class Connections:
     def request(self, which=None, close=False, path="/") -> list:
         which = range(len(self.socks)) if which is None else list(which)
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n" + ("Connection: close\r\n" if close else "")
-               + "\r\n").encode()
+        req = (
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n"
+        ).encode()
         out = {i: None for i in which}
         bufs = {}
         sel = selectors.DefaultSelector()
@@ -284,7 +340,7 @@ class Connections:
                         continue
                     out[i] = body.split(b"\n", 1)[0].decode(errors="replace")
                 else:
-                    self.dead.add(i)   # closed or reset
+                    self.dead.add(i)  # closed or reset
                 sel.unregister(key.fileobj)
                 del bufs[i]
         sel.close()

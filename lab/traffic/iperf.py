@@ -37,8 +37,20 @@ class Iperf3(Generator):
     name = "iperf3"
     needs_frames = False
 
-    def __init__(self, ns, ifname, server_ns, server_addr, proto="tcp", port=5201, length=None,
-                 mtu=1500, cpu=None, server_cpu=None, parallel=1):
+    def __init__(
+        self,
+        ns,
+        ifname,
+        server_ns,
+        server_addr,
+        proto="tcp",
+        port=5201,
+        length=None,
+        mtu=1500,
+        cpu=None,
+        server_cpu=None,
+        parallel=1,
+    ):
         if not shutil.which("iperf3"):
             raise netns.LabError("iperf3 not found (Debian package iperf3; run `make setup`)")
         if proto not in ("tcp", "udp"):
@@ -58,8 +70,9 @@ class Iperf3(Generator):
         argv = ["iperf3", "-s", "-B", str(self.addr), "-p", str(self.port)]
         if self.server_cpu is not None:
             argv += ["-A", str(self.server_cpu)]
-        self.server = netns.popen(self.server_ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
+        self.server = netns.popen(
+            self.server_ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         deadline = time.monotonic() + 5
         while not self._listening():
             if self.server.poll() is not None:
@@ -85,10 +98,15 @@ class Iperf3(Generator):
         and the client's TIME-WAIT socket answers it, one packet more after the
         client alone looked finished (seen once under load, 45 retransmits)."""
         done = {"TIME-WAIT", "LISTEN"}
-        client = netns.run(self.ns, ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
-                           capture_output=True, text=True).stdout
-        server = netns.run(self.server_ns, ["ss", "-Htan", "sport", "=", f":{self.port}"],
-                           capture_output=True, text=True).stdout
+        client = netns.run(
+            self.ns,
+            ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        server = netns.run(
+            self.server_ns, ["ss", "-Htan", "sport", "=", f":{self.port}"], capture_output=True, text=True
+        ).stdout
         return [ln for ln in (client + server).splitlines() if ln.split() and ln.split()[0] not in done]
 
     def _settled_counters(self, quiet=0.05, limit=5.0):
@@ -108,8 +126,18 @@ class Iperf3(Generator):
 
     # --- one client run ------------------------------------------------------
     def _send(self, limit, seconds, rate_pps):
-        argv = ["iperf3", "-c", str(self.addr), "-p", str(self.port), "-J", "-l", str(self.length),
-                "-P", str(self.parallel)]
+        argv = [
+            "iperf3",
+            "-c",
+            str(self.addr),
+            "-p",
+            str(self.port),
+            "-J",
+            "-l",
+            str(self.length),
+            "-P",
+            str(self.parallel),
+        ]
         if self.cpu is not None:
             argv += ["-A", str(self.cpu)]
         if self.proto == "udp":
@@ -125,28 +153,36 @@ class Iperf3(Generator):
         rc, out, elapsed = run_bounded(self.ns, argv, seconds + 2 if not counted else seconds)
         after = self._settled_counters()
         try:
-            res = json.loads(out[out.index("{"):])
+            res = json.loads(out[out.index("{") :])
         except ValueError:
             raise netns.LabError(f"iperf3 client failed (exit {rc}): {out.strip()[-200:]}") from None
         if "error" in res and not res.get("end", {}).get("sum_sent", res.get("end", {}).get("sum")):
             raise netns.LabError(f"iperf3 client: {res['error']}")
         end = res["end"]
-        extra = {"proto": self.proto, "length": self.length,
-                 "cpu_client_pct": end.get("cpu_utilization_percent", {}).get("host_total"),
-                 "cpu_server_pct": end.get("cpu_utilization_percent", {}).get("remote_total")}
+        extra = {
+            "proto": self.proto,
+            "length": self.length,
+            "cpu_client_pct": end.get("cpu_utilization_percent", {}).get("host_total"),
+            "cpu_server_pct": end.get("cpu_utilization_percent", {}).get("remote_total"),
+        }
         if self.proto == "udp":
             s = end["sum"]
             # sum: what the client sent; the server's side comes back in the same summary
             received = end.get("sum_received", {})
             packets = s["packets"]
             lost = s.get("lost_packets", 0)
-            extra.update(received_packets=packets - lost, lost_packets=lost, jitter_ms=s.get("jitter_ms"),
-                         received_bytes=received.get("bytes", (packets - lost) * self.length))
+            extra.update(
+                received_packets=packets - lost,
+                lost_packets=lost,
+                jitter_ms=s.get("jitter_ms"),
+                received_bytes=received.get("bytes", (packets - lost) * self.length),
+            )
             nbytes = packets * (self.length + UDP_HLEN + self.ip_hlen + ETH_HLEN)
         else:
             sent, received = end["sum_sent"], end["sum_received"]
             packets = after["tx_packets"] - before["tx_packets"]
             nbytes = after["tx_bytes"] - before["tx_bytes"]
-            extra.update(sent_bytes=sent["bytes"], received_bytes=received["bytes"],
-                         retransmits=sent.get("retransmits"))
+            extra.update(
+                sent_bytes=sent["bytes"], received_bytes=received["bytes"], retransmits=sent.get("retransmits")
+            )
         return packets, nbytes, elapsed, extra

@@ -37,4 +37,4 @@ def partial(frame: bytes) -> bytes:
         length = pkt[IPv6].plen - (start - (len(frame) - len(raw)) - 40)  # less any extension headers
         pseudo = raw[8:40] + struct.pack("!IxxxB", length, proto)
     off = start + (16 if proto == 6 else 6)
-    return frame[:off] + struct.pack("!H", _fold(pseudo)) + frame[off + 2:]
+    return frame[:off] + struct.pack("!H", _fold(pseudo)) + frame[off + 2 :]

@@ -3,11 +3,11 @@
 import ipaddress
 from dataclasses import dataclass, field
 
-MAX_SECONDS = 30.0          # no crafted-frame send runs longer than this
-MAX_PACKETS = 10_000_000    # nor holds more frames than this in memory
-MAX_LOAD_SECONDS = 300.0    # no generator run lasts longer than this...
+MAX_SECONDS = 30.0  # no crafted-frame send runs longer than this
+MAX_PACKETS = 10_000_000  # nor holds more frames than this in memory
+MAX_LOAD_SECONDS = 300.0  # no generator run lasts longer than this...
 MAX_LOAD_PACKETS = 2_000_000_000  # ...or sends more packets than this
-ETH_HLEN, UDP_HLEN = 14, 8        # for frame sizes of sources that send datagrams
+ETH_HLEN, UDP_HLEN = 14, 8  # for frame sizes of sources that send datagrams
 
 
 def ip_hlen(addr) -> int:
@@ -20,6 +20,7 @@ class SendReport:
     """packets and bytes actually handed to the device (bytes: Ethernet frames
     without FCS), over `seconds` of sending; `dropped` counts what the sending
     device itself refused (a full peer ring), when the generator can tell."""
+
     packets: int
     bytes: int
     seconds: float

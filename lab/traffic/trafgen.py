@@ -46,8 +46,19 @@ class TrafgenGenerator(Generator):
             self._dir = None
 
     def _send(self, limit, seconds, rate_pps):
-        argv = ["trafgen", "--dev", self.ifname, "--in", str(self.config), "--num", str(limit),
-                "--cpus", "1", "--no-sock-mem", "--notouch-irq"]
+        argv = [
+            "trafgen",
+            "--dev",
+            self.ifname,
+            "--in",
+            str(self.config),
+            "--num",
+            str(limit),
+            "--cpus",
+            "1",
+            "--no-sock-mem",
+            "--notouch-irq",
+        ]
         if rate_pps:
             argv += ["--rate", f"{int(rate_pps)}pps"]
         # Its own process group (run_bounded): trafgen forks a worker, and SIGINT

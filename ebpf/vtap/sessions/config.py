@@ -45,12 +45,22 @@ TRUNCATE_MAX = 65535
 PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1, "icmpv6": 58, "sctp": 132, "gre": 47, "esp": 50}
 DIRECTIONS = ("any", "ingress", "egress")
 ACTIONS = ("accept", "reject")
-KINDS = {"local": SESSIONS_H["SESS_T_LOCAL"], "vxlan": SESSIONS_H["SESS_T_VXLAN"],
-         "geneve": SESSIONS_H["SESS_T_GENEVE"], "gre": SESSIONS_H["SESS_T_GRE"],
-         "erspan": SESSIONS_H["SESS_T_ERSPAN2"], "erspan3": SESSIONS_H["SESS_T_ERSPAN3"]}
+KINDS = {
+    "local": SESSIONS_H["SESS_T_LOCAL"],
+    "vxlan": SESSIONS_H["SESS_T_VXLAN"],
+    "geneve": SESSIONS_H["SESS_T_GENEVE"],
+    "gre": SESSIONS_H["SESS_T_GRE"],
+    "erspan": SESSIONS_H["SESS_T_ERSPAN2"],
+    "erspan3": SESSIONS_H["SESS_T_ERSPAN3"],
+}
 DEFAULT_PORTS = {"vxlan": 4789, "geneve": 6081}
-KEY_LIMITS = {"vxlan": (0, 2**24 - 1, "VNI"), "geneve": (0, 2**24 - 1, "VNI"), "gre": (0, 2**32 - 1, "key"),
-              "erspan": (0, 1023, "session id"), "erspan3": (0, 1023, "session id")}
+KEY_LIMITS = {
+    "vxlan": (0, 2**24 - 1, "VNI"),
+    "geneve": (0, 2**24 - 1, "VNI"),
+    "gre": (0, 2**32 - 1, "key"),
+    "erspan": (0, 1023, "session id"),
+    "erspan3": (0, 1023, "session id"),
+}
 
 
 def _keyed(key, fn, *args):
@@ -114,6 +124,7 @@ class Rule:
             e = InputError(f"{what}: {msg}")
             e.key = key
             raise e
+
         if self.action not in ACTIONS:
             bad("action", f"action must be accept or reject, not {self.action!r}")
         if self.direction not in DIRECTIONS:
@@ -124,8 +135,11 @@ class Rule:
         if self.src and self.dst and self.src.version != self.dst.version:
             bad("destination", f"source {self.src} and destination {self.dst} are of different families")
         self.sports = None if self.source_ports is None else _keyed("source_ports", _ports, self.source_ports, what)
-        self.dports = (None if self.destination_ports is None else
-                       _keyed("destination_ports", _ports, self.destination_ports, what))
+        self.dports = (
+            None
+            if self.destination_ports is None
+            else _keyed("destination_ports", _ports, self.destination_ports, what)
+        )
         if self.sports or self.dports:
             if self.proto not in (6, 17):
                 bad("destination_ports" if self.dports else "source_ports", "ports need protocol tcp or udp")
@@ -165,7 +179,9 @@ class Target:
         return self.text
 
 
-_URL = re.compile(r"(?P<kind>[a-z0-9]+)://(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^/:]+))(?::(?P<port>\d+))?(?:/(?P<key>\d+))?$")
+_URL = re.compile(
+    r"(?P<kind>[a-z0-9]+)://(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^/:]+))(?::(?P<port>\d+))?(?:/(?P<key>\d+))?$"
+)
 
 
 def parse_target(text, what="target") -> Target:
@@ -226,10 +242,12 @@ class Session:
             e = InputError(f"{what}: {msg}")
             e.key = key
             raise e
+
         if not isinstance(self.target, Target):
             self.target = _keyed("target", parse_target, self.target, what)
-        if self.number is not None and (isinstance(self.number, bool) or not isinstance(self.number, int)
-                                        or not 0 <= self.number <= 2**31):
+        if self.number is not None and (
+            isinstance(self.number, bool) or not isinstance(self.number, int) or not 0 <= self.number <= 2**31
+        ):
             bad("number", f"number must be a whole number, not {self.number!r}")
         t = self.truncate
         if isinstance(t, bool) or not isinstance(t, int) or not (t == 0 or TRUNCATE_MIN <= t <= TRUNCATE_MAX):
@@ -264,8 +282,11 @@ def watching(monitor, watch=None, match="any", sample=1, name=None) -> Session:
     sides = {"src": ("source",), "dst": ("destination",), "any": ("source", "destination")}
     if match not in sides:
         raise InputError(f"unknown match mode {match!r} (src, dst or any)")
-    rules = [Rule("accept")] if watch is None else \
-        [Rule("accept", **{side: str(net)}) for net in watch for side in sides[match]]
+    rules = (
+        [Rule("accept")]
+        if watch is None
+        else [Rule("accept", **{side: str(net)}) for net in watch for side in sides[match]]
+    )
     return Session(target=monitor, rules=rules, sample=sample, name=name)
 
 
@@ -371,8 +392,9 @@ def parse_sessions(text, name="sessions") -> list:
         what = f"session {i + 1}"
         for key in t:
             if key not in known:
-                raise InputError(f"{name}:{_locate(lines, i, key=key)}: {what}: unknown key {key!r} "
-                                 f"({', '.join(sorted(known))})")
+                raise InputError(
+                    f"{name}:{_locate(lines, i, key=key)}: {what}: unknown key {key!r} ({', '.join(sorted(known))})"
+                )
         if "target" not in t:
             raise InputError(f"{name}:{_locate(lines, i)}: {what}: no target")
         rules = []
@@ -382,9 +404,17 @@ def parse_sessions(text, name="sessions") -> list:
             except InputError as e:
                 raise InputError(f"{name}:{_locate(lines, i, j, getattr(e, 'key', None))}: {e}") from None
         try:
-            sessions.append(Session(target=t["target"], rules=rules, number=t.get("number"),
-                                    truncate=t.get("truncate", 0), sample=t.get("sample", 1),
-                                    fit=t.get("fit", False), name=t.get("name")))
+            sessions.append(
+                Session(
+                    target=t["target"],
+                    rules=rules,
+                    number=t.get("number"),
+                    truncate=t.get("truncate", 0),
+                    sample=t.get("sample", 1),
+                    fit=t.get("fit", False),
+                    name=t.get("name"),
+                )
+            )
         except InputError as e:
             where = _locate(lines, i, key=getattr(e, "key", None))
             raise InputError(f"{name}:{where}: {str(e).replace('session: ', what + ': ', 1)}") from None

@@ -51,8 +51,10 @@ def path(netns, address) -> Path:
         mtu = metrics.get_attr("RTAX_MTU") if metrics else None
         dev = netdev.device(ip, oif) if oif else None
         if dev is None or src is None:
-            raise InputError(f"no route to collector {address}{netdev.where(netns)} with a source address "
-                             f"(add one: ip route add {address} via GATEWAY)")
+            raise InputError(
+                f"no route to collector {address}{netdev.where(netns)} with a source address "
+                f"(add one: ip route add {address} via GATEWAY)"
+            )
         if oif == 1 or dev.name == "lo":
             raise InputError(f"collector {address} is an address of this namespace: copies would never leave it")
     return Path(oif, dev.name, ipaddress.ip_address(src), mtu or dev.mtu)
@@ -72,8 +74,7 @@ def header(target, source) -> bytes:
     if kind == "vxlan":
         return ip + struct.pack("!HHHH", 0, target.port, 0, 0) + struct.pack("!II", 0x08 << 24, target.key << 8)
     if kind == "geneve":
-        return ip + struct.pack("!HHHH", 0, target.port, 0, 0) + struct.pack("!BBHI", 0, 0, 0x6558,
-                                                                             target.key << 8)
+        return ip + struct.pack("!HHHH", 0, target.port, 0, 0) + struct.pack("!BBHI", 0, 0, 0x6558, target.key << 8)
     if kind == "gre":
         if target.key is None:
             return ip + struct.pack("!HH", 0, GRE_PROTO[kind])

@@ -53,8 +53,10 @@ def field_bits(sessions) -> dict:
     tries = {}
     for family in (4, 6):
         for side in (0, 1):
+
             def net_of(r, side=side):
                 return r.src if side == 0 else r.dst
+
             fits = [r.family in (None, family) for _, r in rules]
             prefixes = {ipaddress.ip_network("0.0.0.0/0" if family == 4 else "::/0")}
             prefixes |= {net_of(r) for _, r in rules if net_of(r) is not None and net_of(r).version == family}
@@ -87,8 +89,15 @@ def field_bits(sessions) -> dict:
             table[port] = cur | open_bits
         table[NO_PORT] = open_bits
         ports.append(table)
-    return {"direction": direction, "proto": proto, "tries": tries, "sport": ports[0], "dport": ports[1],
-            "rules": rules, "every": every}
+    return {
+        "direction": direction,
+        "proto": proto,
+        "tries": tries,
+        "sport": ports[0],
+        "dport": ports[1],
+        "rules": rules,
+        "every": every,
+    }
 
 
 def to_bits(table, value: int):
@@ -109,8 +118,9 @@ def write_array(table, base, values):
         leaf = cache.get(v)
         if leaf is None:
             leaf = cache[v] = to_bits(table, v)
-        ctypes.memmove(ctypes.byref(leaves, i * ctypes.sizeof(table.Leaf)), ctypes.byref(leaf),
-                       ctypes.sizeof(table.Leaf))
+        ctypes.memmove(
+            ctypes.byref(leaves, i * ctypes.sizeof(table.Leaf)), ctypes.byref(leaf), ctypes.sizeof(table.Leaf)
+        )
     try:
         table.items_update_batch(keys, leaves)
     except Exception:  # an older kernel without batch operations on arrays

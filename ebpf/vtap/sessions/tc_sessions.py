@@ -44,8 +44,19 @@ PORT_SLOTS = SESSIONS_H["SESS_PORT_SLOTS"]
 F_OUTER_V6, F_FIT = SESSIONS_H["SESS_F_OUTER_V6"], SESSIONS_H["SESS_F_FIT"]
 FILTER_OWNER = "vtap"
 SENDER_PREFIX = "vtaps"
-SESSION_COUNTERS = ("accepted", "rejected", "sampled_out", "shadowed", "handed", "sent", "sent_bytes",
-                    "frame_bytes", "truncated", "oversize", "failed")
+SESSION_COUNTERS = (
+    "accepted",
+    "rejected",
+    "sampled_out",
+    "shadowed",
+    "handed",
+    "sent",
+    "sent_bytes",
+    "frame_bytes",
+    "truncated",
+    "oversize",
+    "failed",
+)
 COUNTERS = ("seen", "mirrored", "unmatched", "not_ip", "malformed", "not_taken", "own_copies", "pass", "mirror")
 _serial = itertools.count(1)
 
@@ -56,9 +67,9 @@ def sender_name(pid=None, n=None):
 
 def sender_pid(name):
     """The pid in a sender device's name, or None when it is not one."""
-    if not name.startswith(SENDER_PREFIX) or "x" not in name[len(SENDER_PREFIX):]:
+    if not name.startswith(SENDER_PREFIX) or "x" not in name[len(SENDER_PREFIX) :]:
         return None
-    pid = name[len(SENDER_PREFIX):].split("x", 1)[0]
+    pid = name[len(SENDER_PREFIX) :].split("x", 1)[0]
     return int(pid) if pid.isdigit() else None
 
 
@@ -76,11 +87,11 @@ class SessionMirror(BpfProgram):
         self.netns = netns
         self._sessions = ordered(sessions)
         self._gen = 0
-        self._bases = {}            # (session number, counter) -> folded counts of retired generations
-        self._rule_bases = {}       # (session number, rule position) -> folded hits
+        self._bases = {}  # (session number, counter) -> folded counts of retired generations
+        self._rule_bases = {}  # (session number, rule position) -> folded hits
         self._gen_sessions = [[], []]  # which sessions each generation's slots hold
         self._lock = threading.Lock()
-        self._sender = None         # (name, ifindex) of the sender device once made
+        self._sender = None  # (name, ifindex) of the sender device once made
         self._slot_names = {}
         self._resolved = self._resolve(self._sessions)  # a bad target fails before anything is made
 
@@ -109,8 +120,7 @@ class SessionMirror(BpfProgram):
         """For each session, the later ones with the same target, as a slot mask."""
         masks = []
         for i, s in enumerate(sessions):
-            masks.append(sum(1 << j for j in range(i + 1, len(sessions))
-                             if str(sessions[j].target) == str(s.target)))
+            masks.append(sum(1 << j for j in range(i + 1, len(sessions)) if str(sessions[j].target) == str(s.target)))
         return masks
 
     # --- the maps -------------------------------------------------------------------
@@ -279,8 +289,9 @@ class SessionMirror(BpfProgram):
         for s, (ifindex, _, _, _, name) in zip(self._sessions, self._resolved, strict=True):
             if s.target.kind == "local":
                 if name == ifname:
-                    raise InputError(f"{s.label}: target {ifname} is also a tapped interface "
-                                     "(its own copies would loop)")
+                    raise InputError(
+                        f"{s.label}: target {ifname} is also a tapped interface (its own copies would loop)"
+                    )
                 why = mirror_loops.loop_reason(self.netns, name, ifindex, ifname, direction)
                 if why:
                     raise InputError(f"cannot tap {ifname} {direction}: {why}")
@@ -291,17 +302,22 @@ class SessionMirror(BpfProgram):
         Returns (names, {skipped name: why})."""
         with netdev.ipr(self.netns) as ip:
             devs = netdev.devices(ip)
-            paths = [(name, ifindex, netdev.copy_path(ip, ifindex))
-                     for s, (ifindex, _, _, _, name) in zip(self._sessions, self._resolved, strict=True)
-                     if s.target.kind == "local"]
+            paths = [
+                (name, ifindex, netdev.copy_path(ip, ifindex))
+                for s, (ifindex, _, _, _, name) in zip(self._sessions, self._resolved, strict=True)
+                if s.target.kind == "local"
+            ]
         chosen, skipped = [], {}
         for dev in sorted(devs.values(), key=lambda d: d.name):
             if not dev.up or dev.name == "lo" or sender_pid(dev.name or "") is not None:
                 continue
             why = None
             for name, ifindex, path in paths:
-                why = (f"it is the target {name} of a session" if dev.index == ifindex else
-                       mirror_loops.loops(path, dev.index, mirror_loops.directions_of(direction), name))
+                why = (
+                    f"it is the target {name} of a session"
+                    if dev.index == ifindex
+                    else mirror_loops.loops(path, dev.index, mirror_loops.directions_of(direction), name)
+                )
                 if why:
                     break
             if why:
@@ -343,10 +359,17 @@ class SessionMirror(BpfProgram):
         rows = {}
         for slot, names in self._slot_names.items():
             c = self.percpu_totals("stats", slot)
-            row = {"seen": c["seen"], "mirrored": c["mirrored"], "unmatched": c["unmatched"],
-                   "not_ip": c["not_ip"], "malformed": c["malformed"],
-                   "not_taken": c["sampled_out"], "own_copies": c["own_copies"],
-                   "pass": c["pass"], "mirror": c["mirror"]}
+            row = {
+                "seen": c["seen"],
+                "mirrored": c["mirrored"],
+                "unmatched": c["unmatched"],
+                "not_ip": c["not_ip"],
+                "malformed": c["malformed"],
+                "not_taken": c["sampled_out"],
+                "own_copies": c["own_copies"],
+                "pass": c["pass"],
+                "mirror": c["mirror"],
+            }
             rows["+".join(names)] = row
         totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
         return totals, rows
@@ -394,9 +417,13 @@ class SessionMirror(BpfProgram):
 
     def describe(self) -> dict:
         d = super().describe()
-        d["sessions"] = "; ".join(f"{s.label} -> {s.target} ({len(s.rules)} rules"
-                                  f"{', truncate ' + str(s.truncate) if s.truncate else ''})"
-                                  for s in self._sessions) or "none"
+        d["sessions"] = (
+            "; ".join(
+                f"{s.label} -> {s.target} ({len(s.rules)} rules{', truncate ' + str(s.truncate) if s.truncate else ''})"
+                for s in self._sessions
+            )
+            or "none"
+        )
         if self.netns:
             d["netns"] = self.netns
         return d

@@ -1,5 +1,6 @@
 """The XDP load balancer: Maglev, connection tracking, NAT with XDP_TX or DSR
 (ebpf.XdpLoadBalancer), after the two XDP load-balancer articles."""
+
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(

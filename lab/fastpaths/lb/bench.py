@@ -66,12 +66,43 @@ examples:
   python -m lab bench lb --peers direct,xdp --connections 100 --loads 50 --trials 1 --duration 2
                                                 # a smoke test: 4 runs of 2 s
 """
-COLUMNS = ["lb", "mode", "loop", "connections", "offered_rps", "trial", "duration_s", "requests", "errors", "rps",
-           "p50_ms", "p75_ms", "p90_ms", "p99_ms", "p999_ms", "lb_cpu_cores", "lb_mem_mb",
-           "lb_proc_cores", "lb_napi_cores", "machine_cores", "steal_cores", "lb_pss_mb", "lb_maps_mb", "load_pct",
-           "napi", "tool"]
-MODES = {"direct": "none", "xdp": "nat", "nginx-l4": "stream", "nginx-l7": "http", "haproxy-l4": "tcp",
-         "haproxy-l7": "http", "nft-lb": "dnat"}
+COLUMNS = [
+    "lb",
+    "mode",
+    "loop",
+    "connections",
+    "offered_rps",
+    "trial",
+    "duration_s",
+    "requests",
+    "errors",
+    "rps",
+    "p50_ms",
+    "p75_ms",
+    "p90_ms",
+    "p99_ms",
+    "p999_ms",
+    "lb_cpu_cores",
+    "lb_mem_mb",
+    "lb_proc_cores",
+    "lb_napi_cores",
+    "machine_cores",
+    "steal_cores",
+    "lb_pss_mb",
+    "lb_maps_mb",
+    "load_pct",
+    "napi",
+    "tool",
+]
+MODES = {
+    "direct": "none",
+    "xdp": "nat",
+    "nginx-l4": "stream",
+    "nginx-l7": "http",
+    "haproxy-l4": "tcp",
+    "haproxy-l7": "http",
+    "nft-lb": "dnat",
+}
 PERCENTILES = {"p50_ms": 50, "p75_ms": 75, "p90_ms": 90, "p99_ms": 99, "p999_ms": 99.9}
 
 
@@ -81,12 +112,24 @@ def add_arguments(p):
     p.add_argument("--loops", default="closed,open", help="closed, open or both (default %(default)s)")
     p.add_argument("--connections", default="100,500,1000", help="closed loop: wrk connections (default %(default)s)")
     p.add_argument("--loads", default="25,50,75", help="open loop: percent of direct's capacity (default %(default)s)")
-    p.add_argument("--open-connections", type=int, default=100,
-                   help="open loop: keep-alive connections the schedule spreads over (default %(default)s)")
-    p.add_argument("--capacity", type=float, metavar="RPS",
-                   help="direct's capacity for the open loop's loads (default: measured, closed loop)")
-    p.add_argument("--napi", default="softirq", choices=("softirq", "threaded"),
-                   help="where the LB interface's receive work runs, and so how its CPU is read (default %(default)s)")
+    p.add_argument(
+        "--open-connections",
+        type=int,
+        default=100,
+        help="open loop: keep-alive connections the schedule spreads over (default %(default)s)",
+    )
+    p.add_argument(
+        "--capacity",
+        type=float,
+        metavar="RPS",
+        help="direct's capacity for the open loop's loads (default: measured, closed loop)",
+    )
+    p.add_argument(
+        "--napi",
+        default="softirq",
+        choices=("softirq", "threaded"),
+        help="where the LB interface's receive work runs, and so how its CPU is read (default %(default)s)",
+    )
     p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
     p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
 
@@ -108,15 +151,28 @@ def check(args):
 
 
 def main(args):
-    lbs, loops, conns, loads = check(args)   # a ValueError: `lab bench: error: ...`, in one line
-    df, path = run(lbs, loops, conns, loads, args.trials, args.duration, args.capacity, args.open_connections,
-                   args.threads, args.out, backends=args.backends, napi=args.napi)
+    lbs, loops, conns, loads = check(args)  # a ValueError: `lab bench: error: ...`, in one line
+    df, path = run(
+        lbs,
+        loops,
+        conns,
+        loads,
+        args.trials,
+        args.duration,
+        args.capacity,
+        args.open_connections,
+        args.threads,
+        args.out,
+        backends=args.backends,
+        napi=args.napi,
+    )
     print_summary(df)
     print(f"\nwrote {path}, {path.with_suffix('.json').name} and {path.name.replace('lb-', 'lb_latency-', 1)}")
     return 0
 
 
 # -- what the LB costs ----------------------------------------------------------------------------
+
 
 class LbRig(Rig):
     """The LB testbed made ready for the runs (a lab.rig.Rig): nginx backends
@@ -134,8 +190,10 @@ class LbRig(Rig):
 
     def set_up(self):
         tb = self.tb
-        self.webs = [NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)
-                     for i, be in enumerate(tb.backends)]
+        self.webs = [
+            NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)
+            for i, be in enumerate(tb.backends)
+        ]
         for w in self.webs:
             w.start()
         self.sink = XdpSink("pass")
@@ -210,31 +268,47 @@ class Usage:
 
 # -- the runs -------------------------------------------------------------------------------------
 
+
 def measure(tb, napi, name, loop, connections, rate, duration, threads):
     """One run; napi: the NAPI thread's id (--napi threaded) or None."""
     peer = BALANCERS[name](tb)
     with peer:
         with Usage(peer, napi) as use:
             if loop == "closed":
-                r = spread(closed_loop, tb.ns(tb.client), peer.targets(), connections, seconds=duration,
-                           threads=threads)
+                r = spread(
+                    closed_loop, tb.ns(tb.client), peer.targets(), connections, seconds=duration, threads=threads
+                )
             else:
                 r = spread(open_loop, tb.ns(tb.client), peer.targets(), connections, rate, seconds=duration)
     has_lb = name != "direct"
-    row = {"lb": name, "mode": MODES[name], "loop": loop, "connections": connections, "offered_rps": rate,
-           "duration_s": r.seconds, "requests": r.requests, "errors": r.errors, "rps": r.rps,
-           **{k: r.percentile(q) for k, q in PERCENTILES.items()}, "tool": r.tool,
-           "lb_proc_cores": use.proc if has_lb else math.nan,
-           "lb_napi_cores": use.napi_cores if has_lb else math.nan, "machine_cores": use.machine,
-           "steal_cores": use.steal,
-           "napi": "threaded" if napi else "softirq",
-           "lb_pss_mb": use.peak_pss / 2**20 if has_lb and use.pids else math.nan,
-           "lb_maps_mb": use.peak_maps / 2**20 if has_lb and use.peak_maps else math.nan}
+    row = {
+        "lb": name,
+        "mode": MODES[name],
+        "loop": loop,
+        "connections": connections,
+        "offered_rps": rate,
+        "duration_s": r.seconds,
+        "requests": r.requests,
+        "errors": r.errors,
+        "rps": r.rps,
+        **{k: r.percentile(q) for k, q in PERCENTILES.items()},
+        "tool": r.tool,
+        "lb_proc_cores": use.proc if has_lb else math.nan,
+        "lb_napi_cores": use.napi_cores if has_lb else math.nan,
+        "machine_cores": use.machine,
+        "steal_cores": use.steal,
+        "napi": "threaded" if napi else "softirq",
+        "lb_pss_mb": use.peak_pss / 2**20 if has_lb and use.pids else math.nan,
+        "lb_maps_mb": use.peak_maps / 2**20 if has_lb and use.peak_maps else math.nan,
+    }
     # threaded: the processes and the NAPI thread; softirq: filled in by lb_cpu() once direct has run
     row["lb_cpu_cores"] = row["lb_proc_cores"] + row["lb_napi_cores"] if napi else math.nan
     # nft-lb has neither process nor maps we can read: its memory (conntrack entries) stays empty
-    row["lb_mem_mb"] = (math.nan if math.isnan(row["lb_pss_mb"]) and math.isnan(row["lb_maps_mb"])
-                        else sum(v for v in (row["lb_pss_mb"], row["lb_maps_mb"]) if not math.isnan(v)))
+    row["lb_mem_mb"] = (
+        math.nan
+        if math.isnan(row["lb_pss_mb"]) and math.isnan(row["lb_maps_mb"])
+        else sum(v for v in (row["lb_pss_mb"], row["lb_maps_mb"]) if not math.isnan(v))
+    )
     return row, r.quantiles_ms
 
 
@@ -248,8 +322,21 @@ def lb_cpu(df):
     return df
 
 
-def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=100, threads=2, out=None,
-        progress=True, backends=2, napi="softirq"):
+def run(
+    lbs,
+    loops,
+    conns,
+    loads,
+    trials,
+    duration,
+    capacity=None,
+    open_conns=100,
+    threads=2,
+    out=None,
+    progress=True,
+    backends=2,
+    napi="softirq",
+):
     rows, lat = [], []
     need_capacity = "open" in loops and capacity is None
     calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
@@ -262,8 +349,19 @@ def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=10
         row.update(trial=trial, load_pct=load)
         rows.append(row)
         # qs: one latency per QUANTILES, or none when nothing was answered
-        lat.extend({"lb": name, "loop": loop, "connections": c, "offered_rps": rate, "load_pct": load,
-                    "trial": trial, "percentile": q, "latency_ms": v} for q, v in zip(QUANTILES, qs, strict=False))
+        lat.extend(
+            {
+                "lb": name,
+                "loop": loop,
+                "connections": c,
+                "offered_rps": rate,
+                "load_pct": load,
+                "trial": trial,
+                "percentile": q,
+                "latency_ms": v,
+            }
+            for q, v in zip(QUANTILES, qs, strict=False)
+        )
         if bar:
             what = f"{c} conns" if loop == "closed" else f"{load:g} %"
             bar.step(f"{name} {loop} {what} trial {trial}")
@@ -285,14 +383,28 @@ def run(lbs, loops, conns, loads, trials, duration, capacity=None, open_conns=10
             for trial, load, name in interleaved(trials, loads, lbs):
                 one(name, "open", open_conns, capacity * load / 100, trial, load)
     df = lb_cpu(columns_first(rows, COLUMNS))
-    params = {"lbs": lbs, "loops": loops, "connections": conns, "loads_pct": loads, "open_connections": open_conns,
-              "capacity_rps": capacity, "capacity_measured": need_capacity, "trials": trials,
-              "duration_s": duration, "wrk_threads": threads, "backends": len(rig.tb.backends),
-              "closed_loop_tool": "wrk", "open_loop_tool": "lab/traffic/openloop.c",
-              "napi": napi,
-              "cpu": ("processes' threads + the LB interface's threaded NAPI kthread, schedstat" if napi == "threaded"
-                      else "open loop: machine busy cores (/proc/stat, steal excluded) minus direct's at that load"),
-              "memory": "peak PSS of the processes (0.5 s samples) + BPF maps' memlock"}
+    params = {
+        "lbs": lbs,
+        "loops": loops,
+        "connections": conns,
+        "loads_pct": loads,
+        "open_connections": open_conns,
+        "capacity_rps": capacity,
+        "capacity_measured": need_capacity,
+        "trials": trials,
+        "duration_s": duration,
+        "wrk_threads": threads,
+        "backends": len(rig.tb.backends),
+        "closed_loop_tool": "wrk",
+        "open_loop_tool": "lab/traffic/openloop.c",
+        "napi": napi,
+        "cpu": (
+            "processes' threads + the LB interface's threaded NAPI kthread, schedstat"
+            if napi == "threaded"
+            else "open loop: machine busy cores (/proc/stat, steal excluded) minus direct's at that load"
+        ),
+        "memory": "peak PSS of the processes (0.5 s samples) + BPF maps' memlock",
+    }
     path = write_results(df, "lb", params, out)
     write_results(pd.DataFrame(lat), "lb_latency", params, out, companion_of=path)
     return df, path
@@ -302,10 +414,14 @@ def print_summary(df, stream=sys.stdout):
     stream.write("\nmedian over trials [min..max]; CPU in cores, memory in MB\n")
     for loop, g in df.groupby("loop", sort=False):
         key = "connections" if loop == "closed" else "load_pct"
-        stream.write(f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
-                     f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'MB':>6}\n")
+        stream.write(
+            f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
+            f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'MB':>6}\n"
+        )
         for (k, lb), h in g.groupby([key, "lb"], sort=True):
             rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
-            stream.write(f"  {lb:<11} {k:>5g} {rps:>22} {h['p50_ms'].median():7.2f} {h['p99_ms'].median():8.2f} "
-                         f"{h['p999_ms'].median():8.2f} {int(h['errors'].sum()):>6} "
-                         f"{h['lb_cpu_cores'].median():6.3f} {h['lb_mem_mb'].median():6.1f}\n")
+            stream.write(
+                f"  {lb:<11} {k:>5g} {rps:>22} {h['p50_ms'].median():7.2f} {h['p99_ms'].median():8.2f} "
+                f"{h['p999_ms'].median():8.2f} {int(h['errors'].sum()):>6} "
+                f"{h['lb_cpu_cores'].median():6.3f} {h['lb_mem_mb'].median():6.1f}\n"
+            )

@@ -66,8 +66,11 @@ def backend_lines(path):
         lines = Path(path).read_text().splitlines()
     except OSError as e:
         raise UsageError(f"cannot read --backends-file {path}: {e.strerror}") from None
-    return [(ln.split("#", 1)[0].strip(), f"{path} line {i}") for i, ln in enumerate(lines, 1)
-            if ln.split("#", 1)[0].strip()]
+    return [
+        (ln.split("#", 1)[0].strip(), f"{path} line {i}")
+        for i, ln in enumerate(lines, 1)
+        if ln.split("#", 1)[0].strip()
+    ]
 
 
 def parse_backends(entries) -> list[WeightedBackend]:
@@ -96,8 +99,9 @@ def read_timeouts(given):
         except ValueError:
             seconds = -1
         if state not in TIMEOUTS or not 0 < seconds <= 86400:
-            raise UsageError(f"bad --timeout {text!r}: want STATE=SECONDS, STATE one of {', '.join(TIMEOUTS)}, "
-                             "0 < SECONDS <= 86400")
+            raise UsageError(
+                f"bad --timeout {text!r}: want STATE=SECONDS, STATE one of {', '.join(TIMEOUTS)}, 0 < SECONDS <= 86400"
+            )
         out[state] = seconds
     return out
 
@@ -112,15 +116,24 @@ class Printer(LiveTable):
 
     def header(self, lb, iface, args):
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
-        msg = dict(event="attached", iface=iface, mode=args.mode, xdp_mode=args.xdp_mode,
-                   services=[str(s) for s in lb.services], backends=[str(b) for b in lb.backends],
-                   lb_ports=ports if args.mode == "nat" else None)
+        msg = dict(
+            event="attached",
+            iface=iface,
+            mode=args.mode,
+            xdp_mode=args.xdp_mode,
+            services=[str(s) for s in lb.services],
+            backends=[str(b) for b in lb.backends],
+            lb_ports=ports if args.mode == "nat" else None,
+        )
         if self.json:
             self.emit(msg)
         else:
-            self.emit(f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
-                      f"{len(lb.backends)} backend(s)" + (f"; LB ports {ports}" if args.mode == "nat" else "") +
-                      "; Ctrl-C to stop")
+            self.emit(
+                f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
+                f"{len(lb.backends)} backend(s)"
+                + (f"; LB ports {ports}" if args.mode == "nat" else "")
+                + "; Ctrl-C to stop"
+            )
 
     def sample(self, lb, weights, health, final=False):
         weights = {str(b): w for b, w in weights.items()}
@@ -134,8 +147,13 @@ class Printer(LiveTable):
         rows = {}
         for b, c in per.items():
             pps = self.rates(c, before.get(b, {}), ("packets",), dt)["packets"]
-            rows[b] = {**c, "active_sessions": active.get(b, 0), "packets_pps": round(pps, 1),
-                       "weight": weights.get(b, 0), "healthy": health.get(b, True)}
+            rows[b] = {
+                **c,
+                "active_sessions": active.get(b, 0),
+                "packets_pps": round(pps, 1),
+                "weight": weights.get(b, 0),
+                "healthy": health.get(b, True),
+            }
             if self.nat:
                 rows[b]["unanswered"], silent = self.replies(b, c["packets"], c["reply_packets"])
                 if silent:
@@ -147,12 +165,16 @@ class Printer(LiveTable):
             return
         label, header = self.block(final)
         if header:
-            self.emit(f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
-                      f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}")
+            self.emit(
+                f"{'SUMMARY' if final else 'TIME':8} {'BACKEND':24} {'W':>3} {'UP':>3} {'ACTIVE':>7} "
+                f"{'NEW':>8} {'PKTS/s':>9} {'PACKETS':>10} {'REPLIES':>10}"
+            )
         for b, r in rows.items():
-            self.emit(f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} "
-                      f"{r['active_sessions']:>7} {r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} "
-                      f"{r['reply_packets']:>10}")
+            self.emit(
+                f"{label:8} {b:24} {r['weight']:>3} {'yes' if r['healthy'] else 'no':>3} "
+                f"{r['active_sessions']:>7} {r['new_sessions']:>8} {r['packets_pps']:>9.0f} {r['packets']:>10} "
+                f"{r['reply_packets']:>10}"
+            )
         drops = {k: v for k, v in stats.items() if k.startswith("dropped_") and v}
         if drops:
             self.emit(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
@@ -176,16 +198,21 @@ def own_addresses(iface, vips=()):
 def host_findings(args):
     """What the hosts around the LB lack, as far as this namespace can see."""
     # generic mode sends XDP_TX frames as skbs, through the veth's own xmit: no NAPI needed
-    found = (hostcheck.check_veth_peer(args.iface, sends="XDP_TX")
-             if args.xdp_mode == "native" and not args.prepare_peer else [])
+    found = (
+        hostcheck.check_veth_peer(args.iface, sends="XDP_TX")
+        if args.xdp_mode == "native" and not args.prepare_peer
+        else []
+    )
     found += hostcheck.check_gro(args.iface, args.xdp_mode)
     return found
 
 
 class LbCommand(Command):
     name, short = "python -m lab lb", "lb"
-    description = ("Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
-                   "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS)
+    description = (
+        "Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
+        "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS
+    )
     examples = EXAMPLES
     cleans = "load balancer programs"
     metrics_rows = {"backends": "backend"}
@@ -193,26 +220,57 @@ class LbCommand(Command):
 
     def options(self, p):
         p.add_argument("--iface", metavar="IF", help="where clients and backends are reached (one-armed)")
-        p.add_argument("--service", metavar="PROTO:VIP:PORT", action="append", default=[],
-                       help="tcp or udp; IPv6 in brackets (repeatable)")
-        p.add_argument("--backend", metavar="ADDR:PORT[@WEIGHT]", action="append", default=[],
-                       help="a backend of every service of its family, weight 1 unless given (repeatable)")
-        p.add_argument("--backends-file", metavar="FILE", help="backends, one ADDR:PORT[@WEIGHT] per line, read "
-                       "again whenever the file changes")
+        p.add_argument(
+            "--service",
+            metavar="PROTO:VIP:PORT",
+            action="append",
+            default=[],
+            help="tcp or udp; IPv6 in brackets (repeatable)",
+        )
+        p.add_argument(
+            "--backend",
+            metavar="ADDR:PORT[@WEIGHT]",
+            action="append",
+            default=[],
+            help="a backend of every service of its family, weight 1 unless given (repeatable)",
+        )
+        p.add_argument(
+            "--backends-file",
+            metavar="FILE",
+            help="backends, one ADDR:PORT[@WEIGHT] per line, read again whenever the file changes",
+        )
         p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
-        p.add_argument("--self", dest="self_addrs", metavar="ADDR", action="append", default=[],
-                       help="the LB's own address the backends see in NAT mode (default: the interface's first "
-                            "address of each family)")
+        p.add_argument(
+            "--self",
+            dest="self_addrs",
+            metavar="ADDR",
+            action="append",
+            default=[],
+            help="the LB's own address the backends see in NAT mode (default: the interface's first "
+            "address of each family)",
+        )
         add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
-        p.add_argument("--prepare-peer", action="store_true",
-                       help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
-                            "there while this runs (so the frames it sends back out arrive)")
-        p.add_argument("--health-check", default="tcp", choices=("tcp", "none"),
-                       help="tcp: connect to each backend every --check-interval (default %(default)s)")
+        p.add_argument(
+            "--prepare-peer",
+            action="store_true",
+            help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
+            "there while this runs (so the frames it sends back out arrive)",
+        )
+        p.add_argument(
+            "--health-check",
+            default="tcp",
+            choices=("tcp", "none"),
+            help="tcp: connect to each backend every --check-interval (default %(default)s)",
+        )
         p.add_argument("--check-interval", type=float, default=1.0, metavar="S", help="default %(default)s")
-        p.add_argument("--timeout", metavar="STATE=S", action="append", default=[],
-                       help="how long an idle session of a state lives: syn, established, fin, udp (default "
-                            "syn=10 established=300 fin=10 udp=30; repeatable)")
+        p.add_argument(
+            "--timeout",
+            metavar="STATE=S",
+            action="append",
+            default=[],
+            help="how long an idle session of a state lives: syn, established, fin, udp (default "
+            "syn=10 established=300 fin=10 udp=30; repeatable)",
+        )
         p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
         p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
 
@@ -220,8 +278,11 @@ class LbCommand(Command):
         """The timeouts, services and backends, parsed once: what the run uses (and `given`, the --backend
         ones, which a changed --backends-file is added to again)."""
         self.timeouts = read_timeouts(args.timeout)
-        require(args, iface="--iface is required (where clients and backends are reached)",
-                service="--service is required (PROTO:VIP:PORT)")
+        require(
+            args,
+            iface="--iface is required (where clients and backends are reached)",
+            service="--service is required (PROTO:VIP:PORT)",
+        )
         try:
             self.services = [Service.parse(s) for s in args.service]
         except Exception as e:
@@ -266,8 +327,14 @@ class LbCommand(Command):
         """The weights, with a backend its health check holds down at 0, into each service of its family."""
         up = self.health.healthy if self.health else {}
         for svc in self.services:
-            self.lb.set_backends(svc, {b: (w if up.get(b, True) else 0) for b, w in self.weights.items()
-                                       if b.addr.version == svc.vip.version})
+            self.lb.set_backends(
+                svc,
+                {
+                    b: (w if up.get(b, True) else 0)
+                    for b, w in self.weights.items()
+                    if b.addr.version == svc.vip.version
+                },
+            )
 
     def start(self, stack):
         args, lb = self.args, self.lb
@@ -281,15 +348,16 @@ class LbCommand(Command):
         if args.prepare_peer and args.xdp_mode == "native" and (peer := peers.prepare(args.iface)):
             warn(f"attached a pass program to {args.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
         for addr in hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources):
-            warn(f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
-                 "until the kernel resolves it")
+            warn(
+                f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
+                "until the kernel resolves it"
+            )
         self.no_neigh = 0
         for finding in host_findings(args):
             warn(str(finding))
         lb.attach(args.iface, args.xdp_mode)
         if args.health_check == "tcp":
-            self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall,
-                                        sources=self.sources)
+            self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall, sources=self.sources)
             stack.callback(self.health.stop)
             self.health.start()
 
@@ -306,8 +374,10 @@ class LbCommand(Command):
     def tick(self):
         args, lb, health = self.args, self.lb, self.health
         if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
-            raise BpfError(f"stopped: the program was removed from {args.iface} from outside "
-                           "(python -m lab lb --cleanup --all, ip link set ... xdp off)")
+            raise BpfError(
+                f"stopped: the program was removed from {args.iface} from outside "
+                "(python -m lab lb --cleanup --all, ip link set ... xdp off)"
+            )
         if args.backends_file:
             m = Path(args.backends_file).stat().st_mtime_ns
             if m != self.mtime:  # read again only when it changed; the --backend ones as parsed

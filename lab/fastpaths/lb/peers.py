@@ -55,6 +55,7 @@ class Balancer(Peer):
 
 class Direct(Balancer):
     """No balancer: the clients address the backends themselves."""
+
     name = "direct"
     colour = "#555555"
 
@@ -67,6 +68,7 @@ class Direct(Balancer):
 
 class ProxyBalancer(Balancer):
     """A proxy daemon on the VIP: started by attach(), stopped by detach()."""
+
     proxy, layer = NginxProxy, 4
 
     def attach(self):
@@ -111,6 +113,7 @@ class NftLb(Balancer):
     conntrack keeps each connection on its backend and translates the replies.
     The LB forwards out of the interface the packet came in on, so it would
     send the clients ICMP redirects: they are turned off while it runs."""
+
     name = "nft-lb"
     colour = "#56B4E9"
     TABLE = "vtl_lb"
@@ -122,24 +125,86 @@ class NftLb(Balancer):
         n = len(self.backends)
         cmds = [{"add": {"table": {"family": "ip", "name": self.TABLE}}}]
         for i, (addr, bport) in enumerate(self.backends):
-            cmds += [{"add": {"chain": {**t, "name": f"be{i}"}}},
-                     {"add": {"rule": {**t, "chain": f"be{i}", "expr": [
-                         # (a port mapping needs a transport-protocol match in its own chain)
-                         {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
-                         {"counter": None}, {"dnat": {"family": "ip", "addr": addr, "port": bport}}]}}}]
-        pick = {"vmap": {"key": {"numgen": {"mode": "random", "mod": n}},
-                         "data": {"set": [[i, {"goto": {"target": f"be{i}"}}] for i in range(n)]}}}
-        cmds += [{"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100,
-                                    "policy": "accept"}}},
-                 {"add": {"rule": {**t, "chain": "pre", "expr": [
-                     {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": vip}},
-                     {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": port}},
-                     pick]}}},
-                 {"add": {"chain": {**t, "name": "post", "type": "nat", "hook": "postrouting", "prio": 100,
-                                    "policy": "accept"}}},
-                 {"add": {"rule": {**t, "chain": "post", "expr": [
-                     {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}},
-                     {"counter": None}, {"masquerade": None}]}}}]
+            cmds += [
+                {"add": {"chain": {**t, "name": f"be{i}"}}},
+                {
+                    "add": {
+                        "rule": {
+                            **t,
+                            "chain": f"be{i}",
+                            "expr": [
+                                # (a port mapping needs a transport-protocol match in its own chain)
+                                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+                                {"counter": None},
+                                {"dnat": {"family": "ip", "addr": addr, "port": bport}},
+                            ],
+                        }
+                    }
+                },
+            ]
+        pick = {
+            "vmap": {
+                "key": {"numgen": {"mode": "random", "mod": n}},
+                "data": {"set": [[i, {"goto": {"target": f"be{i}"}}] for i in range(n)]},
+            }
+        }
+        cmds += [
+            {
+                "add": {
+                    "chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}
+                }
+            },
+            {
+                "add": {
+                    "rule": {
+                        **t,
+                        "chain": "pre",
+                        "expr": [
+                            {
+                                "match": {
+                                    "op": "==",
+                                    "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+                                    "right": vip,
+                                }
+                            },
+                            {
+                                "match": {
+                                    "op": "==",
+                                    "left": {"payload": {"protocol": "tcp", "field": "dport"}},
+                                    "right": port,
+                                }
+                            },
+                            pick,
+                        ],
+                    }
+                }
+            },
+            {
+                "add": {
+                    "chain": {
+                        **t,
+                        "name": "post",
+                        "type": "nat",
+                        "hook": "postrouting",
+                        "prio": 100,
+                        "policy": "accept",
+                    }
+                }
+            },
+            {
+                "add": {
+                    "rule": {
+                        **t,
+                        "chain": "post",
+                        "expr": [
+                            {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}},
+                            {"counter": None},
+                            {"masquerade": None},
+                        ],
+                    }
+                }
+            },
+        ]
         self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
         try:
             for k in self.SYSCTLS:
@@ -147,7 +212,7 @@ class NftLb(Balancer):
             nft.flush_conntrack(self.ns)
             nft.run(self.ns, cmds)
         except BaseException:
-            self.detach()   # restores the sysctls read above
+            self.detach()  # restores the sysctls read above
             raise
         self.attached = True
 
@@ -168,6 +233,7 @@ class NftLb(Balancer):
 class LbCommand(Daemon):
     """`python -m lab lb` in the LB namespace, its --json lines in the run
     directory; ready once it says it attached."""
+
     suffix = ".xdp-lb"
     what = "python -m lab lb"
 
@@ -200,6 +266,7 @@ class LbCommand(Daemon):
 class XdpBalancer(Balancer):
     """The XDP load balancer as its users run it: its command line, NAT mode,
     native XDP on the LB's interface, TCP health checks every second."""
+
     name = "xdp"
     colour = "#0072B2"
 

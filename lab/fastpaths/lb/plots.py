@@ -22,7 +22,7 @@ import pandas as pd
 from lab import palette
 from lab.metrics import PAPER_DIR
 
-ORDER = palette.labels("lb")          # every balancer in its own colour (lab.palette)
+ORDER = palette.labels("lb")  # every balancer in its own colour (lab.palette)
 COLORS = palette.colours("lb")
 # the articles' names for the LBs we measure too
 CARRIED = 0.97  # an LB carried an offered load when it answered at least this share of it
@@ -70,8 +70,20 @@ def closed_table(df) -> pd.DataFrame:
 def open_table(df) -> pd.DataFrame:
     """Open loop: per LB and offered load, medians over trials."""
     d = df[df["loop"] == "open"]
-    cols = ["offered_rps", "rps", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "errors", "lb_proc_cores",
-            "lb_napi_cores", "lb_cpu_cores", "lb_mem_mb", "steal_cores"]
+    cols = [
+        "offered_rps",
+        "rps",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "errors",
+        "lb_proc_cores",
+        "lb_napi_cores",
+        "lb_cpu_cores",
+        "lb_mem_mb",
+        "steal_cores",
+    ]
     out = _median(d, ["load_pct", "lb"], [c for c in cols if c in d])
     out["carried"] = out["rps"] >= CARRIED * out["offered_rps"]
     out["lb"] = pd.Categorical(out["lb"], lbs(df), ordered=True)
@@ -87,15 +99,35 @@ def beside_articles(df) -> pd.DataFrame:
     s["ours"] = s["lb"].map(ARTICLE_NAMES)
     s = s[s["ours"].notna()]
     s["article_vs_nginx_l4"] = s["rps"] / s["connections"].map(
-        s[s["ours"] == "nginx-l4"].set_index("connections")["rps"])
+        s[s["ours"] == "nginx-l4"].set_index("connections")["rps"]
+    )
     ours = closed_table(df)[["connections", "lb", "rps", "p50_ms"]]
     ours["lb"] = ours["lb"].astype(str)
     ref = ours[ours["lb"] == "nginx-l4"].set_index("connections")["rps"]
     ours["ours_vs_nginx_l4"] = ours["rps"] / ours["connections"].map(ref)
-    m = s.merge(ours, left_on=["connections", "ours"], right_on=["connections", "lb"], how="inner",
-                suffixes=("_article", "_ours"))
-    return m[["connections", "lb_ours", "rps_article", "rps_ours", "article_vs_nginx_l4", "ours_vs_nginx_l4",
-              "p50_ms_article", "p50_ms_ours"]].rename(columns={"lb_ours": "lb"}).round(3)
+    m = s.merge(
+        ours,
+        left_on=["connections", "ours"],
+        right_on=["connections", "lb"],
+        how="inner",
+        suffixes=("_article", "_ours"),
+    )
+    return (
+        m[
+            [
+                "connections",
+                "lb_ours",
+                "rps_article",
+                "rps_ours",
+                "article_vs_nginx_l4",
+                "ours_vs_nginx_l4",
+                "p50_ms_article",
+                "p50_ms_ours",
+            ]
+        ]
+        .rename(columns={"lb_ours": "lb"})
+        .round(3)
+    )
 
 
 def resources_beside_articles(df) -> pd.DataFrame:
@@ -110,9 +142,11 @@ def resources_beside_articles(df) -> pd.DataFrame:
     m = s.merge(ours, on=["connections", "lb"], how="right")
     m = m[m["lb"] != "direct"]
     m["lb"] = pd.Categorical(m["lb"], lbs(df), ordered=True)
-    return m.sort_values(["connections", "lb"])[
-        ["connections", "lb", "cpu_cores", "memory", "lb_proc_cores", "lb_mem_mb"]].rename(
-        columns={"cpu_cores": "article_cpu_cores", "memory": "article_memory"}).round(4)
+    return (
+        m.sort_values(["connections", "lb"])[["connections", "lb", "cpu_cores", "memory", "lb_proc_cores", "lb_mem_mb"]]
+        .rename(columns={"cpu_cores": "article_cpu_cores", "memory": "article_memory"})
+        .round(4)
+    )
 
 
 def _bars(ax, d, key, value, levels, names, scale=1.0):
@@ -121,8 +155,16 @@ def _bars(ax, d, key, value, levels, names, scale=1.0):
         g = d[d["lb"] == name].groupby(key)[value]
         med, lo, hi = (g.median() / scale), (g.min() / scale), (g.max() / scale)
         x = np.array([levels.index(k) for k in med.index]) + (i - (len(names) - 1) / 2) * width
-        ax.bar(x, med.values, width, color=palette.colour(name, "lb"), label=name,
-               yerr=[med.values - lo.values, hi.values - med.values], capsize=2, ecolor="#333333")
+        ax.bar(
+            x,
+            med.values,
+            width,
+            color=palette.colour(name, "lb"),
+            label=name,
+            yerr=[med.values - lo.values, hi.values - med.values],
+            capsize=2,
+            ecolor="#333333",
+        )
     ax.set_xticks(range(len(levels)), [f"{k:g}" for k in levels])
     ax.set_ylim(bottom=0)
 
@@ -143,8 +185,15 @@ def rps_per_lb(df):
             i = names.index(ours)
             rows = s[(s["lb"] == theirs) & s["vus"].isin(levels)]
             x = np.array([levels.index(v) for v in rows["vus"]]) + (i - (len(names) - 1) / 2) * width
-            ax.plot(x, rows["rps"] / 1000, "o", mfc="none", mec="black", ms=7,
-                    label="first load-balancer article" if theirs == "L2-XDP" else None)
+            ax.plot(
+                x,
+                rows["rps"] / 1000,
+                "o",
+                mfc="none",
+                mec="black",
+                ms=7,
+                label="first load-balancer article" if theirs == "L2-XDP" else None,
+            )
     ax.set_xlabel("connections (wrk; first load-balancer article: k6 virtual users)")
     ax.set_ylabel("requests per second (thousands)")
     ax.set_title("Closed loop: RPS per load balancer")
@@ -163,8 +212,9 @@ def latency_cdfs(lat):
         panels.append(("closed", closed["connections"].max()))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
     for ax, (loop, level) in zip(axes[0], panels, strict=True):
-        d = lat[(lat["loop"] == loop) & ((lat["load_pct"] == level) if loop == "open" else
-                                         (lat["connections"] == level))]
+        d = lat[
+            (lat["loop"] == loop) & ((lat["load_pct"] == level) if loop == "open" else (lat["connections"] == level))
+        ]
         for name in lbs(d):
             m = d[d["lb"] == name].groupby("percentile")["latency_ms"].median()
             ax.plot(m.values, m.index, color=palette.colour(name, "lb"), label=name)
@@ -224,28 +274,43 @@ def targets(df) -> pd.DataFrame:
         for ref, want in (("direct", 0.95), ("nginx-l4", 1.25)):
             if "xdp" in rps and ref in rps:
                 r = rps["xdp"] / rps[ref]
-                rows.append({"target": f"XDP RPS >= {want} x {ref} at {top:g} connections",
-                             "value": round(r, 3), "met": r >= want})
+                rows.append(
+                    {
+                        "target": f"XDP RPS >= {want} x {ref} at {top:g} connections",
+                        "value": round(r, 3),
+                        "met": r >= want,
+                    }
+                )
     o = df[df["loop"] == "open"]
     if len(o):
         load = min(o["load_pct"].unique(), key=lambda x: abs(x - 50))
         at = o[o["load_pct"] == load].groupby("lb")[["p99_ms", "lb_cpu_cores"]].median()
         if {"xdp", "direct"} <= set(at.index):
             r = at.loc["xdp", "p99_ms"] / at.loc["direct", "p99_ms"]
-            rows.append({"target": f"XDP P99 <= 1.2 x direct's at {load:g} % load", "value": round(r, 3),
-                         "met": r <= 1.2})
+            rows.append(
+                {"target": f"XDP P99 <= 1.2 x direct's at {load:g} % load", "value": round(r, 3), "met": r <= 1.2}
+            )
         # CPU at a load both carry whole (else the slower one's CPU is its ceiling, not the cost of the load)
         med = o.groupby(["load_pct", "lb"])[["rps", "offered_rps", "lb_cpu_cores"]].median()
-        carried = [x for x in sorted(o["load_pct"].unique())
-                   if all((x, n) in med.index and med.loc[(x, n), "rps"] >= CARRIED * med.loc[(x, n), "offered_rps"]
-                          for n in ("xdp", "nginx-l4"))]
+        carried = [
+            x
+            for x in sorted(o["load_pct"].unique())
+            if all(
+                (x, n) in med.index and med.loc[(x, n), "rps"] >= CARRIED * med.loc[(x, n), "offered_rps"]
+                for n in ("xdp", "nginx-l4")
+            )
+        ]
         if carried:
             x = carried[-1]
             mine, ref = med.loc[(x, "xdp"), "lb_cpu_cores"], med.loc[(x, "nginx-l4"), "lb_cpu_cores"]
             # a difference of two machine totals (--napi softirq) can come out at or below zero
             # in noise: then the ratio says nothing, and no target is met or missed by it
             sure = mine > 0 and ref > 0
-            rows.append({"target": f"XDP CPU <= 0.05 x nginx-l4's at {x:g} % load (both carry it)",
-                         "value": round(mine / ref, 3) if sure else float("nan"),
-                         "met": (mine / ref <= 0.05) if sure else "inconclusive"})
+            rows.append(
+                {
+                    "target": f"XDP CPU <= 0.05 x nginx-l4's at {x:g} % load (both carry it)",
+                    "value": round(mine / ref, 3) if sure else float("nan"),
+                    "met": (mine / ref <= 0.05) if sure else "inconclusive",
+                }
+            )
     return pd.DataFrame(rows, columns=["target", "value", "met"])

@@ -2,6 +2,7 @@
 builds an skb (ebpf.XdpPortFilter), against the nftables rule a user would
 write instead. The worked example of docs/adding-a-fast-path.md: this folder,
 the program's class and C, and its tests are all it took."""
+
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(

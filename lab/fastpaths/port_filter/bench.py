@@ -38,8 +38,22 @@ examples:
                                                        # a smoke test: 2 runs of half a second
 """
 PORT = 9  # the filtered port (discard)
-COLUMNS = ["peer", "mode", "size", "trial", "offered_pps", "duration_s", "sent_packets", "sender_dropped",
-           "dropped", "dut_ns_per_pkt", "cpu_usr", "cpu_sys", "cpu_soft", "cpu_idle"]
+COLUMNS = [
+    "peer",
+    "mode",
+    "size",
+    "trial",
+    "offered_pps",
+    "duration_s",
+    "sent_packets",
+    "sender_dropped",
+    "dropped",
+    "dut_ns_per_pkt",
+    "cpu_usr",
+    "cpu_sys",
+    "cpu_soft",
+    "cpu_idle",
+]
 
 
 def add_arguments(p):
@@ -112,24 +126,50 @@ def run(peers, modes, sizes, trials, duration, rate, cpus=(0, 1), out=None, prog
         try:
             for trial, size, v in common.interleaved(trials, sizes, chosen):
                 if size not in gens:
-                    frames = common.udp_frames(t.addr("src", "eth0"), t.addr("dut", "eth0"), t.mac("src", "eth0"),
-                                        t.mac("dut", "eth0"), size, dport=PORT)
+                    frames = common.udp_frames(
+                        t.addr("src", "eth0"),
+                        t.addr("dut", "eth0"),
+                        t.mac("src", "eth0"),
+                        t.mac("dut", "eth0"),
+                        size,
+                        dport=PORT,
+                    )
                     gens[size] = GENERATORS["xdp"](t.ns("src"), "eth0", frames, cpu=gen_cpu).open()
                 m = rig.run(gens[size], made[v], duration, rate)
                 rep, core = m["report"], m["cpu"]
                 arrived = rep.packets - rep.dropped
-                rows.append({"peer": v[0], "mode": v[1], "size": size, "trial": trial, "offered_pps": rate,
-                             "duration_s": round(rep.seconds, 3), "sent_packets": rep.packets,
-                             "sender_dropped": rep.dropped, "dropped": m["dropped"],
-                             "dut_ns_per_pkt": float(core["busy_ns"]) / arrived if arrived else None,
-                             **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS}})
+                rows.append(
+                    {
+                        "peer": v[0],
+                        "mode": v[1],
+                        "size": size,
+                        "trial": trial,
+                        "offered_pps": rate,
+                        "duration_s": round(rep.seconds, 3),
+                        "sent_packets": rep.packets,
+                        "sender_dropped": rep.dropped,
+                        "dropped": m["dropped"],
+                        "dut_ns_per_pkt": float(core["busy_ns"]) / arrived if arrived else None,
+                        **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
+                    }
+                )
                 if bar:
                     bar.step(f"{made[v].label} {size}B trial {trial}")
         finally:
             common.close_all(gens, made)
     df = common.columns_first(rows, COLUMNS)
-    params = {"peers": peers, "modes": modes, "sizes": sizes, "trials": trials, "duration_s": duration,
-              "rate_pps": rate, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "port": PORT, "fcs_bytes": common.FCS}
+    params = {
+        "peers": peers,
+        "modes": modes,
+        "sizes": sizes,
+        "trials": trials,
+        "duration_s": duration,
+        "rate_pps": rate,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+        "port": PORT,
+        "fcs_bytes": common.FCS,
+    }
     return df, write_results(df, "port_filter", params, out)
 
 
@@ -141,6 +181,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def print_summary(df, stream=sys.stdout):
     stream.write("\nmedian [min..max] over trials; ns of DUT CPU per frame\n")
     for _, r in summary(df).iterrows():
-        stream.write(f"  {int(r['size']):>5} B {r['label']:<12} {r['dut_ns_per_pkt_median']:8.0f} "
-                     f"[{r['dut_ns_per_pkt_min']:.0f}..{r['dut_ns_per_pkt_max']:.0f}]  "
-                     f"dropped {r['dropped_median']:.0f}\n")
+        stream.write(
+            f"  {int(r['size']):>5} B {r['label']:<12} {r['dut_ns_per_pkt_median']:8.0f} "
+            f"[{r['dut_ns_per_pkt_min']:.0f}..{r['dut_ns_per_pkt_max']:.0f}]  "
+            f"dropped {r['dropped_median']:.0f}\n"
+        )

@@ -33,8 +33,13 @@ class PortFilterCommand(Command):
 
     def options(self, p):
         p.add_argument("--iface", metavar="IF", action="append", default=[], help="where to filter (repeatable)")
-        p.add_argument("--drop", metavar="PROTO:PORT", action="append", default=[],
-                       help="tcp or udp, and a destination port (repeatable)")
+        p.add_argument(
+            "--drop",
+            metavar="PROTO:PORT",
+            action="append",
+            default=[],
+            help="tcp or udp, and a destination port (repeatable)",
+        )
 
     def parse(self, args):
         require(args, iface="--iface is required (where to filter)", drop="--drop is required (PROTO:PORT)")
@@ -59,9 +64,11 @@ class PortFilterCommand(Command):
 
     def header(self):
         a = self.args
-        self.live.attached(dict(ifaces=a.iface, drop=self.prog.ports, xdp_mode=a.xdp_mode),
-                           f"port-filter: dropping {', '.join(self.prog.ports)} on {', '.join(a.iface)} "
-                           f"({a.xdp_mode}); Ctrl-C to stop")
+        self.live.attached(
+            dict(ifaces=a.iface, drop=self.prog.ports, xdp_mode=a.xdp_mode),
+            f"port-filter: dropping {', '.join(self.prog.ports)} on {', '.join(a.iface)} "
+            f"({a.xdp_mode}); Ctrl-C to stop",
+        )
 
     def sample(self, final=False):
         c = self.prog.counters()

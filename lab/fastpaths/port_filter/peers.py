@@ -54,21 +54,53 @@ class XdpFilter(Filter):
 
 class NftFilter(Filter):
     """table netdev vtl_portfilter { chain in { type filter hook ingress device IF priority 0;
-        meta l4proto udp udp dport 9 counter drop; ... } }"""
+    meta l4proto udp udp dport 9 counter drop; ... } }"""
+
     name = "nft"
     colour = "#E69F00"
     TABLE = "vtl_portfilter"
 
     def attach(self):
         t = {"family": "netdev", "table": self.TABLE}
-        cmds = [{"add": {"table": {"family": "netdev", "name": self.TABLE}}},
-                {"add": {"chain": {**t, "name": "in", "type": "filter", "hook": "ingress", "dev": self.ifname,
-                                   "prio": 0, "policy": "accept"}}}]
+        cmds = [
+            {"add": {"table": {"family": "netdev", "name": self.TABLE}}},
+            {
+                "add": {
+                    "chain": {
+                        **t,
+                        "name": "in",
+                        "type": "filter",
+                        "hook": "ingress",
+                        "dev": self.ifname,
+                        "prio": 0,
+                        "policy": "accept",
+                    }
+                }
+            },
+        ]
         for proto, port in (parse_port(p) for p in self.ports):
-            cmds.append({"add": {"rule": {**t, "chain": "in", "expr": [
-                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": proto}},
-                {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": port}},
-                {"counter": None}, {"drop": None}]}}})
+            cmds.append(
+                {
+                    "add": {
+                        "rule": {
+                            **t,
+                            "chain": "in",
+                            "expr": [
+                                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": proto}},
+                                {
+                                    "match": {
+                                        "op": "==",
+                                        "left": {"payload": {"protocol": proto, "field": "dport"}},
+                                        "right": port,
+                                    }
+                                },
+                                {"counter": None},
+                                {"drop": None},
+                            ],
+                        }
+                    }
+                }
+            )
         nft.run(self.ns, cmds)
         self.attached = True
 

@@ -1,6 +1,7 @@
 """The XDP redirect: a UDP/TCP destination rewrite at the XDP hook, and the
 replies' source rewritten back (ebpf.XdpRedirect), after the netfilter-vs-XDP
 report."""
+
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(

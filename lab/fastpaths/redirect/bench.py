@@ -47,8 +47,22 @@ examples:
                                                         # a smoke test
 """
 METHOD_ORDER = ["route", "nft-dnat", "nft-stateless", "xdp-pass", "xdp-forward", "tc-bpf"]
-COLUMNS = ["workload", "method", "mode", "size", "flows", "trial", "duration_s", "sender_pps", "forwarded_pps",
-           "dut_ns_per_pkt", "cpu_usr", "cpu_sys", "cpu_soft", "cpu_idle"]
+COLUMNS = [
+    "workload",
+    "method",
+    "mode",
+    "size",
+    "flows",
+    "trial",
+    "duration_s",
+    "sender_pps",
+    "forwarded_pps",
+    "dut_ns_per_pkt",
+    "cpu_usr",
+    "cpu_sys",
+    "cpu_soft",
+    "cpu_idle",
+]
 TRANSFER_COLUMNS = ["bytes", "seconds", "goodput_mbps", "datagrams", "repaired", "digest_ok", "dut_busy_ms"]
 
 
@@ -60,26 +74,49 @@ def _size(text):
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--workload", default="transfer", choices=("transfer", "rate"),
-                   help="a file transfer (the report's) or frames at a rate (default %(default)s)")
-    common.add_options(p, trials=5, duration=3.0, peers=METHOD_ORDER, old_peers="--methods",
-                cpus="generator (and client, server),router")
-    p.add_argument("--xdp-modes", default="native,generic",
-                   help="XDP modes the xdp-* methods run in (default %(default)s)")
+    p.add_argument(
+        "--workload",
+        default="transfer",
+        choices=("transfer", "rate"),
+        help="a file transfer (the report's) or frames at a rate (default %(default)s)",
+    )
+    common.add_options(
+        p,
+        trials=5,
+        duration=3.0,
+        peers=METHOD_ORDER,
+        old_peers="--methods",
+        cpus="generator (and client, server),router",
+    )
+    p.add_argument(
+        "--xdp-modes", default="native,generic", help="XDP modes the xdp-* methods run in (default %(default)s)"
+    )
     renamed(p, "--modes", "--xdp-modes")
-    p.add_argument("--transfer-size", default="512M", metavar="BYTES",
-                   help="transfer: bytes per file, K/M/G allowed (default %(default)s, the report's)")
+    p.add_argument(
+        "--transfer-size",
+        default="512M",
+        metavar="BYTES",
+        help="transfer: bytes per file, K/M/G allowed (default %(default)s, the report's)",
+    )
     p.add_argument("--family", type=int, default=4, choices=(4, 6), help="IP version (default %(default)s)")
-    p.add_argument("--vip", default="routed", choices=("routed", "router"),
-                   help="the service address routed to the router, or the router's own (the netfilter-vs-XDP "
-                        "report's design: replies are then translated after routing) (default %(default)s)")
+    p.add_argument(
+        "--vip",
+        default="routed",
+        choices=("routed", "router"),
+        help="the service address routed to the router, or the router's own (the netfilter-vs-XDP "
+        "report's design: replies are then translated after routing) (default %(default)s)",
+    )
     p.add_argument("--sizes", default="64,1518", help="rate: frame sizes with FCS (default %(default)s)")
     p.add_argument("--flows", default="1,1024", help="rate: numbers of UDP flows (default %(default)s)")
-    p.add_argument("--rates", default="ceiling,100000",
-                   help="rate: offered loads, 'ceiling' or packets/s (default %(default)s)")
-    p.add_argument("--sender-csum", default="whole",
-                   help="rate: the generator's TCP/UDP checksums, whole and/or partial (as a sender with TX "
-                        "checksum offload leaves them), interleaved (default %(default)s)")
+    p.add_argument(
+        "--rates", default="ceiling,100000", help="rate: offered loads, 'ceiling' or packets/s (default %(default)s)"
+    )
+    p.add_argument(
+        "--sender-csum",
+        default="whole",
+        help="rate: the generator's TCP/UDP checksums, whole and/or partial (as a sender with TX "
+        "checksum offload leaves them), interleaved (default %(default)s)",
+    )
 
 
 def method_specs(methods, modes):
@@ -105,8 +142,19 @@ def main(args):
         flows = common.parse_list(args.flows, int, what="flow count")
         rates = [None if r == "ceiling" else int(r) for r in common.parse_list(args.rates, str, what="rate")]
         csums = common.parse_list(args.sender_csum, str, ["whole", "partial"], "sender checksum")
-        df, paths = run_rate(specs, args.trials, sizes, flows, rates, args.duration, args.family, cpus, args.out,
-                             csums=csums, vip=args.vip)
+        df, paths = run_rate(
+            specs,
+            args.trials,
+            sizes,
+            flows,
+            rates,
+            args.duration,
+            args.family,
+            cpus,
+            args.out,
+            csums=csums,
+            vip=args.vip,
+        )
     print_summary(df)
     print("\nwrote " + " and ".join(f"{p} ({p.with_suffix('.json').name})" for p in paths))
     return 0
@@ -131,15 +179,31 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
                 rep, cpu = r["report"], r["cpu"]
                 cols, busy = _cpu_row(cpu, dut_cpu)
                 x = rep.extra
-                rows.append({"workload": "transfer", "method": m.name, "mode": m.mode or "", "size": None,
-                             "flows": 1, "trial": trial, "duration_s": round(x["seconds"], 3),
-                             "sender_pps": x["datagrams"] / x["seconds"], "forwarded_pps": None,
-                             "dut_ns_per_pkt": busy / x["datagrams"], **cols,
-                             "bytes": size, "seconds": x["seconds"], "goodput_mbps": size * 8 / x["seconds"] / 1e6,
-                             "datagrams": x["datagrams"], "repaired": x["retransmitted"],
-                             "digest_ok": bool(x["ok"] and r["server"] and r["server"].get("ok")),
-                             "dut_busy_ms": busy / 1e6, "family": family, "vip": vip,
-                             "translated": r["method"].get("translated", 0)})
+                rows.append(
+                    {
+                        "workload": "transfer",
+                        "method": m.name,
+                        "mode": m.mode or "",
+                        "size": None,
+                        "flows": 1,
+                        "trial": trial,
+                        "duration_s": round(x["seconds"], 3),
+                        "sender_pps": x["datagrams"] / x["seconds"],
+                        "forwarded_pps": None,
+                        "dut_ns_per_pkt": busy / x["datagrams"],
+                        **cols,
+                        "bytes": size,
+                        "seconds": x["seconds"],
+                        "goodput_mbps": size * 8 / x["seconds"] / 1e6,
+                        "datagrams": x["datagrams"],
+                        "repaired": x["retransmitted"],
+                        "digest_ok": bool(x["ok"] and r["server"] and r["server"].get("ok")),
+                        "dut_busy_ms": busy / 1e6,
+                        "family": family,
+                        "vip": vip,
+                        "translated": r["method"].get("translated", 0),
+                    }
+                )
                 for s in cpu.samples().to_dict("records"):
                     seconds_rows.append({"method": m.name, "mode": m.mode or "", "trial": trial, **s})
                 if bar:
@@ -147,15 +211,35 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
         finally:
             common.close_all(methods)
     df = common.columns_first(rows, COLUMNS + TRANSFER_COLUMNS)
-    params = {"workload": "transfer", "methods": specs, "trials": trials, "bytes": size, "family": family,
-              "gen_cpu": gen_cpu, "dut_cpu": dut_cpu, "vip": vip}
+    params = {
+        "workload": "transfer",
+        "methods": specs,
+        "trials": trials,
+        "bytes": size,
+        "family": family,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+        "vip": vip,
+    }
     path = write_results(df, "redirect_transfer", params, out)
     cpu_path = write_results(pd.DataFrame(seconds_rows), "redirect_transfer_cpu", params, out, companion_of=path)
     return df, [path, cpu_path]
 
 
-def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, out=None, progress=True,
-             csums=("whole",), vip="routed"):
+def run_rate(
+    specs,
+    trials,
+    sizes,
+    flows_list,
+    rates,
+    duration,
+    family,
+    cpus,
+    out=None,
+    progress=True,
+    csums=("whole",),
+    vip="routed",
+):
     """Frames at rates. Returns (DataFrame, [CSV path]). csums: the generator's
     checksums, "whole" and/or "partial" (lab.traffic.partial), interleaved as
     variants of each method."""
@@ -176,8 +260,16 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                 key = (size, nflows, to, port, csum)
                 if key not in gens:
                     src = tb.client4 if family == 4 else tb.client6
-                    frames = common.udp_frames(src, to, tb.topo.mac(tb.client, "eth0"), tb.topo.mac(tb.dut, tb.dut_in),
-                                        size, nflows, base_sport=20000, dport=port)
+                    frames = common.udp_frames(
+                        src,
+                        to,
+                        tb.topo.mac(tb.client, "eth0"),
+                        tb.topo.mac(tb.dut, tb.dut_in),
+                        size,
+                        nflows,
+                        base_sport=20000,
+                        dport=port,
+                    )
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=gen_cpu).open()
@@ -185,24 +277,52 @@ def run_rate(specs, trials, sizes, flows_list, rates, duration, family, cpus, ou
                 rep, cpu = r["report"], r["cpu"]
                 cols, busy = _cpu_row(cpu, dut_cpu)
                 secs = rep.seconds
-                rows.append({"workload": "rate", "method": m.name, "mode": m.mode or "", "size": size,
-                             "flows": nflows, "trial": trial, "duration_s": round(secs, 3),
-                             "sender_pps": rep.pps, "forwarded_pps": r["forwarded"] / secs,
-                             "dut_ns_per_pkt": busy / r["forwarded"] if r["forwarded"] else None, **cols,
-                             "delivered_pps": r["delivered"] / secs, "delivered_packets": r["delivered"],
-                             "offered_pps": rate or 0, "sent_packets": rep.packets, "sender_dropped": rep.dropped,
-                             "forwarded_packets": r["forwarded"],
-                             "forwarded_mbps": r["forwarded"] * (size * 8) / secs / 1e6,
-                             "family": family, "vip": vip, "translated": r["method"].get("translated", 0),
-                             "sender_csum": csum})
+                rows.append(
+                    {
+                        "workload": "rate",
+                        "method": m.name,
+                        "mode": m.mode or "",
+                        "size": size,
+                        "flows": nflows,
+                        "trial": trial,
+                        "duration_s": round(secs, 3),
+                        "sender_pps": rep.pps,
+                        "forwarded_pps": r["forwarded"] / secs,
+                        "dut_ns_per_pkt": busy / r["forwarded"] if r["forwarded"] else None,
+                        **cols,
+                        "delivered_pps": r["delivered"] / secs,
+                        "delivered_packets": r["delivered"],
+                        "offered_pps": rate or 0,
+                        "sent_packets": rep.packets,
+                        "sender_dropped": rep.dropped,
+                        "forwarded_packets": r["forwarded"],
+                        "forwarded_mbps": r["forwarded"] * (size * 8) / secs / 1e6,
+                        "family": family,
+                        "vip": vip,
+                        "translated": r["method"].get("translated", 0),
+                        "sender_csum": csum,
+                    }
+                )
                 if bar:
                     bar.step(f"{m.label} {csum} {size}B {nflows}f {rate or 'max'} trial {trial}")
         finally:
             common.close_all(gens, methods)
     df = common.columns_first(rows, COLUMNS)
-    params = {"workload": "rate", "methods": specs, "trials": trials, "sizes": sizes, "flows": flows_list,
-              "rates": rates, "duration_s": duration, "family": family, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu,
-              "fcs": common.FCS, "sender_csum": list(csums), "vip": vip}
+    params = {
+        "workload": "rate",
+        "methods": specs,
+        "trials": trials,
+        "sizes": sizes,
+        "flows": flows_list,
+        "rates": rates,
+        "duration_s": duration,
+        "family": family,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+        "fcs": common.FCS,
+        "sender_csum": list(csums),
+        "vip": vip,
+    }
     return df, [write_results(df, "redirect_rate", params, out)]
 
 
@@ -212,8 +332,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         keys.append("offered_pps")
     if "sender_csum" in df and df["sender_csum"].nunique() > 1:
         keys.append("sender_csum")
-    values = ["dut_ns_per_pkt", "cpu_soft", "cpu_sys"] + (["forwarded_pps"] if df["workload"].iloc[0] == "rate"
-                                                          else ["goodput_mbps", "dut_busy_ms"])
+    values = ["dut_ns_per_pkt", "cpu_soft", "cpu_sys"] + (
+        ["forwarded_pps"] if df["workload"].iloc[0] == "rate" else ["goodput_mbps", "dut_busy_ms"]
+    )
     d = df.fillna({"size": 0})
     return common.summarize(d, keys, values)
 
@@ -221,19 +342,34 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def print_summary(df, stream=sys.stdout):
     s = summary(df)
     transfer = df["workload"].iloc[0] == "transfer"
-    stream.write("\nmedian [min..max] over trials; ns of router CPU per " +
-                 ("datagram" if transfer else "forwarded packet") + "\n")
+    stream.write(
+        "\nmedian [min..max] over trials; ns of router CPU per "
+        + ("datagram" if transfer else "forwarded packet")
+        + "\n"
+    )
     for _, r in s.iterrows():
+
         def span(col, scale=1.0, fmt="{:.0f}", *, r=r):  # this row, bound now
-            return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
-                    fmt.format(r[f'{col}_max'] / scale) + "]")
+            return (
+                fmt.format(r[f"{col}_median"] / scale)
+                + " ["
+                + fmt.format(r[f"{col}_min"] / scale)
+                + ".."
+                + fmt.format(r[f"{col}_max"] / scale)
+                + "]"
+            )
+
         label = f"{r['method']}{':' + r['mode'] if r['mode'] else ''}"
         if "sender_csum" in r:
             label += f" ({r['sender_csum']} csum)"
         if transfer:
-            stream.write(f"  {label:<22} goodput {span('goodput_mbps'):>18} Mbit/s  router busy "
-                         f"{span('dut_busy_ms'):>18} ms  {span('dut_ns_per_pkt'):>18} ns/datagram\n")
+            stream.write(
+                f"  {label:<22} goodput {span('goodput_mbps'):>18} Mbit/s  router busy "
+                f"{span('dut_busy_ms'):>18} ms  {span('dut_ns_per_pkt'):>18} ns/datagram\n"
+            )
         else:
             offered = "max" if not r.get("offered_pps") else f"{r['offered_pps'] / 1e3:.0f}k"
-            stream.write(f"  {label:<36} {int(r['size']):>5} B {int(r['flows']):>5} flows {offered:>5}  "
-                         f"forwarded {span('forwarded_pps', 1e3):>16} kpps  {span('dut_ns_per_pkt'):>18} ns/pkt\n")
+            stream.write(
+                f"  {label:<36} {int(r['size']):>5} B {int(r['flows']):>5} flows {offered:>5}  "
+                f"forwarded {span('forwarded_pps', 1e3):>16} kpps  {span('dut_ns_per_pkt'):>18} ns/pkt\n"
+            )

@@ -106,31 +106,47 @@ class Printer(LiveTable):
     def header(self, prog, ifaces, mode, egress=((), ())):
         """Where each direction is translated, and why there."""
         at, local = egress
-        msg = dict(event="attached", ifaces=ifaces, rules=[str(r) for r in prog.rules], action=prog.action,
-                   xdp_mode=mode, replies_at_tc_egress={"ifaces": list(at), "rules": [str(r) for r in local]})
+        msg = dict(
+            event="attached",
+            ifaces=ifaces,
+            rules=[str(r) for r in prog.rules],
+            action=prog.action,
+            xdp_mode=mode,
+            replies_at_tc_egress={"ifaces": list(at), "rules": [str(r) for r in local]},
+        )
         if self.json:
             self.emit(msg)
             return
-        self.emit(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); "
-                  "Ctrl-C to stop")
+        self.emit(f"redirect: {prog.action} on {', '.join(ifaces)} ({mode}); {len(prog.rules)} rule(s); Ctrl-C to stop")
         if local:
             vips = ", ".join(sorted({str(r.vip) for r in local}))
-            self.emit(f"redirect: replies from the backends of {vips} are given the service's address at TC "
-                      f"egress of {', '.join(at)}, after routing: {vips} is this host's own address, and the "
-                      "kernel drops a reply arriving with a source of its own (a martian); every other "
-                      "translation is at XDP")
+            self.emit(
+                f"redirect: replies from the backends of {vips} are given the service's address at TC "
+                f"egress of {', '.join(at)}, after routing: {vips} is this host's own address, and the "
+                "kernel drops a reply arriving with a source of its own (a martian); every other "
+                "translation is at XDP"
+            )
 
     def sample(self, prog, final=False):
         stats, rules = counters(prog, self.egress)
         dt, before = self.interval(rules, final)
         rates = {r: self.rates(c, before.get(r, {}), ("packets", "reply_packets"), dt) for r, c in rules.items()}
-        watched = {r: self.replies(r, c["packets"], c["reply_packets"], "packets rewritten towards the backend")
-                   for r, c in rules.items()}
+        watched = {
+            r: self.replies(r, c["packets"], c["reply_packets"], "packets rewritten towards the backend")
+            for r, c in rules.items()
+        }
+
         def row(r, c):
             unanswered, silent = watched[r]
             extra = {"hint": hostcheck.ReplyWatch.HINT} if silent else {}
-            return {**c, "packets_pps": round(rates[r]["packets"], 1),
-                    "reply_packets_pps": round(rates[r]["reply_packets"], 1), "unanswered": unanswered, **extra}
+            return {
+                **c,
+                "packets_pps": round(rates[r]["packets"], 1),
+                "reply_packets_pps": round(rates[r]["reply_packets"], 1),
+                "unanswered": unanswered,
+                **extra,
+            }
+
         body = {**stats, "rules": {r: row(r, c) for r, c in rules.items()}}
         self.publish(body)
         if self.json:
@@ -139,45 +155,73 @@ class Printer(LiveTable):
         width = max(10, *(len(r) for r in rules))
         label, header = self.block(final)
         if header:
-            self.emit(f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
-                      f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}")
+            self.emit(
+                f"{'SUMMARY' if final else 'TIME':8} {'RULE':{width}} {'TO-BACKEND/s':>12} {'REPLIES/s':>10} | "
+                f"{'TO-BACKEND':>11} {'REPLIES':>10} {'BYTES':>13}"
+            )
         for r, c in rules.items():
-            self.emit(f"{label:8} {r:{width}} {rates[r]['packets']:>12.0f} {rates[r]['reply_packets']:>10.0f} | "
-                      f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}")
+            self.emit(
+                f"{label:8} {r:{width}} {rates[r]['packets']:>12.0f} {rates[r]['reply_packets']:>10.0f} | "
+                f"{c['packets']:>11} {c['reply_packets']:>10} {c['bytes'] + c['reply_bytes']:>13}"
+            )
         untouched = ", ".join(f"{k.replace('_', '-')} {stats[k]}" for k in REASONS)
         slow = ", ".join(f"{k[5:].replace('_', '-')} {stats[k]}" for k in SLOW)
-        self.emit(f"{'':8} untouched: {untouched}" + (f"; to the kernel (forward): {slow}"
-                                                      if prog.action == "forward" else ""))
+        self.emit(
+            f"{'':8} untouched: {untouched}"
+            + (f"; to the kernel (forward): {slow}" if prog.action == "forward" else "")
+        )
 
 
 class RedirectCommand(Command):
     name, short = "python -m lab redirect", "redirect"
-    description = ("Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
-                   "backend at the XDP hook, and the source of the backend's replies back to the service."
-                   "\n\n" + NEEDS)
+    description = (
+        "Rewrite the destination of datagrams sent to a service (protocol, address, port) to a "
+        "backend at the XDP hook, and the source of the backend's replies back to the service."
+        "\n\n" + NEEDS
+    )
     examples = EXAMPLES
     cleans = "the redirect programs"
     metrics_rows = {"rules": "rule"}
     metrics_gauges = frozenset({"unanswered"})
 
     def options(self, p):
-        p.add_argument("--iface", metavar="IF", action="append", default=[],
-                       help="where the clients' datagrams arrive (repeatable); the program is also attached where "
-                            "each backend is reached, for its replies")
-        p.add_argument("--rule", metavar="PROTO:VIP:PORT=BACKEND:PORT", action="append", default=[],
-                       help="udp or tcp; IPv6 addresses in brackets (repeatable)")
-        p.add_argument("--action", default="pass", choices=("pass", "forward"),
-                       help="pass: the kernel routes the rewritten packet (the report's design); forward: the "
-                            "program looks the route up and sends it out itself (default %(default)s)")
+        p.add_argument(
+            "--iface",
+            metavar="IF",
+            action="append",
+            default=[],
+            help="where the clients' datagrams arrive (repeatable); the program is also attached where "
+            "each backend is reached, for its replies",
+        )
+        p.add_argument(
+            "--rule",
+            metavar="PROTO:VIP:PORT=BACKEND:PORT",
+            action="append",
+            default=[],
+            help="udp or tcp; IPv6 addresses in brackets (repeatable)",
+        )
+        p.add_argument(
+            "--action",
+            default="pass",
+            choices=("pass", "forward"),
+            help="pass: the kernel routes the rewritten packet (the report's design); forward: the "
+            "program looks the route up and sends it out itself (default %(default)s)",
+        )
         add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
         renamed(p, "--mode", "--xdp-mode")
-        p.add_argument("--prepare-peer", action="store_true",
-                       help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
-                            "program, attach a pass program there while this runs")
+        p.add_argument(
+            "--prepare-peer",
+            action="store_true",
+            help="forward: where an interface it sends out of is a veth whose peer runs no native XDP "
+            "program, attach a pass program there while this runs",
+        )
 
     def parse(self, args):
-        require(args, iface="--iface is required (where the clients' datagrams arrive)",
-                rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)")
+        require(
+            args,
+            iface="--iface is required (where the clients' datagrams arrive)",
+            rule="--rule is required (PROTO:VIP:PORT=BACKEND:PORT)",
+        )
 
     def cleanup(self, all_runs=False):
         """What killed redirects left in this namespace: (removed, spared), as lines."""
@@ -185,8 +229,7 @@ class RedirectCommand(Command):
         # the TC egress filters that translate replies for a service address this host holds
         tc_removed, tc_spared = tc.cleanup(TcRedirect.OWNER, spare_live=not all_runs)
         removed += tc_removed
-        spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it"
-                   for f in tc_spared]
+        spared += [f"filter {f.entry.name} on {f.where}: pid {', '.join(map(str, f.pids))} holds it" for f in tc_spared]
         removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
         return removed, spared
 
@@ -244,8 +287,10 @@ class RedirectCommand(Command):
     def tick(self):
         gone = xdp.removed_from_outside(self.prog.xdp_attachments)
         if gone:
-            raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside "
-                           "(python -m lab redirect --cleanup --all, ip link set ... xdp off)")
+            raise BpfError(
+                f"stopped: the program was removed from {', '.join(gone)} from outside "
+                "(python -m lab redirect --cleanup --all, ip link set ... xdp off)"
+            )
 
 
 COMMAND = RedirectCommand()

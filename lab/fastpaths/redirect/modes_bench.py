@@ -43,8 +43,24 @@ examples:
 """
 PROGRAMS = ("drop", "tx", "redirect", "forward")
 MODES = ("native", "generic", "offload")
-COLUMNS = ["program", "mode", "size", "trial", "duration_s", "offered_pps", "sender_pps", "handled_pps",
-           "delivered_pps", "dut_ns_per_pkt", "cpu_usr", "cpu_sys", "cpu_soft", "cpu_idle", "status", "reason"]
+COLUMNS = [
+    "program",
+    "mode",
+    "size",
+    "trial",
+    "duration_s",
+    "offered_pps",
+    "sender_pps",
+    "handled_pps",
+    "delivered_pps",
+    "dut_ns_per_pkt",
+    "cpu_usr",
+    "cpu_sys",
+    "cpu_soft",
+    "cpu_idle",
+    "status",
+    "reason",
+]
 
 
 class XdpProgram(Peer):
@@ -55,6 +71,7 @@ class XdpProgram(Peer):
     ended: the program (drop), the client's sink (tx), the server's sink
     (redirect, forward). Delivery can fall short of handling when the far end's
     ring overflows: the far ends share the generator's core (2 vCPUs)."""
+
     owns_dut_xdp = True
 
     def __init__(self, tb, program, mode):
@@ -104,8 +121,9 @@ def add_arguments(p):
     p.add_argument("--xdp-modes", default=",".join(MODES), help="any of %(default)s (default: all)")
     renamed(p, "--modes", "--xdp-modes")
     p.add_argument("--sizes", default="64", help="frame sizes with FCS (default %(default)s)")
-    p.add_argument("--rates", default="ceiling,100000",
-                   help="offered loads, 'ceiling' or packets/s (default %(default)s)")
+    p.add_argument(
+        "--rates", default="ceiling,100000", help="offered loads, 'ceiling' or packets/s (default %(default)s)"
+    )
 
 
 def main(args):
@@ -129,8 +147,15 @@ def offload_row(tb, program, size, rate):
         status, reason = "unavailable", str(e)
     finally:
         p.close()
-    return {"program": program, "mode": "offload", "size": size, "trial": 0, "offered_pps": rate or 0,
-            "status": status, "reason": reason}
+    return {
+        "program": program,
+        "mode": "offload",
+        "size": size,
+        "trial": 0,
+        "offered_pps": rate or 0,
+        "status": status,
+        "reason": reason,
+    }
 
 
 def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progress=True):
@@ -150,27 +175,56 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
             for trial, (size, rate), variant in common.interleaved(trials, settings, variants):
                 peer = peers[variant]
                 if size not in gens:
-                    frames = common.udp_frames(tb.client4, tb.vip4, tb.topo.mac(tb.client, "eth0"),
-                                        tb.topo.mac(tb.dut, tb.dut_in), size, 1, dport=tb.service_port)
+                    frames = common.udp_frames(
+                        tb.client4,
+                        tb.vip4,
+                        tb.topo.mac(tb.client, "eth0"),
+                        tb.topo.mac(tb.dut, tb.dut_in),
+                        size,
+                        1,
+                        dport=tb.service_port,
+                    )
                     gens[size] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=gen_cpu).open()
                 r = rig.run_rate(gens[size], peer, seconds=duration, rate_pps=rate)
                 rep = r["report"]
                 handled, delivered = r["method"]["handled"], r["method"]["delivered"]
                 core = r["cpu"].summary().loc[dut_cpu]
-                rows.append({"program": peer.program, "mode": peer.mode, "size": size, "trial": trial,
-                             "duration_s": round(rep.seconds, 3), "offered_pps": rate or 0, "sender_pps": rep.pps,
-                             "handled_pps": handled / rep.seconds, "delivered_pps": delivered / rep.seconds,
-                             "dut_ns_per_pkt": float(core["busy_ns"]) / handled if handled else None,
-                             **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS}, "status": "ok", "reason": "",
-                             "sent_packets": rep.packets, "sender_dropped": rep.dropped, "handled_packets": handled,
-                             "delivered_packets": delivered})
+                rows.append(
+                    {
+                        "program": peer.program,
+                        "mode": peer.mode,
+                        "size": size,
+                        "trial": trial,
+                        "duration_s": round(rep.seconds, 3),
+                        "offered_pps": rate or 0,
+                        "sender_pps": rep.pps,
+                        "handled_pps": handled / rep.seconds,
+                        "delivered_pps": delivered / rep.seconds,
+                        "dut_ns_per_pkt": float(core["busy_ns"]) / handled if handled else None,
+                        **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
+                        "status": "ok",
+                        "reason": "",
+                        "sent_packets": rep.packets,
+                        "sender_dropped": rep.dropped,
+                        "handled_packets": handled,
+                        "delivered_packets": delivered,
+                    }
+                )
                 if bar:
                     bar.step(f"{peer.name} {size}B {rate or 'max'} trial {trial}")
         finally:
             common.close_all(gens, peers)
     df = common.columns_first(rows, COLUMNS)  # offload rows alone lack most columns
-    params = {"programs": programs, "modes": modes, "sizes": sizes, "rates": rates, "trials": trials,
-              "duration_s": duration, "gen_cpu": gen_cpu, "dut_cpu": dut_cpu}
+    params = {
+        "programs": programs,
+        "modes": modes,
+        "sizes": sizes,
+        "rates": rates,
+        "trials": trials,
+        "duration_s": duration,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+    }
     return df, write_results(df, "xdp_modes", params, out)
 
 
@@ -181,9 +235,11 @@ def print_summary(df, stream=sys.stdout):
         stream.write("\nmedian [min..max] over trials; ns of router CPU per handled packet\n")
         for _, r in s.iterrows():
             offered = "max" if not r["offered_pps"] else f"{r['offered_pps'] / 1e3:.0f}k"
-            stream.write(f"  {r['program']:<9} {r['mode']:<8} {int(r['size']):>5} B {offered:>5}  "
-                         f"{r['handled_pps_median'] / 1e3:8.0f} kpps [{r['handled_pps_min'] / 1e3:.0f}.."
-                         f"{r['handled_pps_max'] / 1e3:.0f}]  {r['dut_ns_per_pkt_median']:7.0f} ns/pkt "
-                         f"[{r['dut_ns_per_pkt_min']:.0f}..{r['dut_ns_per_pkt_max']:.0f}]\n")
+            stream.write(
+                f"  {r['program']:<9} {r['mode']:<8} {int(r['size']):>5} B {offered:>5}  "
+                f"{r['handled_pps_median'] / 1e3:8.0f} kpps [{r['handled_pps_min'] / 1e3:.0f}.."
+                f"{r['handled_pps_max'] / 1e3:.0f}]  {r['dut_ns_per_pkt_median']:7.0f} ns/pkt "
+                f"[{r['dut_ns_per_pkt_min']:.0f}..{r['dut_ns_per_pkt_max']:.0f}]\n"
+            )
     for _, r in df[df["status"] != "ok"].drop_duplicates(["program", "mode"]).iterrows():
         stream.write(f"  {r['program']:<9} {r['mode']:<8} {r['status']}: {r['reason']}\n")

@@ -46,6 +46,7 @@ class RedirectMethod(Peer):
 
 class Route(RedirectMethod):
     """No translation at all: what forwarding alone costs."""
+
     name = "route"
     colour = "#555555"
 
@@ -70,6 +71,7 @@ def _set(proto, field, value):
 class NftDnat(RedirectMethod):
     """table inet vtl_dnat { chain pre { type nat hook prerouting priority dstnat;
     ip daddr VIP udp dport 8080 counter dnat ip to BACKEND:8083 (and ip6) } }"""
+
     name = "nft-dnat"
     colour = "#E69F00"
     TABLE = "vtl_dnat"
@@ -77,14 +79,43 @@ class NftDnat(RedirectMethod):
     def attach(self):
         tb, p = self.tb, self.proto
         t = {"family": "inet", "table": self.TABLE}
-        rules = [{"add": {"rule": {**t, "chain": "pre", "expr": [
-            _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"counter": None},
-            {"dnat": {"family": "ip" if fam == 4 else "ip6", "addr": backend, "port": tb.backend_port}}]}}}
-            for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6))]
+        rules = [
+            {
+                "add": {
+                    "rule": {
+                        **t,
+                        "chain": "pre",
+                        "expr": [
+                            _match(fam, "daddr", vip),
+                            _port(p, "dport", tb.service_port),
+                            {"counter": None},
+                            {"dnat": {"family": "ip" if fam == 4 else "ip6", "addr": backend, "port": tb.backend_port}},
+                        ],
+                    }
+                }
+            }
+            for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6))
+        ]
         nft.flush_conntrack(self.ns)  # so that every flow starts a connection, as in a fresh router
-        nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}},
-                          {"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100,
-                                             "policy": "accept"}}}, *rules])
+        nft.run(
+            self.ns,
+            [
+                {"add": {"table": {"family": "inet", "name": self.TABLE}}},
+                {
+                    "add": {
+                        "chain": {
+                            **t,
+                            "name": "pre",
+                            "type": "nat",
+                            "hook": "prerouting",
+                            "prio": -100,
+                            "policy": "accept",
+                        }
+                    }
+                },
+                *rules,
+            ],
+        )
         self.attached = True
 
     def counters(self):
@@ -104,6 +135,7 @@ class NftStateless(RedirectMethod):
         ip daddr VIP udp dport 8080 notrack counter ip daddr set BACKEND udp dport set 8083
         ip saddr BACKEND udp sport 8083 notrack counter ip saddr set VIP udp sport set 8080 } }
     (and ip6): nftables updates the checksums a payload change touches."""
+
     name = "nft-stateless"
     colour = "#D55E00"
     TABLE = "vtl_stateless"
@@ -117,18 +149,71 @@ class NftStateless(RedirectMethod):
         rules = []
         for fam, vip, backend in ((4, tb.vip4, tb.server4), (6, tb.vip6, tb.server6)):
             ip = "ip" if fam == 4 else "ip6"
-            rules.append({"add": {"rule": {**t, "chain": "pre", "expr": [
-                _match(fam, "daddr", vip), _port(p, "dport", tb.service_port), {"notrack": None},
-                {"counter": None}, _set(ip, "daddr", backend), _set(p, "dport", tb.backend_port)]}}})
-            rules.append({"add": {"rule": {**t, "chain": reply_chain, "expr": [
-                _match(fam, "saddr", backend), _port(p, "sport", tb.backend_port),
-                *([{"notrack": None}] if reply_chain == "pre" else []),
-                {"counter": None}, _set(ip, "saddr", vip), _set(p, "sport", tb.service_port)]}}})
-        chains = [{"add": {"chain": {**t, "name": "pre", "type": "filter", "hook": "prerouting",
-                                     "prio": -300, "policy": "accept"}}}]
+            rules.append(
+                {
+                    "add": {
+                        "rule": {
+                            **t,
+                            "chain": "pre",
+                            "expr": [
+                                _match(fam, "daddr", vip),
+                                _port(p, "dport", tb.service_port),
+                                {"notrack": None},
+                                {"counter": None},
+                                _set(ip, "daddr", backend),
+                                _set(p, "dport", tb.backend_port),
+                            ],
+                        }
+                    }
+                }
+            )
+            rules.append(
+                {
+                    "add": {
+                        "rule": {
+                            **t,
+                            "chain": reply_chain,
+                            "expr": [
+                                _match(fam, "saddr", backend),
+                                _port(p, "sport", tb.backend_port),
+                                *([{"notrack": None}] if reply_chain == "pre" else []),
+                                {"counter": None},
+                                _set(ip, "saddr", vip),
+                                _set(p, "sport", tb.service_port),
+                            ],
+                        }
+                    }
+                }
+            )
+        chains = [
+            {
+                "add": {
+                    "chain": {
+                        **t,
+                        "name": "pre",
+                        "type": "filter",
+                        "hook": "prerouting",
+                        "prio": -300,
+                        "policy": "accept",
+                    }
+                }
+            }
+        ]
         if reply_chain == "post":
-            chains.append({"add": {"chain": {**t, "name": "post", "type": "filter", "hook": "postrouting",
-                                             "prio": 0, "policy": "accept"}}})
+            chains.append(
+                {
+                    "add": {
+                        "chain": {
+                            **t,
+                            "name": "post",
+                            "type": "filter",
+                            "hook": "postrouting",
+                            "prio": 0,
+                            "policy": "accept",
+                        }
+                    }
+                }
+            )
         nft.run(self.ns, [{"add": {"table": {"family": "inet", "name": self.TABLE}}}, *chains, *rules])
         self.attached = True
 
@@ -147,6 +232,7 @@ class NftStateless(RedirectMethod):
 class XdpMethod(RedirectMethod):
     """ebpf.XdpRedirect on the router's two interfaces (clients' side and
     backend's side). Compiled once; attach/detach only move the hooks."""
+
     name = "xdp-pass"
     colour, colours = "#0072B2", {"generic": "#56B4E9"}  # a generic mode is its native one, pale
     action = "pass"
@@ -211,6 +297,7 @@ class XdpForward(XdpMethod):
 class TcBpf(XdpMethod):
     """The same rules at the TC ingress hook (ebpf.TcRedirect, forward): the skb
     exists already, and bpf_redirect_neigh() sends it on."""
+
     name = "tc-bpf"
     colour = "#CC79A7"
     action = "forward"

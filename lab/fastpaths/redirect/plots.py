@@ -11,7 +11,6 @@ figure (its own, lab.palette), and the axes of rates and costs start at zero. A 
 is named as on the command line, with its XDP mode: "xdp-forward:native".
 """
 
-
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
@@ -65,8 +64,14 @@ def _per_second(cpu, label, core):
 
 def _stack(ax, per_sec, title):
     x = per_sec.index.to_numpy()
-    ax.stackplot(x, *[per_sec[c].to_numpy() for c, _ in STACK], labels=[f"%{c}" for c, _ in STACK],
-                 colors=[STACK_COLORS[c] for c, _ in STACK], alpha=0.85, step=None)
+    ax.stackplot(
+        x,
+        *[per_sec[c].to_numpy() for c, _ in STACK],
+        labels=[f"%{c}" for c, _ in STACK],
+        colors=[STACK_COLORS[c] for c, _ in STACK],
+        alpha=0.85,
+        step=None,
+    )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("second of the transfer")
     ax.set_ylim(0, 100)
@@ -90,8 +95,9 @@ def cpu_per_second(cpu: pd.DataFrame, methods, core="all", report=True):
         panels.append((_per_second(cpu, m, core), f"lab: {m} ({where})"))
     if not panels:
         raise ValueError("no methods to draw")
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False, sharey=True, layout="constrained"
+    )
     for ax, (per_sec, title) in zip(axes[0], panels, strict=True):
         _stack(ax, per_sec, title)
     axes[0][0].set_ylabel("% CPU (mpstat)")
@@ -114,10 +120,19 @@ def beside_report(cpu: pd.DataFrame, dut_core=None) -> pd.DataFrame:
     above ours: every core, as the report's mpstat printed, and, when `dut_core`
     is given, the router's core alone."""
     report = pd.read_csv(PAPER_DIR / "redirect_cpu_avg.csv")
-    rows = [{"source": "report (all cores)", "method": r["method"], "usr": r["cpu_usr"], "sys": r["cpu_sys"],
-             "soft": r["cpu_soft"], "irq": r["cpu_irq"], "steal": r["cpu_steal"],
-             "idle": 100 - sum(r[f"cpu_{c}"] for c in ("usr", "nice", "sys", "iowait", "irq", "soft", "steal"))}
-            for _, r in report.iterrows()]
+    rows = [
+        {
+            "source": "report (all cores)",
+            "method": r["method"],
+            "usr": r["cpu_usr"],
+            "sys": r["cpu_sys"],
+            "soft": r["cpu_soft"],
+            "irq": r["cpu_irq"],
+            "steal": r["cpu_steal"],
+            "idle": 100 - sum(r[f"cpu_{c}"] for c in ("usr", "nice", "sys", "iowait", "irq", "soft", "steal")),
+        }
+        for _, r in report.iterrows()
+    ]
     parts = [pd.DataFrame(rows), cpu_averages(cpu, "all").assign(source="lab (all cores)")]
     if dut_core is not None:
         parts.append(cpu_averages(cpu, dut_core).assign(source=f"lab (router core {dut_core})"))
@@ -130,8 +145,15 @@ def _bars(ax, d, value, scale=1.0):
     ms = _labels(d)
     g = d.groupby("label")[value]
     med, lo, hi = (s.reindex(ms) / scale for s in (g.median(), g.min(), g.max()))
-    ax.bar(range(len(ms)), med.values, yerr=[(med - lo).values, (hi - med).values], capsize=3, ecolor="0.25",
-           color=[method_color(m) for m in ms], hatch=[("//" if m == "route" else None) for m in ms])
+    ax.bar(
+        range(len(ms)),
+        med.values,
+        yerr=[(med - lo).values, (hi - med).values],
+        capsize=3,
+        ecolor="0.25",
+        color=[method_color(m) for m in ms],
+        hatch=[("//" if m == "route" else None) for m in ms],
+    )
     ax.set_xticks(range(len(ms)), ms, rotation=30, ha="right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)  # the caller sets the y range once every panel is drawn
 
@@ -141,9 +163,15 @@ def transfer_costs(df: pd.DataFrame):
     datagram, one bar per method (median, min..max)."""
     d = with_labels(df)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
-    for ax, (col, ylabel) in zip(axes, (("goodput_mbps", "goodput (Mbit/s)"),
-                                        ("dut_busy_ms", "router core busy (ms per transfer)"),
-                                        ("dut_ns_per_pkt", "router ns per datagram")), strict=True):
+    for ax, (col, ylabel) in zip(
+        axes,
+        (
+            ("goodput_mbps", "goodput (Mbit/s)"),
+            ("dut_busy_ms", "router core busy (ms per transfer)"),
+            ("dut_ns_per_pkt", "router ns per datagram"),
+        ),
+        strict=True,
+    ):
         _bars(ax, d, col)
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
@@ -173,8 +201,9 @@ def rate_panels(df: pd.DataFrame, value="forwarded_pps", ylabel="forwarded packe
     and number of flows, one bar per method (median, min..max)."""
     d, offered = _at_load(with_labels(df), offered)
     keys = sorted({(int(s), int(f)) for s, f in zip(d["size"], d["flows"], strict=True)})
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.9), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(3.6 * len(keys), 3.9), squeeze=False, sharey=True, layout="constrained"
+    )
     for ax, (size, flows) in zip(axes[0], keys, strict=True):
         _bars(ax, d[(d["size"] == size) & (d["flows"] == flows)], value)
         ax.set_title(f"{size} B, {flows} flow{'s' if flows > 1 else ''}", fontsize=10)
@@ -190,8 +219,10 @@ def rate_table(df: pd.DataFrame) -> pd.DataFrame:
     """Median forwarded kpps and router ns per packet, a row per method, a column
     per (size, flows, offered load)."""
     d = with_labels(df)
-    d["setting"] = [f"{int(s)}B {int(f)}f {'max' if not o else f'{o / 1e3:.0f}k'}"
-                    for s, f, o in zip(d["size"], d["flows"], d["offered_pps"].fillna(0), strict=True)]
+    d["setting"] = [
+        f"{int(s)}B {int(f)}f {'max' if not o else f'{o / 1e3:.0f}k'}"
+        for s, f, o in zip(d["size"], d["flows"], d["offered_pps"].fillna(0), strict=True)
+    ]
     med = d.groupby(["label", "setting"])[["forwarded_pps", "dut_ns_per_pkt"]].median()
     med["forwarded_pps"] /= 1e3
     wide = med.rename(columns={"forwarded_pps": "kpps", "dut_ns_per_pkt": "ns/pkt"}).unstack("setting")
@@ -208,7 +239,7 @@ def forwarded_and_delivered(df: pd.DataFrame) -> pd.DataFrame:
     d = d[d["offered_pps"].fillna(0) == 0]
     if "delivered_pps" not in d:  # a CSV from before the two were told apart
         d = d.assign(delivered_pps=d["forwarded_pps"])
-    out = (d.groupby(["label", "size", "flows"])[["forwarded_pps", "delivered_pps"]].median() / 1e3)
+    out = d.groupby(["label", "size", "flows"])[["forwarded_pps", "delivered_pps"]].median() / 1e3
     out = out.unstack(["size", "flows"])
     out.columns = [f"{s} B {f}f {what.split('_')[0]}" for what, s, f in out.columns]
     return out[sorted(out.columns)].reindex(_labels(d)).rename_axis("kpps at the ceiling")
@@ -236,32 +267,45 @@ def targets(rate: pd.DataFrame = None, transfer: pd.DataFrame = None, modes: pd.
 
     def add(target, value, bound, sense):
         met = (value <= bound) if sense == "<=" else (value >= bound)
-        rows.append({"target": target, "measured": round(value, 3), "bound": f"{sense} {bound}",
-                     "met": bool(met) if value == value else None})
+        rows.append(
+            {
+                "target": target,
+                "measured": round(value, 3),
+                "bound": f"{sense} {bound}",
+                "met": bool(met) if value == value else None,
+            }
+        )
+
     if rate is not None:
         r = with_labels(rate)
         at = {"size": 64, "flows": 1, "offered_pps": 0}
-        ns = {m: _median(r, m, "dut_ns_per_pkt", **at) for m in ("nft-dnat", "xdp-forward:native",
-                                                                  "xdp-pass:native")}
+        ns = {m: _median(r, m, "dut_ns_per_pkt", **at) for m in ("nft-dnat", "xdp-forward:native", "xdp-pass:native")}
         pps = {m: _median(r, m, "forwarded_pps", **at) for m in ("nft-dnat", "xdp-forward:native")}
-        add("xdp-forward native ns/pkt ÷ nft-dnat (64 B, 1 flow)", ns["xdp-forward:native"] / ns["nft-dnat"],
-            0.5, "<=")
-        add("xdp-forward native pps ÷ nft-dnat (64 B, 1 flow)", pps["xdp-forward:native"] / pps["nft-dnat"],
-            2, ">=")
+        add("xdp-forward native ns/pkt ÷ nft-dnat (64 B, 1 flow)", ns["xdp-forward:native"] / ns["nft-dnat"], 0.5, "<=")
+        add("xdp-forward native pps ÷ nft-dnat (64 B, 1 flow)", pps["xdp-forward:native"] / pps["nft-dnat"], 2, ">=")
         add("xdp-pass native ns/pkt ÷ nft-dnat (64 B, 1 flow)", ns["xdp-pass:native"] / ns["nft-dnat"], 0.9, "<=")
     if transfer is not None:
         t = with_labels(transfer)
-        add(f"{t['bytes'].iloc[0] / 2**20:.0f} MiB transfer: xdp-forward native busy ÷ nft-dnat",
-            _median(t, "xdp-forward:native", "dut_busy_ms") / _median(t, "nft-dnat", "dut_busy_ms"), 0.6, "<=")
+        add(
+            f"{t['bytes'].iloc[0] / 2**20:.0f} MiB transfer: xdp-forward native busy ÷ nft-dnat",
+            _median(t, "xdp-forward:native", "dut_busy_ms") / _median(t, "nft-dnat", "dut_busy_ms"),
+            0.6,
+            "<=",
+        )
     if modes is not None:
         m = modes[(modes["status"] == "ok") & (modes["program"] == "drop") & (modes["offered_pps"].fillna(0) == 0)]
         g = m.groupby("mode")["handled_pps"].median()
-        add("XDP_DROP pps native ÷ generic (ceiling)", g.get("native", float("nan")) / g.get("generic", float("nan")),
-            1.5, ">=")
+        add(
+            "XDP_DROP pps native ÷ generic (ceiling)",
+            g.get("native", float("nan")) / g.get("generic", float("nan")),
+            1.5,
+            ">=",
+        )
     return pd.DataFrame(rows)
 
 
 # ---- the Cilium/SmartNIC benchmark note: XDP modes ----------------------------
+
 
 def _programs(d):
     present = set(d["program"])
@@ -280,9 +324,15 @@ def modes_bars(df: pd.DataFrame, offered=None):
     modes = [m for m in ("native", "generic", "offload") if m in set(d["mode"])]
     width = 0.8 / len(modes)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), layout="constrained")
-    for ax, (col, ylabel) in zip(axes, (("cpu_busy", "router core busy (%)"),
-                                        ("dut_ns_per_pkt", "router ns per handled packet"),
-                                        ("handled_pps", "handled packets/s")), strict=True):
+    for ax, (col, ylabel) in zip(
+        axes,
+        (
+            ("cpu_busy", "router core busy (%)"),
+            ("dut_ns_per_pkt", "router ns per handled packet"),
+            ("handled_pps", "handled packets/s"),
+        ),
+        strict=True,
+    ):
         for i, mode in enumerate(modes):
             x = [p + (i - (len(modes) - 1) / 2) * width for p in range(len(programs))]
             sub = d[d["mode"] == mode]
@@ -293,8 +343,16 @@ def modes_bars(df: pd.DataFrame, offered=None):
                 continue
             g = sub.groupby("program")[col]
             med, lo, hi = (s.reindex(programs) for s in (g.median(), g.min(), g.max()))
-            ax.bar(x, med.values, width, yerr=[(med - lo).values, (hi - med).values], capsize=2, ecolor="0.25",
-                   color=MODE_COLORS[mode], label=mode)
+            ax.bar(
+                x,
+                med.values,
+                width,
+                yerr=[(med - lo).values, (hi - med).values],
+                capsize=2,
+                ecolor="0.25",
+                color=MODE_COLORS[mode],
+                label=mode,
+            )
         ax.set_xticks(range(len(programs)), programs)
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)

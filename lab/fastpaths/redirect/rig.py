@@ -135,11 +135,13 @@ class RouterRig(Rig):
         def egress():
             c = iface_counters(ns, out)
             return c["tx_packets"] + c["tx_dropped"]
+
         with self._server_drops() as sink, _attached(method):
             method.ready()
             client_sink = self.tb.sinks[self.tb.client]
-            self._quiet(lambda: (sink.counters()["packets"], client_sink.counters()["packets"],
-                                 method.counters(), egress()))
+            self._quiet(
+                lambda: (sink.counters()["packets"], client_sink.counters()["packets"], method.counters(), egress())
+            )
             sink.reset_counters()
             base, sent_before = method.counters(), egress()
             with CpuSampler(interval=1.0) as cpu:

@@ -2,6 +2,7 @@
 on a watch-list to a monitor interface (ebpf.TcMirror), after the vTAP paper;
 on a node that routes, its XDP twin (ebpf.XdpMirror, `vtap --hook xdp`) sends
 each watched frame to its egress and to the monitor before an skb exists."""
+
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(

@@ -24,10 +24,31 @@ from .rig import ThroughputRig
 
 NAME = "vtap-throughput"
 MIRROR_ORDER = list(MIRRORS)
-COLUMNS = ["testbed", "mirror", "size", "trial", "duration_s", "sender_pps", "receiver_pps", "monitor_pps",
-           "receiver_mbps", "monitor_mbps", "receiver_loss", "monitor_loss", "cpu_usr", "cpu_sys", "cpu_soft",
-           "cpu_steal", "cpu_idle", "dut_ns_per_pkt", "rules", "target", "truncate", "tap_ns_per_run",
-           "sender_ns_per_run"]
+COLUMNS = [
+    "testbed",
+    "mirror",
+    "size",
+    "trial",
+    "duration_s",
+    "sender_pps",
+    "receiver_pps",
+    "monitor_pps",
+    "receiver_mbps",
+    "monitor_mbps",
+    "receiver_loss",
+    "monitor_loss",
+    "cpu_usr",
+    "cpu_sys",
+    "cpu_soft",
+    "cpu_steal",
+    "cpu_idle",
+    "dut_ns_per_pkt",
+    "rules",
+    "target",
+    "truncate",
+    "tap_ns_per_run",
+    "sender_ns_per_run",
+]
 SESSIONS = "ebpf-sessions"  # the mirror with a session dimension: --rules x --targets x --truncate
 
 
@@ -64,22 +85,40 @@ examples:
 def add_arguments(p):
     # Defaults are shown with %(default)s, so the text cannot drift from the value.
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--testbed", default="1", help="1, 2, 3 or a list, 1,2,3 (default %(default)s); 3 routes, "
-                   "where the XDP vTAP (ebpf-xdp) runs")
-    p.add_argument("--sizes", default=",".join(map(str, common.SIZES)),
-                   help="frame sizes in bytes with FCS (default: the paper's, %(default)s)")
+    p.add_argument(
+        "--testbed",
+        default="1",
+        help="1, 2, 3 or a list, 1,2,3 (default %(default)s); 3 routes, where the XDP vTAP (ebpf-xdp) runs",
+    )
+    p.add_argument(
+        "--sizes",
+        default=",".join(map(str, common.SIZES)),
+        help="frame sizes in bytes with FCS (default: the paper's, %(default)s)",
+    )
     common.add_options(p, trials=5, duration=5.0, peers=MIRROR_ORDER, old_peers="--mirrors", cpus="generator,DUT")
-    p.add_argument("--generator", default="xdp", choices=sorted(GENERATORS),
-                   help="packet source: our XDP generator or netsniff-ng's trafgen (default %(default)s)")
+    p.add_argument(
+        "--generator",
+        default="xdp",
+        choices=sorted(GENERATORS),
+        help="packet source: our XDP generator or netsniff-ng's trafgen (default %(default)s)",
+    )
     p.add_argument("--flows", type=int, default=4, help="UDP flows in the mix (default %(default)s)")
-    p.add_argument("--rate", type=int, metavar="PPS",
-                   help="offered load in packets/s (default: the generator's ceiling)")
-    p.add_argument("--rules", default="1", help=f"{SESSIONS}: rules in its session, a list (default %(default)s); "
-                   "the load matches the last")
-    p.add_argument("--targets", default="local", help=f"{SESSIONS}: local (the monitor), vxlan, erspan (to "
-                   "Testbed 3's collector), a list (default %(default)s)")
-    p.add_argument("--truncate", default="0", help=f"{SESSIONS}: bytes a copy keeps, 0 for whole, a list "
-                   "(default %(default)s)")
+    p.add_argument(
+        "--rate", type=int, metavar="PPS", help="offered load in packets/s (default: the generator's ceiling)"
+    )
+    p.add_argument(
+        "--rules",
+        default="1",
+        help=f"{SESSIONS}: rules in its session, a list (default %(default)s); the load matches the last",
+    )
+    p.add_argument(
+        "--targets",
+        default="local",
+        help=f"{SESSIONS}: local (the monitor), vxlan, erspan (to Testbed 3's collector), a list (default %(default)s)",
+    )
+    p.add_argument(
+        "--truncate", default="0", help=f"{SESSIONS}: bytes a copy keeps, 0 for whole, a list (default %(default)s)"
+    )
 
 
 def main(args):
@@ -90,19 +129,34 @@ def main(args):
         for name in mirrors:
             missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
             if missing:
-                raise ValueError(f"mirror {name} does not apply to testbed {missing[0]} (only to "
-                                 f"{', '.join(map(str, MIRRORS[name].testbeds))})")
+                raise ValueError(
+                    f"mirror {name} does not apply to testbed {missing[0]} (only to "
+                    f"{', '.join(map(str, MIRRORS[name].testbeds))})"
+                )
     if args.rate is not None and args.rate <= 0:
         raise ValueError(f"--rate must be a positive number of packets/s, not {args.rate}")
-    sessions = {"rules": common.parse_list(args.rules, int, what="rule count"),
-                "targets": common.parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
-                "truncate": common.parse_list(args.truncate, int, what="truncation")}
+    sessions = {
+        "rules": common.parse_list(args.rules, int, what="rule count"),
+        "targets": common.parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
+        "truncate": common.parse_list(args.truncate, int, what="truncation"),
+    }
     if not all(1 <= n <= 256 for n in sessions["rules"]):
         raise ValueError("--rules: 1 to 256 rules")
     if not all(t == 0 or 64 <= t <= 9000 for t in sessions["truncate"]):
         raise ValueError("--truncate: 0 (whole) or 64 to 9000 bytes")
-    df, path = run(tbs, sizes, mirrors, args.trials, args.duration, args.generator, args.flows, cpus, args.out,
-                   rate_pps=args.rate, sessions=sessions)
+    df, path = run(
+        tbs,
+        sizes,
+        mirrors,
+        args.trials,
+        args.duration,
+        args.generator,
+        args.flows,
+        cpus,
+        args.out,
+        rate_pps=args.rate,
+        sessions=sessions,
+    )
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
@@ -117,22 +171,33 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
     core = cpu.summary().loc[dut_cpu]
     busy = float(core["busy_ns"])
     r = {
-        "testbed": tb_no, "mirror": mirror.name, "size": size, "trial": trial, "duration_s": round(secs, 3),
-        "sender_pps": rep.pps, "receiver_pps": rx["packets"] / secs, "monitor_pps": mon["packets"] / secs,
+        "testbed": tb_no,
+        "mirror": mirror.name,
+        "size": size,
+        "trial": trial,
+        "duration_s": round(secs, 3),
+        "sender_pps": rep.pps,
+        "receiver_pps": rx["packets"] / secs,
+        "monitor_pps": mon["packets"] / secs,
         # Mbps of frames with FCS, as the sizes are given
         "receiver_mbps": (rx["bytes"] + common.FCS * rx["packets"]) * 8 / secs / 1e6,
         "monitor_mbps": (mon["bytes"] + common.FCS * mon["packets"]) * 8 / secs / 1e6,
         "receiver_loss": 1 - rx["packets"] / rep.packets if rep.packets else 0.0,
-        "monitor_loss": ((1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none"
-                         else None),
+        "monitor_loss": (
+            (1 - mon["packets"] / rx["packets"] if rx["packets"] else 0.0) if mirror.name != "none" else None
+        ),
         **{f"cpu_{c}": float(core[c]) for c in CPU_COLUMNS},
         "dut_ns_per_pkt": busy / rx["packets"] if rx["packets"] else None,
         "dut_ns_per_mirrored_pkt": busy / mon["packets"] if mon["packets"] else None,
-        "dut_cpu": dut_cpu, "offered_pps": rate_pps or 0, "generator": rep.generator, "sent_packets": rep.packets,
+        "dut_cpu": dut_cpu,
+        "offered_pps": rate_pps or 0,
+        "generator": rep.generator,
+        "sent_packets": rep.packets,
         # arrivals at the DUT: its pass sink's count, or the XDP vTAP's own (it owns that hook)
         "sender_dropped": rep.dropped,
         "dut_packets": counts["dut"]["packets"] if "dut" in counts else m["mirrored"].get("seen"),
-        "receiver_packets": rx["packets"], "monitor_packets": mon["packets"],
+        "receiver_packets": rx["packets"],
+        "monitor_packets": mon["packets"],
         "mirrored_by_peer": m["mirrored"].get("mirrored"),
     }
     for k in ("seen", "matched", "cloned", "failed"):
@@ -161,8 +226,21 @@ def variants(mirrors, sessions):
     return out
 
 
-def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4, cpus=(0, 1),
-        out=None, progress=True, stream=sys.stdout, rate_pps=None, sessions=None):
+def run(
+    testbed_nos,
+    sizes,
+    mirrors,
+    trials,
+    duration,
+    generator="xdp",
+    flows=4,
+    cpus=(0, 1),
+    out=None,
+    progress=True,
+    stream=sys.stdout,
+    rate_pps=None,
+    sessions=None,
+):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
     sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0]}
     gen_cpu, dut_cpu = cpus
@@ -175,38 +253,56 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
         tunnels = any(kw.get("target", "local") != "local" for _, _, kw in here)
         # an underlay to the collector whose MTU takes whole 1518-byte copies in a tunnel
         # (3000: still within what a veth takes natively at XDP, where the sink counts them)
-        tb = testbeds.testbed3(collector=True, collector_mtu=3000) if tb_no == 3 and tunnels \
+        tb = (
+            testbeds.testbed3(collector=True, collector_mtu=3000)
+            if tb_no == 3 and tunnels
             else testbeds.TESTBEDS[tb_no]()
-        with ThroughputRig(tb, gen_cpu, dut_cpu) as rig, BpfRunStats() if any(n == SESSIONS for _, n, _ in here) \
-                else contextlib.nullcontext():
+        )
+        with (
+            ThroughputRig(tb, gen_cpu, dut_cpu) as rig,
+            BpfRunStats() if any(n == SESSIONS for _, n, _ in here) else contextlib.nullcontext(),
+        ):
             dut_ns = tb.ns(tb.tap_host)
             bridge = tb.bridge
             peers, gens = {}, {}
             try:
                 for label, name, kw in here:
-                    peers[label] = MIRRORS[name](dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu,
-                                                 **kw)
+                    peers[label] = MIRRORS[name](
+                        dut_ns, tb.tap_iface, tb.monitor_iface, bridge=bridge, cpu=dut_cpu, **kw
+                    )
                 for trial, size, label in common.interleaved(trials, sizes, [v[0] for v in here]):
                     if size not in gens:
-                        frames = common.udp_frames(tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows,
-                                            dport=rig.udp_port)  # the port of the receiving DUT's socket
+                        frames = common.udp_frames(
+                            tb.src4, tb.dst4, tb.sender_mac, tb.next_hop_mac, size, flows, dport=rig.udp_port
+                        )  # the port of the receiving DUT's socket
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
                     peer = peers[label]
                     fds = peer.program_fds() if hasattr(peer, "program_fds") else {}
                     before = {k: run_stats(fd) for k, fd in fds.items()}
                     m = rig.run(gens[size], peer, seconds=duration, rate_pps=rate_pps)
-                    m["bpf_stats"] = {k: tuple(b - a for a, b in zip(before[k], run_stats(fd), strict=True))
-                                      for k, fd in fds.items()}
+                    m["bpf_stats"] = {
+                        k: tuple(b - a for a, b in zip(before[k], run_stats(fd), strict=True)) for k, fd in fds.items()
+                    }
                     rows.append(row(tb_no, peer, size, trial, m, dut_cpu, rate_pps))
                     if bar:
                         bar.step(f"tb{tb_no} {label} {size}B trial {trial}")
             finally:
                 common.close_all(gens, peers)
     df = common.columns_first(rows, COLUMNS)
-    params = {"testbeds": testbed_nos, "sizes": sizes, "mirrors": mirrors, "trials": trials,
-              "duration_s": duration, "generator": generator, "flows": flows, "gen_cpu": gen_cpu,
-              "dut_cpu": dut_cpu, "rate_pps": rate_pps, "sessions": sessions}
+    params = {
+        "testbeds": testbed_nos,
+        "sizes": sizes,
+        "mirrors": mirrors,
+        "trials": trials,
+        "duration_s": duration,
+        "generator": generator,
+        "flows": flows,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+        "rate_pps": rate_pps,
+        "sessions": sessions,
+    }
     path = write_results(df, "vtap_throughput", params, out)
     return df, path
 
@@ -214,19 +310,24 @@ def run(testbed_nos, sizes, mirrors, trials, duration, generator="xdp", flows=4,
 def with_variant(df: pd.DataFrame) -> pd.DataFrame:
     """A `variant` column: the mirror, and for sessions its rules, target and truncation."""
     df = df.copy()
+
     def name(r):
         if r["mirror"] != SESSIONS or pd.isna(r.get("rules")):
             return r["mirror"]
         cut = f" cut {int(r['truncate'])}" if r.get("truncate") else ""
         return f"sessions {int(r['rules'])}r {r['target']}{cut}"
+
     df["variant"] = df.apply(name, axis=1) if len(df) else []
     return df
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     df = with_variant(df)
-    s = common.summarize(df, ["testbed", "size", "mirror", "variant"],
-                  ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"])
+    s = common.summarize(
+        df,
+        ["testbed", "size", "mirror", "variant"],
+        ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"],
+    )
     s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
     return s.sort_values(["testbed", "size", "order", "variant"]).drop(columns="order").reset_index(drop=True)
 
@@ -235,12 +336,24 @@ def print_summary(df, stream=sys.stdout):
     s = summary(df)
     stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
     width = max(11, *(len(v) for v in s["variant"])) if len(s) else 11
-    stream.write(f"{'tb':>2} {'size':>5} {'mirror':<{width}} {'receiver kpps':>22} {'monitor kpps':>22} "
-                 f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n")
+    stream.write(
+        f"{'tb':>2} {'size':>5} {'mirror':<{width}} {'receiver kpps':>22} {'monitor kpps':>22} "
+        f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n"
+    )
     for _, r in s.iterrows():
+
         def span(col, scale=1e3, fmt="{:.0f}", *, r=r):  # this row, bound now
-            return (fmt.format(r[f'{col}_median'] / scale) + " [" + fmt.format(r[f'{col}_min'] / scale) + ".." +
-                    fmt.format(r[f'{col}_max'] / scale) + "]")
-        stream.write(f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {span('receiver_pps'):>22} "
-                     f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
-                     f"{span('dut_ns_per_pkt', 1):>18}\n")
+            return (
+                fmt.format(r[f"{col}_median"] / scale)
+                + " ["
+                + fmt.format(r[f"{col}_min"] / scale)
+                + ".."
+                + fmt.format(r[f"{col}_max"] / scale)
+                + "]"
+            )
+
+        stream.write(
+            f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {span('receiver_pps'):>22} "
+            f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
+            f"{span('dut_ns_per_pkt', 1):>18}\n"
+        )

@@ -77,37 +77,55 @@ class Printer(CounterTable):
         super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces", out=out)
 
     def header(self, tap, ifaces, direction):
-        msg = dict(monitor=tap.monitor, ifaces=ifaces, direction=direction, **watch_fields(tap),
-                   match=tap.match, sample=tap.sample, clone=tap.clone)
-        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
-                           f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
-                      names=ifaces)  # interface names are up to 15 characters
+        msg = dict(
+            monitor=tap.monitor,
+            ifaces=ifaces,
+            direction=direction,
+            **watch_fields(tap),
+            match=tap.match,
+            sample=tap.sample,
+            clone=tap.clone,
+        )
+        self.attached(
+            msg,
+            f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
+            f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
+            names=ifaces,
+        )  # interface names are up to 15 characters
 
 
 def warn_at_start(tap):
     from ebpf import netdev  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
     with netdev.ipr(tap.netns) as ip:
         kind = netdev.opaque(ip, netdev.ifindex_of(ip, tap.monitor, tap.netns))
     if kind:
-        warn(f"monitor {tap.monitor} is a {kind} device: vtap cannot tell which interfaces its copies leave "
-             "through, so it cannot refuse a tap that would copy them again; do not tap those at egress")
+        warn(
+            f"monitor {tap.monitor} is a {kind} device: vtap cannot tell which interfaces its copies leave "
+            "through, so it cannot refuse a tap that would copy them again; do not tap those at egress"
+        )
     for f in tap.tc_filters:
         if f.runs_after:
-            warn(f"{f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the vTAP; "
-                 "frames they stop are not mirrored")
+            warn(
+                f"{f.runs_after} existing filter(s) on {f.ifname} {f.direction} run before the vTAP; "
+                "frames they stop are not mirrored"
+            )
 
 
 def monitor_news(state, tap, note=""):
     """What to say when the monitor enters `state` (TcMirror.health())."""
     m = tap.monitor
-    refused = ("its copies are refused and counted as failed" if tap.clone == "action" else
-               "the kernel drops the copies without an error (not counted as failed)")
+    refused = (
+        "its copies are refused and counted as failed"
+        if tap.clone == "action"
+        else "the kernel drops the copies without an error (not counted as failed)"
+    )
     return {
         "up": f"monitor {m} is up again",
         "down": f"monitor {m} is down: {refused}",
         "no-carrier": f"monitor {m} has no carrier (its link is down): {refused}",
         "gone": f"monitor {m} was deleted: copies fail (counted as failed) until an interface named {m} "
-                "appears again" + (f" ({note})" if note else ""),
+        "appears again" + (f" ({note})" if note else ""),
         "renewed": f"monitor {m} was made again: copies go to the new {m}",
     }[state]
 
@@ -131,8 +149,10 @@ class TcWatcher(Watcher):
         h = super().check()
         if totals is not None:
             if totals["oversize"] > self.oversize == 0:
-                warn(f"{totals['oversize']} copies were longer than monitor {self.tap.monitor}'s MTU "
-                     f"({h.monitor_mtu}) allows: the kernel fragments or drops them (counted as oversize)")
+                warn(
+                    f"{totals['oversize']} copies were longer than monitor {self.tap.monitor}'s MTU "
+                    f"({h.monitor_mtu}) allows: the kernel fragments or drops them (counted as oversize)"
+                )
             self.oversize = totals["oversize"]
         return h
 
@@ -141,8 +161,10 @@ class VtapCommand(TapCommand):
     """The vTAP at the TC clsact hook; with --hook xdp or --sessions FILE, its
     variant() is the command that runs them."""
 
-    description = ("Clone packets whose source or destination is on a watch-list to a monitor interface "
-                   "(eBPF at the TC clsact hook; with --hook xdp, on a node that routes, at the XDP hook).")
+    description = (
+        "Clone packets whose source or destination is on a watch-list to a monitor interface "
+        "(eBPF at the TC clsact hook; with --hook xdp, on a node that routes, at the XDP hook)."
+    )
     examples = EXAMPLES
     cleans = "vtap filters (and the clsact qdiscs vtap created) and XDP programs"
 
@@ -153,40 +175,87 @@ class VtapCommand(TapCommand):
     def options(self, p):
         """The options of all three (one parser: the variant is chosen from them)."""
         p.add_argument("--monitor", metavar="MON", help="interface the copies leave through")
-        p.add_argument("--sessions", metavar="FILE",
-                       help="sessions from a TOML file, re-read when it changes: each with a target (an interface "
-                            "or vxlan://, geneve://, gre://, erspan://, erspan3:// a collector), ordered accept/"
-                            "reject rules (protocol, addresses, ports, direction), truncate, sample "
-                            "(docs/vtap.md; instead of --monitor and --watch)")
-        p.add_argument("--iface", metavar="IF", action="append", default=[],
-                       help="interface to tap (repeatable; default: every UP interface but lo and those that "
-                            "carry the copies: the monitor, its veth peer, a tunnel monitor's underlay)")
-        p.add_argument("--watch", metavar="CIDR", action="append", default=[],
-                       help="IPv4/IPv6 address or network to watch (repeatable; default: mirror everything)")
-        p.add_argument("--watch-file", metavar="FILE", action="append", default=[],
-                       help="read more CIDRs from FILE, one per line, '#' starts a comment; - is stdin (repeatable)")
-        p.add_argument("--watch-max", type=int, metavar="N",
-                       help="watch-list room per address family (default: 1024, or the list's size if larger)")
-        p.add_argument("--match", default="any", choices=("src", "dst", "any"),
-                       help="which address must be watched (default any)")
-        p.add_argument("--direction", default="ingress", choices=("ingress", "egress", "both"),
-                       help="which hook of each interface (default ingress)")
-        p.add_argument("--sample", type=int, default=1, metavar="N",
-                       help=f"mirror 1 in N matched packets, N from 1 to {SAMPLE_MAX} (default 1: all)")
-        p.add_argument("--clone", default="action", choices=("action", "helper"),
-                       help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
-                            "or the program itself with bpf_clone_redirect()")
-        p.add_argument("--hook", default="tc", choices=("tc", "xdp"),
-                       help="tc (default): copy at the TC clsact hook, on any node; xdp: on a node that routes, "
-                            "send each watched frame out of its egress and to the monitor from the XDP hook, "
-                            "before the kernel builds an skb (the interfaces it taps are where traffic comes in)")
+        p.add_argument(
+            "--sessions",
+            metavar="FILE",
+            help="sessions from a TOML file, re-read when it changes: each with a target (an interface "
+            "or vxlan://, geneve://, gre://, erspan://, erspan3:// a collector), ordered accept/"
+            "reject rules (protocol, addresses, ports, direction), truncate, sample "
+            "(docs/vtap.md; instead of --monitor and --watch)",
+        )
+        p.add_argument(
+            "--iface",
+            metavar="IF",
+            action="append",
+            default=[],
+            help="interface to tap (repeatable; default: every UP interface but lo and those that "
+            "carry the copies: the monitor, its veth peer, a tunnel monitor's underlay)",
+        )
+        p.add_argument(
+            "--watch",
+            metavar="CIDR",
+            action="append",
+            default=[],
+            help="IPv4/IPv6 address or network to watch (repeatable; default: mirror everything)",
+        )
+        p.add_argument(
+            "--watch-file",
+            metavar="FILE",
+            action="append",
+            default=[],
+            help="read more CIDRs from FILE, one per line, '#' starts a comment; - is stdin (repeatable)",
+        )
+        p.add_argument(
+            "--watch-max",
+            type=int,
+            metavar="N",
+            help="watch-list room per address family (default: 1024, or the list's size if larger)",
+        )
+        p.add_argument(
+            "--match", default="any", choices=("src", "dst", "any"), help="which address must be watched (default any)"
+        )
+        p.add_argument(
+            "--direction",
+            default="ingress",
+            choices=("ingress", "egress", "both"),
+            help="which hook of each interface (default ingress)",
+        )
+        p.add_argument(
+            "--sample",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"mirror 1 in N matched packets, N from 1 to {SAMPLE_MAX} (default 1: all)",
+        )
+        p.add_argument(
+            "--clone",
+            default="action",
+            choices=("action", "helper"),
+            help="who copies a matched frame: the filter's tc mirred action (default, cheapest) "
+            "or the program itself with bpf_clone_redirect()",
+        )
+        p.add_argument(
+            "--hook",
+            default="tc",
+            choices=("tc", "xdp"),
+            help="tc (default): copy at the TC clsact hook, on any node; xdp: on a node that routes, "
+            "send each watched frame out of its egress and to the monitor from the XDP hook, "
+            "before the kernel builds an skb (the interfaces it taps are where traffic comes in)",
+        )
         add_xdp_mode(p)  # here, not by xdp_mode = True: among the options of --hook xdp
-        p.add_argument("--forward", default="watched", choices=("watched", "all"),
-                       help="--hook xdp: what the fast path sends out: the watched frames (default; the rest go "
-                            "the kernel's way, its netfilter and counters) or every frame it can")
-        p.add_argument("--prepare-peer", action="store_true",
-                       help="--hook xdp: where the monitor or an egress is a veth whose peer runs no native XDP "
-                            "program (it then takes no XDP frames), attach a pass program there while this runs")
+        p.add_argument(
+            "--forward",
+            default="watched",
+            choices=("watched", "all"),
+            help="--hook xdp: what the fast path sends out: the watched frames (default; the rest go "
+            "the kernel's way, its netfilter and counters) or every frame it can",
+        )
+        p.add_argument(
+            "--prepare-peer",
+            action="store_true",
+            help="--hook xdp: where the monitor or an egress is a veth whose peer runs no native XDP "
+            "program (it then takes no XDP frames), attach a pass program there while this runs",
+        )
 
     def add_arguments(self, p):
         super().add_arguments(p)
@@ -200,9 +269,11 @@ class VtapCommand(TapCommand):
             return self
         if args.sessions:
             from .sessions_command import SessionsCommand  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
             return SessionsCommand()
         if args.hook == "xdp":
             from .xdp_command import XdpCommand  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
             return XdpCommand()
         return self
 
@@ -219,18 +290,29 @@ class VtapCommand(TapCommand):
 
         from .sessions_command import SessionsCommand  # noqa: PLC0415 -- pulls pyroute2 (see the top)
         from .xdp_command import XdpCommand  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
         removed, spared = tc.cleanup("vtap", spare_live=not all_runs)
-        spared = [f"filter {f.entry.name} on {f.where} alone: a running vtap holds it "
-                  f"(pid {', '.join(map(str, f.pids))})" for f in spared]
+        spared = [
+            f"filter {f.entry.name} on {f.where} alone: a running vtap holds it (pid {', '.join(map(str, f.pids))})"
+            for f in spared
+        ]
         xdp_removed, xdp_spared = XdpCommand().cleanup(all_runs)
         s_removed, s_spared = SessionsCommand().cleanup(all_runs)
         return removed + xdp_removed + s_removed, spared + xdp_spared + s_spared
 
     def build(self):
         from ebpf.vtap.tc_mirror import TcMirror  # noqa: PLC0415 -- pulls pyroute2 (see the top)
+
         args = self.args
-        self.tap = tap = TcMirror(monitor=args.monitor, watch=self.watch, match=args.match, sample=args.sample,
-                                  clone=args.clone, watch_max=args.watch_max, source=args.program)
+        self.tap = tap = TcMirror(
+            monitor=args.monitor,
+            watch=self.watch,
+            match=args.match,
+            sample=args.sample,
+            clone=args.clone,
+            watch_max=args.watch_max,
+            source=args.program,
+        )
         tap.warn = warn  # its notes (another vTAP on a hook it taps) as this command's warnings
         if args.iface:
             self.ifaces = args.iface
@@ -239,8 +321,7 @@ class VtapCommand(TapCommand):
         else:
             self.ifaces, skipped = tap.default_interfaces(args.direction)
             for name, why in skipped.items():
-                safe = [d for d in ("ingress", "egress")
-                        if d != args.direction and tap.loop_reason(name, d) is None]
+                safe = [d for d in ("ingress", "egress") if d != args.direction and tap.loop_reason(name, d) is None]
                 hint = f"; --iface {name} --direction {safe[0]} taps it safely" if safe else ""
                 warn(f"not tapping {name}: {why}{hint}")
         if not self.ifaces:

@@ -17,8 +17,7 @@ from lab.lifecycle import Command
 
 SAMPLE_MAX = defines("vtap/vtap.h")["VTAP_SAMPLE_MAX"]
 WATCH_SHOWN = 64  # entries of a watch-list the "attached" line shows
-NO_INTERFACE = ("no interface to tap: none is UP besides lo and the interfaces that carry the copies "
-                "(use --iface)")
+NO_INTERFACE = "no interface to tap: none is UP besides lo and the interfaces that carry the copies (use --iface)"
 
 
 class TapCommand(Command):
@@ -61,8 +60,10 @@ def watch_said(tap) -> str:
 
 def watch_fields(tap) -> dict:
     """The watch-list of `tap`, as the "attached" JSON object gives it."""
-    return dict(watch=None if tap.watch is None else tap.watch[:WATCH_SHOWN],
-                watch_count=None if tap.watch is None else len(tap.watch))
+    return dict(
+        watch=None if tap.watch is None else tap.watch[:WATCH_SHOWN],
+        watch_count=None if tap.watch is None else len(tap.watch),
+    )
 
 
 class Watcher:

@@ -21,8 +21,9 @@ def watch_list(tb):
 
 def demo_flows(tb, count):
     """(flow, watched?): watched by source, or by destination."""
+
     def short(a):
-        return a[a.rfind(":"):] if ":" in a else a[a.rfind("."):]
+        return a[a.rfind(":") :] if ":" in a else a[a.rfind(".") :]
 
     def flow(proto, src, dst, watched, why):
         name = f"{proto}{6 if ':' in src else 4} {short(src)}->{short(dst)} ({why})"
@@ -42,8 +43,19 @@ def demo_flows(tb, count):
 
 def start_vtap(tb, args, timeout=30):
     """`python -m vtap` in the tap host's namespace; returns once it has attached."""
-    argv = [sys.executable, "-m", "vtap", "--monitor", tb.monitor_iface, "--iface", tb.tap_iface,
-            "--direction", tb.tap_direction, "--json", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "vtap",
+        "--monitor",
+        tb.monitor_iface,
+        "--iface",
+        tb.tap_iface,
+        "--direction",
+        tb.tap_direction,
+        "--json",
+        *args,
+    ]
     proc = tb.topo.popen(tb.tap_host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,8 +83,10 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
     say = lambda s="": print(s, file=out, flush=True)  # noqa: E731
     tb = testbed1()
     with tb:
-        say(f"Testbed 1 (namespaces {tb.topo.prefix}*): sender -> receiver {tb.dst4} (vTAP on eth0 ingress) "
-            "-> mon0 -> monitor")
+        say(
+            f"Testbed 1 (namespaces {tb.topo.prefix}*): sender -> receiver {tb.dst4} (vTAP on eth0 ingress) "
+            "-> mon0 -> monitor"
+        )
         watch = watch_list(tb)
         say("vtap --monitor mon0 --iface eth0 " + " ".join(f"--watch {w}" for w in watch))
         vtap = start_vtap(tb, [a for w in watch for a in ("--watch", w)])
@@ -94,18 +108,40 @@ def run(count=1000, rate_pps=20000, out=sys.stdout):
         ok &= good
         if not watched:
             unwatched_at_monitor += got_mon
-        say(f"{flow.name:32} {'yes' if watched else 'no':>7} {flow.count:>6} {got_rx:>8} {got_mon:>8}  "
-            f"{'ok' if good else 'WRONG'}")
+        say(
+            f"{flow.name:32} {'yes' if watched else 'no':>7} {flow.count:>6} {got_rx:>8} {got_mon:>8}  "
+            f"{'ok' if good else 'WRONG'}"
+        )
     say(f"\nunwatched packets that reached the monitor: {unwatched_at_monitor} (must be 0)")
-    say("vTAP counters: " + ", ".join(f"{k} {counters[k]}" for k in
-                                      ("seen", "matched", "cloned", "sampled_out", "failed", "not_ip", "malformed",
-                                       "unmatched", "pass", "mirror")))
+    say(
+        "vTAP counters: "
+        + ", ".join(
+            f"{k} {counters[k]}"
+            for k in (
+                "seen",
+                "matched",
+                "cloned",
+                "sampled_out",
+                "failed",
+                "not_ip",
+                "malformed",
+                "unmatched",
+                "pass",
+                "mirror",
+            )
+        )
+    )
     c = counters  # every frame the program saw, in one verdict and in one reason (include/verdict.h)
-    inv = (c["seen"] == c["pass"] + c["mirror"] ==
-           sum(c[k] for k in ("not_ip", "malformed", "unmatched", "sampled_out", "cloned", "failed")))
+    inv = (
+        c["seen"]
+        == c["pass"] + c["mirror"]
+        == sum(c[k] for k in ("not_ip", "malformed", "unmatched", "sampled_out", "cloned", "failed"))
+    )
     ok &= inv and unwatched_at_monitor == 0
-    say(f"seen == pass + mirror == not_ip + malformed + unmatched + sampled_out + cloned + failed: "
-        f"{'yes' if inv else 'NO'}")
+    say(
+        f"seen == pass + mirror == not_ip + malformed + unmatched + sampled_out + cloned + failed: "
+        f"{'yes' if inv else 'NO'}"
+    )
     left = [n for n in netns.lab_namespaces() if n.startswith(tb.topo.prefix)]
     ok &= not left
     say(f"lab namespaces left behind: {len(left)} (must be 0)")

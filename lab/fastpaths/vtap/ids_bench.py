@@ -70,47 +70,92 @@ examples:
 """
 RATES = [10, 15, 20, 25, 30]
 DEFAULT_QUOTAS = "5,none"
-TARGET_SECONDS = 8.0     # default repetitions: the mix lasts this long at the highest rate
-TOP_REPETITIONS = 400    # and this many repetitions when the only rate is `top`
+TARGET_SECONDS = 8.0  # default repetitions: the mix lasts this long at the highest rate
+TOP_REPETITIONS = 400  # and this many repetitions when the only rate is `top`
 MAX_PCAP_BYTES = 1 << 30  # the project's traffic is at most this big; a bigger pcap of yours is not preloaded
 AT = ("local", "remote")
-COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "monitor_at", "achieved_mbps", "achieved_kpps", "packets_sent",
-           "receiver_packets", "receiver_drops", "receiver_drop_rate", "receiver_alerts",
-           "monitor_packets", "monitor_drops", "monitor_drop_rate", "monitor_alerts", "expected_alerts",
-           "rate", "duration_s", "mirrored", "receiver_missed", "monitor_missed", "receiver_cpu_s",
-           "monitor_cpu_s", "receiver_correct", "monitor_correct", "receiver_cpu", "monitor_cpu",
-           "packets_failed"]
+COLUMNS = [
+    "rate_mbps",
+    "trial",
+    "cpu_quota_pct",
+    "monitor_at",
+    "achieved_mbps",
+    "achieved_kpps",
+    "packets_sent",
+    "receiver_packets",
+    "receiver_drops",
+    "receiver_drop_rate",
+    "receiver_alerts",
+    "monitor_packets",
+    "monitor_drops",
+    "monitor_drop_rate",
+    "monitor_alerts",
+    "expected_alerts",
+    "rate",
+    "duration_s",
+    "mirrored",
+    "receiver_missed",
+    "monitor_missed",
+    "receiver_cpu_s",
+    "monitor_cpu_s",
+    "receiver_correct",
+    "monitor_correct",
+    "receiver_cpu",
+    "monitor_cpu",
+    "packets_failed",
+]
 SIG_COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "monitor_at", "ids", "sid", "alerts", "expected", "msg", "rate"]
 
 
 def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
-    p.add_argument("--rates", default=",".join(map(str, RATES)),
-                   help="replay rates in Mbps, or `top` for as fast as tcpreplay goes (default %(default)s)")
+    p.add_argument(
+        "--rates",
+        default=",".join(map(str, RATES)),
+        help="replay rates in Mbps, or `top` for as fast as tcpreplay goes (default %(default)s)",
+    )
     add_options(p, trials=3, cpus="sender+monitor,receiver in even trials, swapped in odd ones")
-    p.add_argument("--cpu-quota", default=DEFAULT_QUOTAS, metavar="PCT[,PCT|none...]",
-                   help="CPU quota of each Suricata, percent of one core; `none` for unlimited "
-                        "(default %(default)s)")
-    p.add_argument("--loop", type=int, metavar="N",
-                   help="the project's traffic: repetitions of the attack mix, each with fresh sessions "
-                        f"(default: enough for {TARGET_SECONDS:.0f} s at the highest rate); a --pcap: "
-                        "tcpreplay's loop count (default 1; identical sessions again, which Suricata "
-                        "takes for retransmissions)")
+    p.add_argument(
+        "--cpu-quota",
+        default=DEFAULT_QUOTAS,
+        metavar="PCT[,PCT|none...]",
+        help="CPU quota of each Suricata, percent of one core; `none` for unlimited (default %(default)s)",
+    )
+    p.add_argument(
+        "--loop",
+        type=int,
+        metavar="N",
+        help="the project's traffic: repetitions of the attack mix, each with fresh sessions "
+        f"(default: enough for {TARGET_SECONDS:.0f} s at the highest rate); a --pcap: "
+        "tcpreplay's loop count (default 1; identical sessions again, which Suricata "
+        "takes for retransmissions)",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the project's traffic (default %(default)s)")
     p.add_argument("--pcap", metavar="FILE", help="replay this pcap unchanged instead of the project's traffic")
     p.add_argument("--rules", metavar="FILE", help="Suricata rules (default: the project's, lab/rules/vtap-lab.rules)")
-    p.add_argument("--truth", metavar="FILE",
-                   help="expected alerts per signature (sid,expected[,msg]); default: the generator's for "
-                        "the project's traffic, Suricata reading --pcap offline for yours")
-    p.add_argument("--home-net", metavar="CIDR[,CIDR]",
-                   help=f"Suricata's $HOME_NET (default {attacks.HOME_NET} for the project's traffic, any for --pcap)")
+    p.add_argument(
+        "--truth",
+        metavar="FILE",
+        help="expected alerts per signature (sid,expected[,msg]); default: the generator's for "
+        "the project's traffic, Suricata reading --pcap offline for yours",
+    )
+    p.add_argument(
+        "--home-net",
+        metavar="CIDR[,CIDR]",
+        help=f"Suricata's $HOME_NET (default {attacks.HOME_NET} for the project's traffic, any for --pcap)",
+    )
     p.add_argument("--watch", metavar="CIDR[,CIDR]", help="the vTAP's watch-list (default: mirror every frame)")
-    p.add_argument("--at", default="local", metavar="local[,remote]",
-                   help="where the monitor's Suricata runs: local (on mon0, the paper's) and/or remote (a "
-                        "collector two hops away, the copies in VXLAN from vTAP sessions) (default %(default)s)")
+    p.add_argument(
+        "--at",
+        default="local",
+        metavar="local[,remote]",
+        help="where the monitor's Suricata runs: local (on mon0, the paper's) and/or remote (a "
+        "collector two hops away, the copies in VXLAN from vTAP sessions) (default %(default)s)",
+    )
 
 
 # --- parsing ------------------------------------------------------------------------
+
 
 def parse_rates(text):
     def conv(x):
@@ -123,6 +168,7 @@ def parse_rates(text):
         if not 0 < v <= 10_000:
             raise ValueError(f"rate {x} Mbps is outside (0, 10000]")
         return int(v) if v == int(v) else v
+
     return parse_list(text, conv, what="rate")
 
 
@@ -137,6 +183,7 @@ def parse_quotas(text):
         if not 1 <= v <= 100:
             raise ValueError(f"CPU quota {v} % is outside 1..100 (one core)")
         return v
+
     return list(dict.fromkeys(parse_list(text, conv, what="CPU quota")))
 
 
@@ -155,6 +202,7 @@ def parse_nets(text, what):
 
 
 # --- the traffic --------------------------------------------------------------------
+
 
 class Workload:
     """What is replayed and what it should raise: the project's generated mix
@@ -208,8 +256,10 @@ class Workload:
         if self.own:
             estimate = self._per_rep_bytes() * self.repetitions
             if estimate > MAX_PCAP_BYTES:
-                raise ValueError(f"--loop {self.repetitions} would make a {estimate / 1e9:.1f} GB pcap; the most "
-                                 f"is {MAX_PCAP_BYTES / 1e9:.1f} GB (tcpreplay holds it in memory)")
+                raise ValueError(
+                    f"--loop {self.repetitions} would make a {estimate / 1e9:.1f} GB pcap; the most "
+                    f"is {MAX_PCAP_BYTES / 1e9:.1f} GB (tcpreplay holds it in memory)"
+                )
             self._check_lengths(rates, estimate)
             say(f"lab bench ids: generating {self.repetitions} repetitions of the attack mix (seed {self.seed})")
             frames, self.truth = attacks.stream(seed=self.seed, repetitions=self.repetitions)
@@ -223,8 +273,10 @@ class Workload:
         if self.truth_file:
             self.truth = attacks.read_truth(self.truth_file)
             if not self.own and self.loop > 1:
-                say("lab bench ids: note: --truth counts one pass of the pcap; with --loop the repeated "
-                    "sessions are retransmissions to Suricata, so expected is left empty")
+                say(
+                    "lab bench ids: note: --truth counts one pass of the pcap; with --loop the repeated "
+                    "sessions are retransmissions to Suricata, so expected is left empty"
+                )
                 self.truth = None
         elif not self.own and self.loop == 1:
             say(f"lab bench ids: reading {self.pcap} offline with Suricata for the expected alerts")
@@ -243,8 +295,10 @@ class Workload:
             if rate != "top":
                 need = nbytes * 8 * self.loop / (rate * 1e6)
                 if need > MAX_LOAD_SECONDS - 10:
-                    raise ValueError(f"one replay at {rate} Mbps would take {need:.0f} s, more than a load run "
-                                     f"may ({MAX_LOAD_SECONDS:.0f} s): use a higher rate or a smaller --loop")
+                    raise ValueError(
+                        f"one replay at {rate} Mbps would take {need:.0f} s, more than a load run "
+                        f"may ({MAX_LOAD_SECONDS:.0f} s): use a higher rate or a smaller --loop"
+                    )
 
     @property
     def mtu(self):
@@ -264,6 +318,7 @@ class Workload:
 
 
 # --- the runs ------------------------------------------------------------------------
+
 
 def main(args):
     rates = parse_rates(args.rates)
@@ -309,11 +364,15 @@ class RemoteTap:
     to the collector in VXLAN: attached for the remote runs only."""
 
     def __init__(self, tb, watch):
-        rules = [Rule("accept", **{side: net}) for net in watch for side in ("source", "destination")] \
-            if watch else [Rule("accept")]
+        rules = (
+            [Rule("accept", **{side: net}) for net in watch for side in ("source", "destination")]
+            if watch
+            else [Rule("accept")]
+        )
         self.tb = tb
-        self.prog = SessionMirror([Session(target=f"vxlan://{testbeds.COLLECTOR_V4}/1", rules=rules)],
-                                  netns=tb.ns(tb.tap_host))
+        self.prog = SessionMirror(
+            [Session(target=f"vxlan://{testbeds.COLLECTOR_V4}/1", rules=rules)], netns=tb.ns(tb.tap_host)
+        )
         self.prog.load_program()
         self.filters = []
 
@@ -358,14 +417,27 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",
                 remote.close()
     df = columns_first(rows, COLUMNS)
     sig_df = columns_first(sig_rows, SIG_COLUMNS)
-    params = {"rates": rates, "trials": trials, "cpu_quotas": quotas, "cpus": list(cpus),
-              "pcap": None if work.own else str(work.pcap), "rules": str(work.rules), "home_net": work.home_net,
-              # loop: --loop as given (own traffic: repetitions of the mix; a pcap: tcpreplay's
-              # loop count); tcpreplay_loop: what tcpreplay was told (1 for own traffic)
-              "watch": work.watch, "loop": work.loop_given, "tcpreplay_loop": work.loop,
-              "repetitions": work.repetitions, "seed": work.seed,
-              "pcap_frames": work.frames, "pcap_bytes": work.bytes, "mtu": work.mtu, "truth": work.truth_source,
-              "at": list(at)}
+    params = {
+        "rates": rates,
+        "trials": trials,
+        "cpu_quotas": quotas,
+        "cpus": list(cpus),
+        "pcap": None if work.own else str(work.pcap),
+        "rules": str(work.rules),
+        "home_net": work.home_net,
+        # loop: --loop as given (own traffic: repetitions of the mix; a pcap: tcpreplay's
+        # loop count); tcpreplay_loop: what tcpreplay was told (1 for own traffic)
+        "watch": work.watch,
+        "loop": work.loop_given,
+        "tcpreplay_loop": work.loop,
+        "repetitions": work.repetitions,
+        "seed": work.seed,
+        "pcap_frames": work.frames,
+        "pcap_bytes": work.bytes,
+        "mtu": work.mtu,
+        "truth": work.truth_source,
+        "at": list(at),
+    }
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
     return df, sig_df, path
@@ -374,8 +446,9 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",
 def one_run(work, tb, tap, rate, quota, cpus, where="local"):
     mon_cpu, rx_cpu = cpus
     # the monitor's IDS: on the monitor, or on the collector the tunnel goes to
-    mon_ns, mon_iface = (tb.ns("collector"), "eth0") if where == "remote" else \
-        (tb.ns(tb.monitor), tb.monitor_capture_iface)
+    mon_ns, mon_iface = (
+        (tb.ns("collector"), "eth0") if where == "remote" else (tb.ns(tb.monitor), tb.monitor_capture_iface)
+    )
     steer_receive(tb.ns(tb.receiver), tb.receiver_iface, rx_cpu)
     steer_receive(mon_ns, mon_iface, mon_cpu)
     kw = {"rules": work.rules, "home_net": work.home_net, "quota_pct": quota}
@@ -385,8 +458,15 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
         rx.start()
         mon.start()
         before = tap.counters()["mirrored"]
-        with Tcpreplay(tb.ns(tb.sender), tb.sender_iface, work.pcap, mbps=None if rate == "top" else rate,
-                       loop=work.loop, cpu=mon_cpu, preload=work.preload) as replay:
+        with Tcpreplay(
+            tb.ns(tb.sender),
+            tb.sender_iface,
+            work.pcap,
+            mbps=None if rate == "top" else rate,
+            loop=work.loop,
+            cpu=mon_cpu,
+            preload=work.preload,
+        ) as replay:
             rep = replay.send(seconds=work.seconds_at(rate))
         mirrored = tap.counters()["mirrored"] - before
         rx.wait_idle(rep.packets)
@@ -398,25 +478,49 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
         mon.close()
     truth = work.truth
     expected = sum(truth.values()) if truth is not None else None
-    row = {"rate_mbps": None if rate == "top" else rate, "rate": str(rate), "cpu_quota_pct": quota,
-           "monitor_at": where,
-           "achieved_mbps": rep.mbps, "achieved_kpps": rep.pps / 1e3, "packets_sent": rep.packets,
-           "duration_s": round(rep.seconds, 3), "mirrored": mirrored, "expected_alerts": expected,
-           "packets_failed": rep.extra.get("failed", 0),
-           "receiver_cpu": rx_cpu, "monitor_cpu": mon_cpu}
+    row = {
+        "rate_mbps": None if rate == "top" else rate,
+        "rate": str(rate),
+        "cpu_quota_pct": quota,
+        "monitor_at": where,
+        "achieved_mbps": rep.mbps,
+        "achieved_kpps": rep.pps / 1e3,
+        "packets_sent": rep.packets,
+        "duration_s": round(rep.seconds, 3),
+        "mirrored": mirrored,
+        "expected_alerts": expected,
+        "packets_failed": rep.extra.get("failed", 0),
+        "receiver_cpu": rx_cpu,
+        "monitor_cpu": mon_cpu,
+    }
     sigs = []
     for who, r in res.items():
         sent = rep.packets if who == "receiver" else mirrored
-        row.update({f"{who}_packets": r.kernel_packets, f"{who}_drops": r.kernel_drops,
-                    f"{who}_drop_rate": r.drop_rate, f"{who}_alerts": r.total_alerts,
-                    f"{who}_missed": max(0, sent - r.kernel_packets), f"{who}_cpu_s": cpu[who],
-                    f"{who}_correct": (dict(+r.alerts) == dict(+truth)) if truth is not None else None})
+        row.update(
+            {
+                f"{who}_packets": r.kernel_packets,
+                f"{who}_drops": r.kernel_drops,
+                f"{who}_drop_rate": r.drop_rate,
+                f"{who}_alerts": r.total_alerts,
+                f"{who}_missed": max(0, sent - r.kernel_packets),
+                f"{who}_cpu_s": cpu[who],
+                f"{who}_correct": (dict(+r.alerts) == dict(+truth)) if truth is not None else None,
+            }
+        )
         for sid in sorted(set(r.alerts) | set(truth or {})):
-            sigs.append({"rate_mbps": row["rate_mbps"], "rate": row["rate"], "cpu_quota_pct": quota,
-                         "monitor_at": where, "ids": who,
-                         "sid": sid, "alerts": r.alerts.get(sid, 0),
-                         "expected": truth.get(sid, 0) if truth is not None else None,
-                         "msg": r.messages.get(sid) or work.messages.get(sid, "")})
+            sigs.append(
+                {
+                    "rate_mbps": row["rate_mbps"],
+                    "rate": row["rate"],
+                    "cpu_quota_pct": quota,
+                    "monitor_at": where,
+                    "ids": who,
+                    "sid": sid,
+                    "alerts": r.alerts.get(sid, 0),
+                    "expected": truth.get(sid, 0) if truth is not None else None,
+                    "msg": r.messages.get(sid) or work.messages.get(sid, ""),
+                }
+            )
     return row, sigs
 
 
@@ -424,24 +528,34 @@ def print_summary(df, stream=sys.stdout):
     """Medians over trials per quota and rate, as the paper's Table 3."""
     failed = int(df["packets_failed"].fillna(0).sum()) if "packets_failed" in df else 0
     if failed:
-        stream.write(f"\nwarning: tcpreplay could not send {failed} frames (packets_failed in the CSV): "
-                     "what the IDSes saw is less than the pcap\n")
-    stream.write("\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata;\n"
-                 "correct = trials whose alerts equal the expected ones, signature by signature\n")
-    stream.write(f"  {'quota':>6} {'rate':>6} {'at':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
-                 f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n")
+        stream.write(
+            f"\nwarning: tcpreplay could not send {failed} frames (packets_failed in the CSV): "
+            "what the IDSes saw is less than the pcap\n"
+        )
+    stream.write(
+        "\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata;\n"
+        "correct = trials whose alerts equal the expected ones, signature by signature\n"
+    )
+    stream.write(
+        f"  {'quota':>6} {'rate':>6} {'at':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
+        f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n"
+    )
     df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
     if "monitor_at" not in df:
         df = df.assign(monitor_at="local")
     for (q, rate, where), g in df.groupby(["q", "rate", "monitor_at"], sort=False):
+
         def span(col, *, g=g):  # this group, bound now
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
+
         exp = g["expected_alerts"].iloc[0]
-        stream.write(f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | "
-                     f"{span('receiver_alerts'):>22} "
-                     f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
-                     f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
-                     f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n")
+        stream.write(
+            f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | "
+            f"{span('receiver_alerts'):>22} "
+            f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
+            f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
+            f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n"
+        )
 
 
 def correct(column):

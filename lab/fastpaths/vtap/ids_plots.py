@@ -49,18 +49,21 @@ def table3(df: pd.DataFrame) -> pd.DataFrame:
     alerts and drop rate (percent), with the expected alerts and the trials."""
     d = _numeric(df)
     g = d.groupby(["quota", "rate_mbps"], sort=False)
-    out = pd.DataFrame({
-        "receiver_alerts": g["receiver_alerts"].median(),
-        "receiver_drop_pct": 100 * g["receiver_drop_rate"].median(),
-        "monitor_alerts": g["monitor_alerts"].median(),
-        "monitor_drop_pct": 100 * g["monitor_drop_rate"].median(),
-        "expected_alerts": g["expected_alerts"].median(),
-        "achieved_mbps": g["achieved_mbps"].median(),
-        "trials": g.size(),
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "receiver_alerts": g["receiver_alerts"].median(),
+            "receiver_drop_pct": 100 * g["receiver_drop_rate"].median(),
+            "monitor_alerts": g["monitor_alerts"].median(),
+            "monitor_drop_pct": 100 * g["monitor_drop_rate"].median(),
+            "expected_alerts": g["expected_alerts"].median(),
+            "achieved_mbps": g["achieved_mbps"].median(),
+            "trials": g.size(),
+        }
+    ).reset_index()
     order = {q: i for i, q in enumerate(quotas(df))}
-    return out.sort_values(["quota", "rate_mbps"], key=lambda s: s.map(order) if s.name == "quota" else s,
-                           ignore_index=True)
+    return out.sort_values(
+        ["quota", "rate_mbps"], key=lambda s: s.map(order) if s.name == "quota" else s, ignore_index=True
+    )
 
 
 def beside_paper(df: pd.DataFrame, quota=None) -> pd.DataFrame:
@@ -85,16 +88,24 @@ def _side_lines(ax, d, value, scale=1.0):
     for side in SIDES:
         g = d.groupby("rate_mbps")[f"{side}_{value}"]
         med, lo, hi = g.median() * scale, g.min() * scale, g.max() * scale
-        ax.errorbar(med.index, med, yerr=[med - lo, hi - med], color=SIDE_COLORS[side], capsize=3,
-                    label=f"{side} IDS", **SIDE_MARKERS[side])
+        ax.errorbar(
+            med.index,
+            med,
+            yerr=[med - lo, hi - med],
+            color=SIDE_COLORS[side],
+            capsize=3,
+            label=f"{side} IDS",
+            **SIDE_MARKERS[side],
+        )
 
 
 def _paper_panel(ax, column, title):
     """The paper's Table 3 column `column` per side, as a line per side."""
     s = paper_table3()
     for side in SIDES:
-        ax.plot(s["rate_mbps"], s[f"{side}_{column}"], color=SIDE_COLORS[side], label=f"{side} IDS",
-                **SIDE_MARKERS[side])
+        ax.plot(
+            s["rate_mbps"], s[f"{side}_{column}"], color=SIDE_COLORS[side], label=f"{side} IDS", **SIDE_MARKERS[side]
+        )
     ax.set_title(title)
     return ax
 
@@ -171,9 +182,16 @@ def exactness(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (rate, q), g in df.groupby(["rate", df["cpu_quota_pct"].map(quota_label)], sort=False):
         for side in SIDES:
-            rows.append({"rate": rate, "quota": q, "ids": side, "runs": len(g),
-                         "runs_without_drops": int((g[f"{side}_drops"] == 0).sum()),
-                         "runs_exact_per_signature": int(g[f"{side}_correct"].fillna(False).astype(bool).sum())})
+            rows.append(
+                {
+                    "rate": rate,
+                    "quota": q,
+                    "ids": side,
+                    "runs": len(g),
+                    "runs_without_drops": int((g[f"{side}_drops"] == 0).sum()),
+                    "runs_exact_per_signature": int(g[f"{side}_correct"].fillna(False).astype(bool).sum()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -184,17 +202,33 @@ def targets(df: pd.DataFrame, low: pd.DataFrame = None) -> pd.DataFrame:
     if low is not None:
         for side in SIDES:
             ok = bool((low[f"{side}_drops"] == 0).all() and low[f"{side}_correct"].astype(bool).all())
-            rows.append({"target": f"1 Mbps: {side} raises exactly the truth per signature, 0 drops",
-                         "value": f"{int(low[f'{side}_correct'].astype(bool).sum())}/{len(low)} runs exact, "
-                                  f"{int(low[f'{side}_drops'].sum())} drops", "met": ok})
+            rows.append(
+                {
+                    "target": f"1 Mbps: {side} raises exactly the truth per signature, 0 drops",
+                    "value": f"{int(low[f'{side}_correct'].astype(bool).sum())}/{len(low)} runs exact, "
+                    f"{int(low[f'{side}_drops'].sum())} drops",
+                    "met": ok,
+                }
+            )
     t = table3(df)
     for q in [x for x in quotas(df) if x != "no quota"]:
         tq = t[t["quota"] == q]
         drop_ok = (tq["monitor_drop_pct"] < tq["receiver_drop_pct"]) | (
-            (tq["monitor_drop_pct"] == 0) & (tq["receiver_drop_pct"] == 0))
+            (tq["monitor_drop_pct"] == 0) & (tq["receiver_drop_pct"] == 0)
+        )
         alerts_ok = tq["monitor_alerts"] >= tq["receiver_alerts"]
-        rows.append({"target": f"{q}: monitor's drop rate below the receiver's at every rate (median)",
-                     "value": f"{int(drop_ok.sum())}/{len(tq)} rates", "met": bool(drop_ok.all())})
-        rows.append({"target": f"{q}: monitor's alerts at least the receiver's at every rate (median)",
-                     "value": f"{int(alerts_ok.sum())}/{len(tq)} rates", "met": bool(alerts_ok.all())})
+        rows.append(
+            {
+                "target": f"{q}: monitor's drop rate below the receiver's at every rate (median)",
+                "value": f"{int(drop_ok.sum())}/{len(tq)} rates",
+                "met": bool(drop_ok.all()),
+            }
+        )
+        rows.append(
+            {
+                "target": f"{q}: monitor's alerts at least the receiver's at every rate (median)",
+                "value": f"{int(alerts_ok.sum())}/{len(tq)} rates",
+                "met": bool(alerts_ok.all()),
+            }
+        )
     return pd.DataFrame(rows)

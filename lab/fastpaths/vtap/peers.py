@@ -53,6 +53,7 @@ from lab.testbeds import COLLECTOR_V4
 
 class Mirror(Peer):
     """A peer whose job is copying the tapped interface's ingress to the monitor."""
+
     name = "none"
     kind = "vtap"
     testbeds = (1, 2, 3)
@@ -61,7 +62,7 @@ class Mirror(Peer):
         super().__init__()
         self.ns, self.tap_iface, self.monitor_iface = ns, tap_iface, monitor_iface
         self.bridge = bridge  # (bridge name, [ports]) when the tap node bridges
-        self.cpu = cpu        # where a userspace datapath should run
+        self.cpu = cpu  # where a userspace datapath should run
         self._base = None
 
     def _ifindex(self, ifname):
@@ -77,8 +78,10 @@ class Mirror(Peer):
 
     def counters(self) -> dict:
         now = iface_counters(self.ns, self.monitor_iface)
-        return {"mirrored": now["tx_packets"] - self._base["tx_packets"],
-                "mirrored_bytes": now["tx_bytes"] - self._base["tx_bytes"]}
+        return {
+            "mirrored": now["tx_packets"] - self._base["tx_packets"],
+            "mirrored_bytes": now["tx_bytes"] - self._base["tx_bytes"],
+        }
 
 
 class NoMirror(Mirror):
@@ -101,6 +104,7 @@ class VtapMirror(Mirror):
 
 class EbpfMirror(VtapMirror):
     """The vTAP. Compiled once; attach/detach only add and remove the filter."""
+
     name = "ebpf"
     colour, marker = "#0072B2", "o"  # the vTAP's two copy paths are the palette's two blues
     clone = "action"
@@ -122,9 +126,9 @@ class EbpfMirror(VtapMirror):
         self.attached = False
 
 
-
 class EbpfHelperMirror(EbpfMirror):
     """The vTAP with bpf_clone_redirect(): what the copy costs when BPF makes it."""
+
     name = "ebpf-helper"
     colour, marker = "#56B4E9", "v"
     clone = "helper"
@@ -133,6 +137,7 @@ class EbpfHelperMirror(EbpfMirror):
 class EbpfXdpMirror(VtapMirror):
     """The XDP vTAP, native: it sends each frame out itself (to the egress and
     the monitor), so it owns the DUT's XDP hook and counts arrivals there."""
+
     name = "ebpf-xdp"
     colour, marker = "#CC79A7", "P"
     testbeds = (3,)
@@ -158,8 +163,11 @@ class EbpfXdpMirror(VtapMirror):
 
     def _egresses(self):
         with netns.ipr(self.ns) as ip:
-            return [link.get_attr("IFLA_IFNAME") for link in ip.get_links()
-                    if link.get_attr("IFLA_IFNAME") not in ("lo", self.tap_iface, self.monitor_iface)]
+            return [
+                link.get_attr("IFLA_IFNAME")
+                for link in ip.get_links()
+                if link.get_attr("IFLA_IFNAME") not in ("lo", self.tap_iface, self.monitor_iface)
+            ]
 
     def detach(self):
         for a in self.tap.xdp_attachments:
@@ -171,6 +179,7 @@ class EbpfXdpMirror(VtapMirror):
 class TcMirred(Mirror):
     """tc filter add dev <tap> ingress prio 1 u32 match u32 0 0 action mirred egress mirror dev <mon>
     (u32 because this kernel has neither matchall nor flower)."""
+
     name = "tc-mirred"
     colour, marker = "#E69F00", "D"
     PRIO = 1
@@ -182,9 +191,17 @@ class TcMirred(Mirror):
             if self._created:
                 ip.tc("add", "clsact", index=ifindex)
             try:
-                ip.tc("add-filter", "u32", index=ifindex, parent=ebpf_tc.PARENTS["ingress"], prio=self.PRIO,
-                      protocol=ebpf_tc.ETH_P_ALL, keys=["0x0/0x0+0"], target=0x10001,
-                      action={"kind": "mirred", "direction": "egress", "action": "mirror", "ifindex": mon})
+                ip.tc(
+                    "add-filter",
+                    "u32",
+                    index=ifindex,
+                    parent=ebpf_tc.PARENTS["ingress"],
+                    prio=self.PRIO,
+                    protocol=ebpf_tc.ETH_P_ALL,
+                    keys=["0x0/0x0+0"],
+                    target=0x10001,
+                    action={"kind": "mirred", "direction": "egress", "action": "mirror", "ifindex": mon},
+                )
             except NetlinkError as e:
                 if self._created:
                     ip.tc("del", "clsact", index=ifindex)
@@ -211,24 +228,34 @@ class TcMirred(Mirror):
             with netns.ipr(self.ns) as ip:
                 if ip.link_lookup(index=self._ifidx) and ebpf_tc.has_clsact(ip, self._ifidx):
                     try:
-                        ip.tc("del-filter", "u32", index=self._ifidx, parent=ebpf_tc.PARENTS["ingress"],
-                              prio=self.PRIO, protocol=ebpf_tc.ETH_P_ALL, target=0x10001)
+                        ip.tc(
+                            "del-filter",
+                            "u32",
+                            index=self._ifidx,
+                            parent=ebpf_tc.PARENTS["ingress"],
+                            prio=self.PRIO,
+                            protocol=ebpf_tc.ETH_P_ALL,
+                            target=0x10001,
+                        )
                     except NetlinkError as e:
                         if e.code != errno.ENOENT:  # ENOENT: no such filter, it is gone already
-                            raise LabError(f"removing tc mirred from {self.tap_iface} in {self.ns}: "
-                                           f"{netlink_reason(e)}") from None
+                            raise LabError(
+                                f"removing tc mirred from {self.tap_iface} in {self.ns}: {netlink_reason(e)}"
+                            ) from None
                     if self._created:
                         try:
                             ebpf_tc.drop_clsact_if_unused(ip, self._ifidx)
                         except NetlinkError as e:
-                            raise LabError(f"removing the clsact qdisc of {self.tap_iface} in {self.ns}: "
-                                           f"{netlink_reason(e)}") from None
+                            raise LabError(
+                                f"removing the clsact qdisc of {self.tap_iface} in {self.ns}: {netlink_reason(e)}"
+                            ) from None
         self.attached = False
 
 
 class NftDup(Mirror):
     """table netdev vtl_dup { chain ingress { type filter hook ingress device <tap> priority 0;
     counter dup to <mon> } }, through libnftables' JSON API inside the namespace."""
+
     name = "nft-dup"
     colour, marker = "#009E73", "^"
     TABLE = "vtl_dup"
@@ -236,17 +263,38 @@ class NftDup(Mirror):
     def attach(self):
         self._ifindex(self.tap_iface), self._ifindex(self.monitor_iface)
         t = {"family": "netdev", "table": self.TABLE}
-        nft.run(self.ns, [
-            {"add": {"table": {"family": "netdev", "name": self.TABLE}}},
-            {"add": {"chain": {**t, "name": "ingress", "type": "filter", "hook": "ingress",
-                               "dev": self.tap_iface, "prio": 0, "policy": "accept"}}},
-            {"add": {"rule": {**t, "chain": "ingress", "expr": [
-                {"counter": None}, {"dup": {"addr": self.monitor_iface}}]}}},
-        ])
+        nft.run(
+            self.ns,
+            [
+                {"add": {"table": {"family": "netdev", "name": self.TABLE}}},
+                {
+                    "add": {
+                        "chain": {
+                            **t,
+                            "name": "ingress",
+                            "type": "filter",
+                            "hook": "ingress",
+                            "dev": self.tap_iface,
+                            "prio": 0,
+                            "policy": "accept",
+                        }
+                    }
+                },
+                {
+                    "add": {
+                        "rule": {
+                            **t,
+                            "chain": "ingress",
+                            "expr": [{"counter": None}, {"dup": {"addr": self.monitor_iface}}],
+                        }
+                    }
+                },
+            ],
+        )
         self.attached = True
 
     def counters(self):
-        (packets, nbytes), = nft.counters(self.ns, "netdev", self.TABLE) or [(0, 0)]
+        ((packets, nbytes),) = nft.counters(self.ns, "netdev", self.TABLE) or [(0, 0)]
         return {"mirrored": packets, "mirrored_bytes": nbytes}
 
     def tables(self):
@@ -261,6 +309,7 @@ class OvsMirror(Mirror):
     """Open vSwitch port mirroring on the userspace (netdev) datapath: an OVS
     bridge of the tap node's ports (lab.daemons.ovs) whose mirror copies what
     arrives on the tapped port to the monitor's."""
+
     name = "ovs"
     colour, marker = "#D55E00", "X"
     takes_dut_core = True  # its datapath is a process: give it the DUT core (see lab.peer)
@@ -292,10 +341,30 @@ class OvsMirror(Mirror):
         for p in ports:
             sw.vsctl("add-port", self.BRIDGE, p)
         self._ports = ports
-        sw.vsctl("--", "--id=@p", "get", "port", self.tap_iface,
-                 "--", "--id=@m", "get", "port", self.monitor_iface,
-                 "--", "--id=@mir", "create", "mirror", "name=vtl", "select-src-port=@p", "output-port=@m",
-                 "--", "set", "bridge", self.BRIDGE, "mirrors=@mir")
+        sw.vsctl(
+            "--",
+            "--id=@p",
+            "get",
+            "port",
+            self.tap_iface,
+            "--",
+            "--id=@m",
+            "get",
+            "port",
+            self.monitor_iface,
+            "--",
+            "--id=@mir",
+            "create",
+            "mirror",
+            "name=vtl",
+            "select-src-port=@p",
+            "output-port=@m",
+            "--",
+            "set",
+            "bridge",
+            self.BRIDGE,
+            "mirrors=@mir",
+        )
         self._base = iface_counters(self.ns, self.monitor_iface)
 
     def ready(self, timeout=15.0):
@@ -354,6 +423,7 @@ class EbpfSessionsMirror(VtapMirror):
     """vTAP sessions: one session of `rules` rules (the load matches the last),
     to the monitor (target local) or tunnelled to Testbed 3's collector (vxlan,
     erspan), whole or cut to `truncate` bytes. Compiled once per variant."""
+
     name = "ebpf-sessions"
     colour, marker = "#000000", "*"
     testbeds = (3,)
@@ -364,10 +434,12 @@ class EbpfSessionsMirror(VtapMirror):
         if target not in self.TARGETS:
             raise ValueError(f"target {target!r}: one of {', '.join(self.TARGETS)}")
         self.rules, self.target, self.truncate = rules, target, truncate
-        url = {"local": self.monitor_iface, "vxlan": f"vxlan://{COLLECTOR_V4}/100",
-               "erspan": f"erspan://{COLLECTOR_V4}/1"}[target]
-        self.tap = SessionMirror([Session(target=url, truncate=truncate, rules=bench_rules(rules, src))],
-                                 netns=self.ns)
+        url = {
+            "local": self.monitor_iface,
+            "vxlan": f"vxlan://{COLLECTOR_V4}/100",
+            "erspan": f"erspan://{COLLECTOR_V4}/1",
+        }[target]
+        self.tap = SessionMirror([Session(target=url, truncate=truncate, rules=bench_rules(rules, src))], netns=self.ns)
         self.tap.load_program()
         self._filters = []
 
@@ -383,14 +455,22 @@ class EbpfSessionsMirror(VtapMirror):
 
     def counters(self) -> dict:
         s = next(iter(self.tap.session_counters().values()))
-        return {"mirrored": s["sent"], "mirrored_bytes": s["sent_bytes"], "seen": self.tap.counters()["seen"],
-                "matched": s["accepted"], "cloned": s["sent"], "failed": s["failed"] + s["oversize"]}
+        return {
+            "mirrored": s["sent"],
+            "mirrored_bytes": s["sent_bytes"],
+            "seen": self.tap.counters()["seen"],
+            "matched": s["accepted"],
+            "cloned": s["sent"],
+            "failed": s["failed"] + s["oversize"],
+        }
 
     def program_fds(self) -> dict:
         """{tap, sender: fd}: for the kernel's run-time statistics."""
         return {"tap": self.tap.load("tap_ingress", "SCHED_CLS").fd, "sender": self.tap.load("sender", "SCHED_CLS").fd}
 
 
-PEERS = {m.name: m for m in (NoMirror, EbpfMirror, EbpfHelperMirror, EbpfXdpMirror, EbpfSessionsMirror, TcMirred,
-                             NftDup, OvsMirror)}
+PEERS = {
+    m.name: m
+    for m in (NoMirror, EbpfMirror, EbpfHelperMirror, EbpfXdpMirror, EbpfSessionsMirror, TcMirred, NftDup, OvsMirror)
+}
 MIRRORS = PEERS

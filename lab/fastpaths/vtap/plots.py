@@ -22,13 +22,20 @@ from lab.metrics import PAPER_DIR
 # One colour and marker per mirror in every figure, each mirror's own (lab.palette)
 MIRROR_ORDER = palette.labels("vtap")
 MIRROR_COLORS = palette.colours("vtap")
-TESTBED_TITLES = {1: "Testbed 1: vTAP on the receiver", 2: "Testbed 2: vTAP on a bridging node",
-                  3: "Testbed 3: vTAP on a routing node"}
+TESTBED_TITLES = {
+    1: "Testbed 1: vTAP on the receiver",
+    2: "Testbed 2: vTAP on a bridging node",
+    3: "Testbed 3: vTAP on a routing node",
+}
 # The DUT core's time as stacked bars in the mirror's colour: busy columns from
 # solid to pale, steal hatched, idle an empty outline (mpstat's names).
-CPU_SHADES = [("sys", {"alpha": 1.0}), ("soft", {"alpha": 0.45, "hatch": "///"}),
-              ("usr", {"alpha": 0.2, "hatch": "..."}), ("steal", {"alpha": 0.0, "hatch": "xxx"}),
-              ("idle", {"alpha": 0.0})]
+CPU_SHADES = [
+    ("sys", {"alpha": 1.0}),
+    ("soft", {"alpha": 0.45, "hatch": "///"}),
+    ("usr", {"alpha": 0.2, "hatch": "..."}),
+    ("steal", {"alpha": 0.0, "hatch": "xxx"}),
+    ("idle", {"alpha": 0.0}),
+]
 RATIO_PEERS = ["ebpf-helper", "tc-mirred", "nft-dup", "ovs"]  # ratios(): eBPF over each of these
 
 
@@ -37,8 +44,11 @@ def mirror_color(mirror: str) -> str:
 
 
 def _line_style(mirror):
-    return {"color": mirror_color(mirror), "marker": palette.marker(mirror, "vtap"),
-            "linestyle": "--" if mirror == "none" else "-"}
+    return {
+        "color": mirror_color(mirror),
+        "marker": palette.marker(mirror, "vtap"),
+        "linestyle": "--" if mirror == "none" else "-",
+    }
 
 
 def paper_table(testbed: int) -> pd.DataFrame:
@@ -49,8 +59,18 @@ def paper_table(testbed: int) -> pd.DataFrame:
 
 
 def medians(df: pd.DataFrame) -> pd.DataFrame:
-    cols = ["receiver_pps", "monitor_pps", "receiver_mbps", "monitor_mbps", "dut_ns_per_pkt",
-            "cpu_usr", "cpu_sys", "cpu_soft", "cpu_steal", "cpu_idle"]
+    cols = [
+        "receiver_pps",
+        "monitor_pps",
+        "receiver_mbps",
+        "monitor_mbps",
+        "dut_ns_per_pkt",
+        "cpu_usr",
+        "cpu_sys",
+        "cpu_soft",
+        "cpu_steal",
+        "cpu_idle",
+    ]
     return df.groupby(["testbed", "mirror", "size"])[cols].median().reset_index()
 
 
@@ -62,8 +82,9 @@ def _mirrors(df):
 def _panels(df, rows=1, height=3.8):
     """One column of axes per testbed, with room below them for a shared legend."""
     tbs = sorted(int(t) for t in df["testbed"].unique())
-    fig, axes = plt.subplots(rows, len(tbs), figsize=(5.5 * len(tbs), height * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows, len(tbs), figsize=(5.5 * len(tbs), height * rows), squeeze=False, layout="constrained"
+    )
     for ax, tb in zip(axes[0], tbs, strict=True):
         ax.set_title(TESTBED_TITLES.get(tb, f"Testbed {tb}"))
     return fig, axes, tbs
@@ -76,8 +97,9 @@ def _legend_below(fig, axes, **kw):
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, h)
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 6),
-                   frameon=False, **kw)
+        fig.legend(
+            list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 6), frameon=False, **kw
+        )
 
 
 def _size_axis(ax, d, label=True):
@@ -123,8 +145,14 @@ def ns_per_pkt(df: pd.DataFrame, size=None):
         g = d[d["testbed"] == tb].groupby("mirror")["dut_ns_per_pkt"]
         ms = _mirrors(d[d["testbed"] == tb])
         med, lo, hi = (s.reindex(ms) for s in (g.median(), g.min(), g.max()))
-        ax.bar(range(len(ms)), med.values, yerr=[med - lo, hi - med], capsize=3, ecolor="0.25",
-               color=[mirror_color(m) for m in ms])
+        ax.bar(
+            range(len(ms)),
+            med.values,
+            yerr=[med - lo, hi - med],
+            capsize=3,
+            ecolor="0.25",
+            color=[mirror_color(m) for m in ms],
+        )
         ax.set_xticks(range(len(ms)), ms, rotation=20)
         ax.set_title(ax.get_title() + _size_suffix(size))
         ax.set_ylabel("DUT ns per received packet")
@@ -145,9 +173,15 @@ def cpu_per_mirror(df: pd.DataFrame, size=None):
         bottom = pd.Series(0.0, index=ms)
         for col, shade in CPU_SHADES:
             v = m[f"cpu_{col}"]
-            ax.bar(range(len(ms)), v.values, bottom=bottom.values, hatch=shade.get("hatch"),
-                   color=[to_rgba(mirror_color(x), shade["alpha"]) for x in ms],
-                   edgecolor=[mirror_color(x) for x in ms], linewidth=0.8)
+            ax.bar(
+                range(len(ms)),
+                v.values,
+                bottom=bottom.values,
+                hatch=shade.get("hatch"),
+                color=[to_rgba(mirror_color(x), shade["alpha"]) for x in ms],
+                edgecolor=[mirror_color(x) for x in ms],
+                linewidth=0.8,
+            )
             bottom += v
         ax.set_xticks(range(len(ms)), ms, rotation=20)
         ax.set_title(ax.get_title() + _size_suffix(size))
@@ -170,8 +204,9 @@ def ratios_vs_size(df: pd.DataFrame):
         d = r[r["testbed"] == tb].sort_values("size")
         ours = "ebpf-xdp" if any(c.startswith("ebpf-xdp/") for c in d.columns if d[c].notna().any()) else "ebpf"
         peers = ["ebpf", *RATIO_PEERS] if ours == "ebpf-xdp" else RATIO_PEERS
-        for row, (unit, ylabel) in enumerate((("pps", f"{ours} ÷ peer: monitor packets/s"),
-                                              ("ns", f"{ours} ÷ peer: DUT ns per packet"))):
+        for row, (unit, ylabel) in enumerate(
+            (("pps", f"{ours} ÷ peer: monitor packets/s"), ("ns", f"{ours} ÷ peer: DUT ns per packet"))
+        ):
             ax = axes[row][col]
             for peer in peers:
                 c = f"{ours}/{peer} {unit}"
@@ -203,8 +238,10 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     for (tb, size), g in med.groupby(["testbed", "size"]):
         by = g.set_index("mirror")
         r = {"testbed": tb, "size": size}
-        for ours, peers in (("ebpf", ("ovs", "tc-mirred", "nft-dup", "ebpf-helper")),
-                            ("ebpf-xdp", ("tc-mirred", "nft-dup", "ebpf"))):
+        for ours, peers in (
+            ("ebpf", ("ovs", "tc-mirred", "nft-dup", "ebpf-helper")),
+            ("ebpf-xdp", ("tc-mirred", "nft-dup", "ebpf")),
+        ):
             if ours not in by.index:
                 continue
             for peer in peers:
@@ -219,9 +256,11 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # The XDP vTAP's targets on a node that routes (Testbed 3), against tc mirred.
-XDP_TARGETS = (("monitor pps, ebpf-xdp / tc-mirred at 64 B", ">=", 2.0),
-               ("DUT ns per packet, ebpf-xdp / tc-mirred at 64 B", "<=", 0.5),
-               ("monitor / receiver pps of ebpf-xdp, every size", ">=", 0.999))
+XDP_TARGETS = (
+    ("monitor pps, ebpf-xdp / tc-mirred at 64 B", ">=", 2.0),
+    ("DUT ns per packet, ebpf-xdp / tc-mirred at 64 B", "<=", 0.5),
+    ("monitor / receiver pps of ebpf-xdp, every size", ">=", 0.999),
+)
 
 
 def xdp_targets(df: pd.DataFrame) -> pd.DataFrame:
@@ -232,8 +271,7 @@ def xdp_targets(df: pd.DataFrame) -> pd.DataFrame:
     if r.empty or "ebpf-xdp/tc-mirred pps" not in r:
         return pd.DataFrame(columns=["target", "wanted", "measured", "met"])
     small = r[r["size"] == r["size"].min()].iloc[0]
-    measured = [small["ebpf-xdp/tc-mirred pps"], small["ebpf-xdp/tc-mirred ns"],
-                r["ebpf-xdp monitor/receiver"].min()]
+    measured = [small["ebpf-xdp/tc-mirred pps"], small["ebpf-xdp/tc-mirred ns"], r["ebpf-xdp monitor/receiver"].min()]
     rows = []
     for (what, op, want), got in zip(XDP_TARGETS, measured, strict=True):
         met = got >= want if op == ">=" else got <= want

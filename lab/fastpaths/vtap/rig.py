@@ -112,8 +112,12 @@ class ThroughputRig(Rig):
         finally:
             if lifted:
                 self._sink("dut", "pass", self.dut_ns, self.dut_iface)
-        return {"report": report, "counts": counts, "cpu": cpu,
-                "mirrored": {k: v - base.get(k, 0) for k, v in grown.items() if isinstance(v, int)}}
+        return {
+            "report": report,
+            "counts": counts,
+            "cpu": cpu,
+            "mirrored": {k: v - base.get(k, 0) for k, v in grown.items() if isinstance(v, int)},
+        }
 
     def _lift_dut_sink(self):
         """Take the counting sink off the DUT's interface, for a peer that puts its

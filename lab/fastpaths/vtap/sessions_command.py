@@ -26,8 +26,18 @@ from .command_base import TapCommand
 RATES = ("accepted", "sent")
 TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
 HEADS = {"sampled_out": "SAMPLED"}
-SIMPLE_ONLY = ("--monitor", "--watch", "--watch-file", "--watch-max", "--match", "--sample", "--clone",
-               "--xdp-mode", "--forward", "--prepare-peer")
+SIMPLE_ONLY = (
+    "--monitor",
+    "--watch",
+    "--watch-file",
+    "--watch-max",
+    "--match",
+    "--sample",
+    "--clone",
+    "--xdp-mode",
+    "--forward",
+    "--prepare-peer",
+)
 
 
 class SessionsFile:
@@ -73,9 +83,15 @@ class SessionsFile:
 
 
 def describe(sessions):
-    return "; ".join(f"{s.label} -> {s.target}, {len(s.rules)} rule{'s' if len(s.rules) != 1 else ''}"
-                     + (f", truncate {s.truncate}" if s.truncate else "")
-                     + (f", sample 1/{s.sample}" if s.sample > 1 else "") for s in sessions) or "no sessions"
+    return (
+        "; ".join(
+            f"{s.label} -> {s.target}, {len(s.rules)} rule{'s' if len(s.rules) != 1 else ''}"
+            + (f", truncate {s.truncate}" if s.truncate else "")
+            + (f", sample 1/{s.sample}" if s.sample > 1 else "")
+            for s in sessions
+        )
+        or "no sessions"
+    )
 
 
 class Printer(CounterTable):
@@ -84,12 +100,29 @@ class Printer(CounterTable):
         self.extra = {}
 
     def header(self, tap, ifaces, direction, path):
-        msg = dict(sessions_file=path, ifaces=ifaces, direction=direction, sender=tap.sender,
-                   sessions=[dict(name=s.label, number=s.number, target=str(s.target), rules=len(s.rules),
-                                  truncate=s.truncate, sample=s.sample) for s in tap.sessions])
-        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} ({direction}); sessions from {path}: "
-                           f"{describe(tap.sessions)}; Ctrl-C to stop",
-                      names=[s.label for s in tap.sessions])
+        msg = dict(
+            sessions_file=path,
+            ifaces=ifaces,
+            direction=direction,
+            sender=tap.sender,
+            sessions=[
+                dict(
+                    name=s.label,
+                    number=s.number,
+                    target=str(s.target),
+                    rules=len(s.rules),
+                    truncate=s.truncate,
+                    sample=s.sample,
+                )
+                for s in tap.sessions
+            ],
+        )
+        self.attached(
+            msg,
+            f"vtap: tapping {', '.join(ifaces)} ({direction}); sessions from {path}: "
+            f"{describe(tap.sessions)}; Ctrl-C to stop",
+            names=[s.label for s in tap.sessions],
+        )
 
     def rows(self, tap):
         """(totals, {session: counters}); the taps' counters per interface and
@@ -114,8 +147,11 @@ class Printer(CounterTable):
 class SessionsCommand(TapCommand):
     """`vtap --sessions FILE` (VtapCommand.variant() picks it)."""
 
-    metrics_rows = {"sessions": Rows("session", "session_"), "ifaces": "interface",
-                    "rules": Rows(("session", "rule"), "rule_")}
+    metrics_rows = {
+        "sessions": Rows("session", "session_"),
+        "ifaces": "interface",
+        "rules": Rows(("session", "rule"), "rule_"),
+    }
 
     def __init__(self):
         super().__init__()
@@ -124,8 +160,10 @@ class SessionsCommand(TapCommand):
     def parse(self, args):
         given = [o for o in SIMPLE_ONLY if o in args.options_given(args)]
         if given:
-            raise UsageError(f"{', '.join(given)} cannot go with --sessions: a session in the file says where "
-                             "copies go, what they are and how many (target, rules, truncate, sample)")
+            raise UsageError(
+                f"{', '.join(given)} cannot go with --sessions: a session in the file says where "
+                "copies go, what they are and how many (target, rules, truncate, sample)"
+            )
         if args.hook != "tc":
             raise UsageError("--sessions runs at the TC hook (--hook tc)")
         self.source = SessionsFile(args.sessions)
@@ -159,8 +197,7 @@ class SessionsCommand(TapCommand):
             for name, why in skipped.items():
                 warn(f"not tapping {name}: {why}")
         if not self.ifaces:
-            raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets "
-                             "(use --iface)")
+            raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets (use --iface)")
         return tap
 
     def start(self, stack):

@@ -33,18 +33,25 @@ def blocking(args, tap, ifaces) -> list:
     """What would leave the vTAP copying nothing: refused at start (exit 2)."""
     found = []
     for name in ifaces:
-        found += hostcheck.check_forwarding(name, families(tap), tap.netns,
-                                            why=": the fast path sends out only what the node would forward")
+        found += hostcheck.check_forwarding(
+            name, families(tap), tap.netns, why=": the fast path sends out only what the node would forward"
+        )
     if args.xdp_mode == "native":
         veth = hostcheck.veth_peer(tap.monitor, tap.netns) is not None
         if veth and not args.prepare_peer:
-            found += [hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
-                      for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")]
+            found += [
+                hostcheck.Finding(f"no copy would reach the monitor: {f.what}", f.fix)
+                for f in hostcheck.check_veth_peer(tap.monitor, tap.netns, sends="XDP_REDIRECT")
+            ]
         elif not veth and can_transmit_xdp(tap.netns, tap.monitor_ifindex) is False:
-            found.append(hostcheck.Finding(f"no copy would reach the monitor: {tap.monitor}'s driver does not "
-                                           "transmit XDP frames (a tunnel, a bridge, a VLAN device)",
-                                           "--xdp-mode generic (copies as skbs, which any device takes), or a "
-                                           "monitor whose driver does (veth, tun, most NICs)"))
+            found.append(
+                hostcheck.Finding(
+                    f"no copy would reach the monitor: {tap.monitor}'s driver does not "
+                    "transmit XDP frames (a tunnel, a bridge, a VLAN device)",
+                    "--xdp-mode generic (copies as skbs, which any device takes), or a "
+                    "monitor whose driver does (veth, tun, most NICs)",
+                )
+            )
     return found
 
 
@@ -54,8 +61,11 @@ def egress_findings(tap) -> list:
     found = []
     for name, why in tap.not_egresses.items():
         fix = "--prepare-peer" if "veth peer" in why else ""
-        found.append(hostcheck.Finding(f"watched frames routed out of {name} go to the kernel, not copied "
-                                       f"(no_xdp_egress): {why}", fix))
+        found.append(
+            hostcheck.Finding(
+                f"watched frames routed out of {name} go to the kernel, not copied (no_xdp_egress): {why}", fix
+            )
+        )
     return found
 
 
@@ -64,11 +74,24 @@ class Printer(CounterTable):
         super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces")
 
     def header(self, tap, ifaces, mode):
-        msg = dict(hook="xdp", xdp_mode=mode, monitor=tap.monitor, ifaces=ifaces, egresses=tap.egresses,
-                   **watch_fields(tap), match=tap.match, sample=tap.sample, forward=tap.forward)
-        self.attached(msg, f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
-                           f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch_said(tap)} "
-                           f"(match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop", names=ifaces)
+        msg = dict(
+            hook="xdp",
+            xdp_mode=mode,
+            monitor=tap.monitor,
+            ifaces=ifaces,
+            egresses=tap.egresses,
+            **watch_fields(tap),
+            match=tap.match,
+            sample=tap.sample,
+            forward=tap.forward,
+        )
+        self.attached(
+            msg,
+            f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
+            f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch_said(tap)} "
+            f"(match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
+            names=ifaces,
+        )
 
     def reasons(self, totals):
         """The final block's last line: why watched frames went to the kernel."""
@@ -86,17 +109,21 @@ class XdpWatcher(Watcher):
         self.not_egresses = dict(tap.not_egresses)
 
     def stopped(self, missing):
-        return (f"stopped: the XDP vTAP was removed from {', '.join(a.ifname for a, _ in missing)} "
-                "from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)")
+        return (
+            f"stopped: the XDP vTAP was removed from {', '.join(a.ifname for a, _ in missing)} "
+            "from outside (vtap --hook xdp --cleanup --all, ip link set ... xdp off)"
+        )
 
     def news(self, state, note=""):
         m = self.tap.monitor
-        return {"up": f"monitor {m} takes copies again",
-                "down": f"monitor {m} is down: its copies are lost (counted as failed)",
-                "no-carrier": f"monitor {m} has no carrier: its copies are lost (counted as failed)",
-                "gone": f"monitor {m} was deleted: its copies are lost (counted as failed)",
-                "no-xdp": f"monitor {m} takes no XDP frames now (a veth whose peer runs no XDP program): "
-                          "frames go to their egress alone, each copy counted as failed"}[state]
+        return {
+            "up": f"monitor {m} takes copies again",
+            "down": f"monitor {m} is down: its copies are lost (counted as failed)",
+            "no-carrier": f"monitor {m} has no carrier: its copies are lost (counted as failed)",
+            "gone": f"monitor {m} was deleted: its copies are lost (counted as failed)",
+            "no-xdp": f"monitor {m} takes no XDP frames now (a veth whose peer runs no XDP program): "
+            "frames go to their egress alone, each copy counted as failed",
+        }[state]
 
     def check(self):
         h = super().check()  # also rereads the egresses
@@ -118,14 +145,18 @@ class XdpCommand(TapCommand):
         """What cannot apply at XDP, refused in one line (UsageError: exit 2)."""
         check_watch_options(args)
         if args.direction != "ingress":
-            raise UsageError(f"--direction {args.direction} cannot apply with --hook xdp: XDP sees frames as they "
-                             "arrive, on the interface they come in on (tap the interfaces traffic comes in on)")
+            raise UsageError(
+                f"--direction {args.direction} cannot apply with --hook xdp: XDP sees frames as they "
+                "arrive, on the interface they come in on (tap the interfaces traffic comes in on)"
+            )
         if args.clone != "action":
-            raise UsageError("--clone cannot apply with --hook xdp: at XDP the kernel's devmap broadcast makes the "
-                             "copy")
+            raise UsageError(
+                "--clone cannot apply with --hook xdp: at XDP the kernel's devmap broadcast makes the copy"
+            )
         if args.xdp_mode == "offload":
-            raise UsageError("--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): "
-                             "native or generic")
+            raise UsageError(
+                "--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): native or generic"
+            )
         self.watch = watch_list(args)
 
     def cleanup(self, all_runs=False):
@@ -137,8 +168,15 @@ class XdpCommand(TapCommand):
 
     def build(self):
         args = self.args
-        self.tap = tap = XdpMirror(monitor=args.monitor, watch=self.watch, match=args.match, sample=args.sample,
-                                   watch_max=args.watch_max, forward=args.forward, source=args.program)
+        self.tap = tap = XdpMirror(
+            monitor=args.monitor,
+            watch=self.watch,
+            match=args.match,
+            sample=args.sample,
+            watch_max=args.watch_max,
+            forward=args.forward,
+            source=args.program,
+        )
         tap.warn = warn
         if args.iface:
             self.ifaces = args.iface

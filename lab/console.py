@@ -435,9 +435,10 @@ def run_until_stopped(interval, duration, tick, finish):
 
 def run_command(name, check, body):
     """Check a command line's input, then that it may run (privileges, BCC), then
-    run its body, and turn how that ended into one line on stderr and an exit
-    status (see the module docstring). Input first: a bad option is said even to
-    a user who may not run the command."""
+    run its body, and turn how that ended into one line on stderr (a line per
+    problem when an error holds several) and an exit status (see the module
+    docstring). Input first: a bad option is said even to a user who may not run
+    the command."""
     RUNNING.name = name
     try:
         check()
@@ -452,7 +453,8 @@ def run_command(name, check, body):
         runs.notice()  # what dead runs left, said once, before this run adds its own
         return body()
     except (UsageError, InputError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():  # several lines: each a problem of its own, all said at once
+            print(f"{name}: error: {line}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Stop):  # KeyboardInterrupt: Ctrl-C before SIGNALS.install()
         return 0

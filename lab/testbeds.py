@@ -621,9 +621,11 @@ class UserSegment(_Built):
         return f"2001:2:0:9::{11 + i:x}"
 
 
-def user_segment(backends=2, dsr=False) -> UserSegment:
+def user_segment(backends=2, dsr=False, vip_only=False) -> UserSegment:
     """dsr: the backends hold the VIPs on their loopback and neither answer ARP
-    for it nor announce it (arp_ignore=1, arp_announce=2), as DSR needs."""
+    for it nor announce it (arp_ignore=1, arp_announce=2), as DSR needs.
+    vip_only: the VIPs are the LB's only addresses, as the XDP load-balancer
+    articles set it up (lb4 and lb6 unused)."""
     tb = UserSegment(None, [f"be{i + 1}" for i in range(backends)])
     t = Topology("useg", kernel_defaults=True)
     t.add_host("switch")
@@ -631,7 +633,7 @@ def user_segment(backends=2, dsr=False) -> UserSegment:
     t.add_host("lb")
     hosts = {
         "client": [f"{tb.client4}/24", f"{tb.client6}/64"],
-        "lb": [f"{tb.lb4}/24", f"{tb.lb6}/64", f"{tb.vip4}/24", f"{tb.vip6}/64"],
+        "lb": ([] if vip_only else [f"{tb.lb4}/24", f"{tb.lb6}/64"]) + [f"{tb.vip4}/24", f"{tb.vip6}/64"],
     }
     arp = {"net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2} if dsr else {}
     for i, be in enumerate(tb.backends):

@@ -181,6 +181,86 @@ def test_lb_dsr_serves_a_plain_segment_both_families():
         assert final["to_client"] == 0 < final["csum_partial"]  # replies went straight to the client
 
 
+def as_typed(tb, args):
+    """The command run once as given: (exit status, its warnings, its errors)."""
+    r = netns.run(
+        tb.ns("lb"),
+        [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    lines = r.stderr.strip().splitlines()
+    return r.returncode, [ln for ln in lines if " warning: " in ln], [ln for ln in lines if " error: " in ln]
+
+
+@pytest.mark.parametrize("mode", ["nat", "dsr"])
+def test_lb_on_the_articles_topology_as_typed(mode):
+    """The XDP load-balancer articles' set-up, typed as it is: client, LB and two
+    backends on one bridge, the VIP the LB's only address, kernel defaults,
+    nothing resolved. The first run says every problem of the host at once, each
+    with its fix (the veth peer without XDP, forwarding off), and none about the
+    LB's own address: NAT uses the VIP. DSR cannot send from the VIP what the
+    backends must answer (they hold it): IPv4's ARP and both families' health
+    checks; that is said too, each with its fix. With the fixes it printed (DSR:
+    an IPv4 address added, IPv6 without health checks), every exchange of both
+    families and both protocols comes back whole."""
+    with user_segment(dsr=mode == "dsr", vip_only=True) as tb:
+        args = lb_args(tb) + ["--mode", mode]
+        rc, warnings, errors = as_typed(tb, args)
+        assert rc == 2 and len(warnings) == 1 and "fix: --prepare-peer" in warnings[0], (warnings, errors)
+        assert "forwarding is off on eth0" in errors[-1], errors
+        if mode == "nat":
+            assert len(errors) == 1, errors
+        else:
+            assert len(errors) == 3, errors  # IPv4's address, IPv6's health checks, then forwarding
+            assert "DSR needs an IPv4 address of this host that is not a VIP" in errors[0], errors
+            assert "the ARP requests that find their MACs" in errors[0]
+            assert errors[0].endswith("give one with --self ADDR, or add one: ip addr add ADDR/PREFIX dev eth0")
+            assert "DSR health checks need an IPv6 address" in errors[1]
+            assert errors[1].endswith("--health-check none"), errors
+            netns.run(tb.ns("lb"), ["ip", "addr", "add", f"{tb.lb4}/24", "dev", "eth0"], capture_output=True)
+            args += ["--health-check", "none"]
+        fix = re.search(r"for this interface only: (sysctl -w .*)$", errors[-1]).group(1)
+        netns.run(tb.ns("lb"), fix.split(), capture_output=True)
+        tool, (got4, got6), final, warnings = serve_and_exchange(
+            tb.topo, tb.backends, tb.ns("lb"), "lb", args + ["--prepare-peer"], [(tb.vip4, PORT), (tb.vip6, PORT)]
+        )
+        assert got4 == got6 == {"udp": N, "tcp": N, "n": N}, (got4, got6, warnings)
+        assert [csum_errors(tb.ns(h)) for h in ["client", *tb.backends]] == [0, 0, 0]
+        assert final["dropped_no_neigh"] == 0, final
+        if mode == "nat":
+            assert tool.attached["own_addresses"] == [tb.vip4, tb.vip6]
+            assert final["to_client"] > 0
+        else:
+            assert final["to_client"] == 0 < final["to_backend"]
+
+
+def test_lb_without_an_address_of_its_own_says_so_with_every_other_problem():
+    """NAT with no IPv4 address on --iface at all (the VIP routed to the LB):
+    the refusal names --self and the line that adds an address, and the other
+    problems of the host are said with it; nothing is left attached. With
+    --self, it runs; a --self that is no address is refused as input."""
+    with user_segment(vip_only=True) as tb:
+        netns.run(tb.ns("lb"), ["ip", "addr", "del", f"{tb.vip4}/24", "dev", "eth0"], capture_output=True)
+        args = ["--iface", "eth0", "--service", f"tcp:{tb.vip4}:{PORT}", "--backend", f"{tb.backend4(0)}:{PORT}"]
+        rc, warnings, errors = as_typed(tb, args)
+        assert rc == 2 and len(errors) == 2 and len(warnings) == 1, (warnings, errors)
+        assert "NAT mode needs an IPv4 address" in errors[0] and "eth0 has none" in errors[0]
+        assert errors[0].endswith("give one with --self ADDR, or add one: ip addr add ADDR/PREFIX dev eth0")
+        assert "forwarding is off on eth0" in errors[1]
+        assert not [a for a in xdp.attached(tb.ns("lb"))]
+        rc, _, errors = as_typed(tb, args + ["--self", "nonsense"])
+        assert rc == 2 and errors == [
+            "python -m lab lb: error: bad --self 'nonsense': want an IPv4 or IPv6 address of this host"
+        ], errors
+        netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1"], capture_output=True)
+        netns.run(tb.ns("lb"), ["ip", "addr", "add", f"{tb.lb4}/24", "dev", "eth0"], capture_output=True)
+        rc, warnings, errors = as_typed(tb, args + ["--self", tb.lb4, "--prepare-peer", "--health-check", "none"])
+        assert rc == 0 and not errors, (warnings, errors)
+
+
 def test_lb_says_why_traffic_fails_without_a_peer_program():
     """No --prepare-peer: one line at start names the peer and the option that
     fixes it; while running, each backend that gets packets and sends nothing

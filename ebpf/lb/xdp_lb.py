@@ -130,6 +130,25 @@ class WeightedBackend:
         return f"{self.backend}@{self.weight}"
 
 
+def forwarding_problem(ifname, families, netns=None) -> str | None:
+    """Why the LB cannot run on `ifname` as it is, with the line that fixes it, or None:
+    bpf_fib_lookup(), which finds the backends' MACs, answers only where forwarding
+    is on (for each family of `families`, the services' IP versions)."""
+    off = [
+        f"net.ipv{v}.conf.{ifname}.forwarding"
+        for v in sorted(families or {4})
+        if _sysctl(netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"
+    ]
+    if not off:
+        return None
+    where = f"ip netns exec {netns} " if netns and "/" not in netns else ""
+    return (
+        f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
+        "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
+        f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}"
+    )
+
+
 class XdpLoadBalancer(BpfProgram):
     SOURCE = "xdp_lb.bpf.c"
     FUNCTION = "xdp_lb"
@@ -310,19 +329,9 @@ class XdpLoadBalancer(BpfProgram):
         """Attach where clients and backends both are (one-armed). The kernel's
         bpf_fib_lookup() answers only on an interface that forwards, so that is
         checked first: an LB is a router for its VIPs."""
-        families = {s.vip.version for s in self._services} or {4}
-        off = [
-            f"net.ipv{v}.conf.{ifname}.forwarding"
-            for v in sorted(families)
-            if _sysctl(self.netns, f"net/ipv{v}/conf/{ifname}/forwarding") == "0"
-        ]
-        if off:
-            where = f"ip netns exec {self.netns} " if self.netns and "/" not in self.netns else ""
-            raise InputError(
-                f"forwarding is off on {ifname} ({', '.join(off)} = 0): the program finds backends' "
-                "MAC addresses with bpf_fib_lookup(), which needs it on; for this interface only: "
-                f"{where}sysctl -w {' '.join(f'{n}=1' for n in off)}"
-            )
+        problem = forwarding_problem(ifname, {s.vip.version for s in self._services}, self.netns)
+        if problem:
+            raise InputError(problem)
         return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
 
     # --- state ----------------------------------------------------------------------------

@@ -14,11 +14,10 @@ times; only its own sessions are affected.
 
 import contextlib
 import ipaddress
-import socket
 from pathlib import Path
 
-from ebpf import BpfError, netdev, xdp
-from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer
+from ebpf import BpfError, InputError, netdev, xdp
+from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer, forwarding_problem
 from lab import hostcheck
 from lab.console import SIGNALS, LiveTable, UsageError, add_xdp_mode, require, warn
 from lab.hostcheck import PreparedPeers
@@ -52,9 +51,11 @@ what the hosts around it need (checked at start; each missing piece is one line 
   - if --iface is a veth: a native XDP program on its peer, or the frames the LB
     sends back out (XDP_TX) are lost; --prepare-peer attaches one while it runs
   - NAT: clients reach the VIP through this host (the VIP an address of --iface,
-    or routed to it); backends answer to this host's own address (--self)
+    or routed to it); backends answer to this host's own address (--self; by
+    default --iface's first address that is not a VIP, else the VIP itself)
   - DSR: each backend holds the VIP on its loopback and does not answer ARP/ND for it
-    (sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2)
+    (sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2);
+    health checks come from an address of this host that is not a VIP (--self)
 TX checksum offload may stay on everywhere: the program finishes checksums the
 senders left partial.
 """
@@ -106,6 +107,12 @@ def read_timeouts(given):
     return out
 
 
+def own_text(used, vip_as_own, iface):
+    return ", ".join(
+        f"{a} (the VIP: {iface}'s only IPv{v} address)" if v in vip_as_own else str(a) for v, a in used.items()
+    )
+
+
 class Printer(LiveTable):
     """The LB's live table: a row per backend (weight, health, sessions, packets
     and replies) and the drops by reason."""
@@ -114,8 +121,10 @@ class Printer(LiveTable):
         super().__init__(as_json)
         self.nat = mode == "nat"  # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
 
-    def header(self, lb, iface, args):
+    def header(self, lb, iface, args, own=(), vip_as_own=()):
+        """own: {IP version: the LB's own address}; vip_as_own: the versions whose own address is a VIP."""
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
+        used = {v: a for v, a in dict(own).items() if a and any(s.vip.version == v for s in lb.services)}
         msg = dict(
             event="attached",
             iface=iface,
@@ -124,6 +133,7 @@ class Printer(LiveTable):
             services=[str(s) for s in lb.services],
             backends=[str(b) for b in lb.backends],
             lb_ports=ports if args.mode == "nat" else None,
+            own_addresses=[str(a) for a in used.values()],
         )
         if self.json:
             self.emit(msg)
@@ -131,6 +141,7 @@ class Printer(LiveTable):
             self.emit(
                 f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
                 f"{len(lb.backends)} backend(s)"
+                + (f"; backends answer to {own_text(used, vip_as_own, iface)}" if args.mode == "nat" else "")
                 + (f"; LB ports {ports}" if args.mode == "nat" else "")
                 + "; Ctrl-C to stop"
             )
@@ -181,18 +192,49 @@ class Printer(LiveTable):
 
 
 def own_addresses(iface, vips=()):
-    """The interface's first global address of each family that is not a VIP:
-    the NAT source, and where health checks come from. (The kernel lists a
-    family's addresses newest first: the VIP is often first.)"""
-    found = {}
+    """Per IP version, the LB's own address on the interface: what NAT's backends
+    answer to, and where health checks come from. The first global address that is
+    not a VIP (the kernel lists a family's addresses newest first: the VIP is often
+    first), else the first VIP, as the XDP load-balancer articles set an LB up (the
+    VIP its only address: its LB ports stay clear of the host's own connections).
+    Returns ({4: addr or None, 6: ...}, {the versions whose address is a VIP})."""
+    found, vip_found = {}, {}
     skip = {ipaddress.ip_address(v) for v in vips}
     with netdev.ipr(None) as ip:
         index = netdev.ifindex_of(ip, iface)
         for m in ip.get_addr(index=index):
             addr = m.get_attr("IFA_ADDRESS")
-            if m.get("scope", 0) == 0 and ipaddress.ip_address(addr) not in skip:
-                found.setdefault(m["family"], addr)
-    return found.get(socket.AF_INET), found.get(socket.AF_INET6)
+            if m.get("scope", 0) == 0:
+                version = ipaddress.ip_address(addr).version
+                (vip_found if ipaddress.ip_address(addr) in skip else found).setdefault(version, addr)
+    own = {v: found.get(v, vip_found.get(v)) for v in (4, 6)}
+    return own, {v for v in (4, 6) if v not in found and v in vip_found}
+
+
+def address_problems(args, families, own, vip_as_own) -> list[str]:
+    """What keeps the LB from having an address of its own where it needs one, each with its fix."""
+    iface, out = args.iface, []
+    for v in sorted(families):
+        if args.mode == "nat" and own[v] is None:
+            out.append(
+                f"NAT mode needs an IPv{v} address of this host for the backends to answer to, and {iface} "
+                f"has none: give one with --self ADDR, or add one: ip addr add ADDR/PREFIX dev {iface}"
+            )
+        elif args.mode == "dsr" and v == 4 and (own[v] is None or v in vip_as_own):
+            # ARP, unlike IPv6's neighbour discovery, refuses a request whose sender is an
+            # address of the receiver's own (the backend's VIP): no backend's MAC is ever found
+            out.append(
+                f"DSR needs an IPv4 address of this host that is not a VIP, and {iface} has none: the backends "
+                "hold the VIP and drop what comes from it (the ARP requests that find their MACs, health "
+                f"checks); give one with --self ADDR, or add one: ip addr add ADDR/PREFIX dev {iface}"
+            )
+        elif args.mode == "dsr" and args.health_check == "tcp" and (own[v] is None or v in vip_as_own):
+            out.append(
+                f"DSR health checks need an IPv{v} address of this host that is not a VIP (the backends hold "
+                f"the VIP and drop what comes from it), and {iface} has none: give one with --self ADDR "
+                f"(ip addr add ADDR/PREFIX dev {iface}), or --health-check none"
+            )
+    return out
 
 
 def host_findings(args):
@@ -246,8 +288,8 @@ class LbCommand(Command):
             metavar="ADDR",
             action="append",
             default=[],
-            help="the LB's own address the backends see in NAT mode (default: the interface's first "
-            "address of each family)",
+            help="the LB's own address: what the backends answer to in NAT mode, where health checks come from "
+            "(default: the interface's first address of each family that is not a VIP, else the VIP)",
         )
         add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
         p.add_argument(
@@ -296,6 +338,11 @@ class LbCommand(Command):
         for svc in self.services:
             if not any(b.addr.version == svc.vip.version for b in self.weights):
                 raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+        for addr in args.self_addrs:
+            try:
+                ipaddress.ip_address(addr)
+            except ValueError:
+                raise UsageError(f"bad --self {addr!r}: want an IPv4 or IPv6 address of this host") from None
         if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
             raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
 
@@ -306,17 +353,25 @@ class LbCommand(Command):
         return removed, spared
 
     def build(self):
-        """The LB with its services and backends (an unknown interface, a service NAT cannot serve:
-        InputError, exit 2), nothing attached."""
+        """The LB with its services and backends, nothing attached. Before it, every start-up check
+        (not for --ebpf): what the hosts lack is said, each with its fix, and then every refusal at
+        once (InputError, exit 2); an unknown interface alone, as the others depend on it."""
         args = self.args
-        self4, self6 = own_addresses(args.iface, [s.vip for s in self.services])
+        own, vip_as_own = own_addresses(args.iface, [s.vip for s in self.services])
         for addr in args.self_addrs:
-            if ":" in addr:
-                self6 = addr
-            else:
-                self4 = addr
-        self.sources = {4: self4, 6: self6}
-        self.lb = XdpLoadBalancer(self4=self4, self6=self6, mode=args.mode, timeouts=self.timeouts)
+            version = ipaddress.ip_address(addr).version
+            own[version] = addr
+            vip_as_own.discard(version)
+        self.sources, self.vip_as_own = own, vip_as_own
+        if not args.ebpf:
+            families = {s.vip.version for s in self.services}
+            refusals = address_problems(args, families, own, vip_as_own)
+            refusals += filter(None, [forwarding_problem(args.iface, families)])
+            for finding in host_findings(args):
+                warn(str(finding))
+            if refusals:
+                raise InputError("\n".join(refusals))
+        self.lb = XdpLoadBalancer(self4=own[4], self6=own[6], mode=args.mode, timeouts=self.timeouts)
         for svc in self.services:
             self.lb.add_service(svc)
         self.health = None  # the health checks run from start() on; until then every backend is up
@@ -353,8 +408,6 @@ class LbCommand(Command):
                 "until the kernel resolves it"
             )
         self.no_neigh = 0
-        for finding in host_findings(args):
-            warn(str(finding))
         lb.attach(args.iface, args.xdp_mode)
         if args.health_check == "tcp":
             self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall, sources=self.sources)
@@ -366,7 +419,7 @@ class LbCommand(Command):
         return self.live
 
     def header(self):
-        self.live.header(self.lb, self.args.iface, self.args)
+        self.live.header(self.lb, self.args.iface, self.args, self.sources, self.vip_as_own)
 
     def sample(self, final=False):
         self.live.sample(self.lb, self.weights, self.health.healthy if self.health else {}, final=final)

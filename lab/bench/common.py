@@ -139,3 +139,8 @@ def summarize(df: pd.DataFrame, keys, values) -> pd.DataFrame:
     out = pd.concat({"median": g.median(), "min": g.min(), "max": g.max()}, axis=1)
     out.columns = [f"{v}_{stat}" for stat, v in out.columns]
     return out.reset_index()
+
+
+def span(row, col, scale=1.0, fmt="{:.0f}") -> str:
+    """One of summarize()'s values as a report shows it: "median [min..max]", each divided by scale."""
+    return "{} [{}..{}]".format(*(fmt.format(row[f"{col}_{stat}"] / scale) for stat in ("median", "min", "max")))

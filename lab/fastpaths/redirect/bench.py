@@ -1,6 +1,6 @@
 """python -m lab bench redirect: the experiment of the student report on
 netfilter vs XDP (a UDP destination rewrite by netfilter or by XDP) against
-every method we have, on the router testbed (lab.testbeds.router_testbed,
+every method we have, on the router testbed (lab.fastpaths.redirect.testbed.router_testbed,
 lab.fastpaths.redirect.rig.RouterRig).
 
 Two workloads:
@@ -22,7 +22,6 @@ import sys
 
 import pandas as pd
 
-from lab import testbeds
 from lab.bench import common
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, write_results
@@ -32,6 +31,7 @@ from lab.traffic.partial import partial
 from .peers import METHODS
 from .peers import method as make_method
 from .rig import RouterRig
+from .testbed import router_testbed
 
 NAME = "redirect"
 SUMMARY = "the netfilter-vs-XDP report: a UDP destination rewrite; transfer CPU and forwarding rate"
@@ -170,7 +170,7 @@ def run_transfer(specs, trials, size, family, cpus, out=None, progress=True, vip
     gen_cpu, dut_cpu = cpus
     rows, seconds_rows = [], []
     bar = common.Progress(trials * len(specs)) if progress else None
-    with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
+    with RouterRig(router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         methods = {s: make_method(s, rig.tb) for s in specs}
         try:
             for trial, _, spec in common.interleaved(trials, [size], specs):
@@ -248,7 +248,7 @@ def run_rate(
     settings = [(s, f, r) for s in sizes for f in flows_list for r in rates]
     variants = [(spec, c) for spec in specs for c in csums]
     bar = common.Progress(trials * len(settings) * len(variants)) if progress else None
-    with RouterRig(testbeds.router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
+    with RouterRig(router_testbed(vip_on_router=vip == "router"), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         methods = {s: make_method(s, tb) for s in specs}
         gens = {}
@@ -348,28 +348,18 @@ def print_summary(df, stream=sys.stdout):
         + "\n"
     )
     for _, r in s.iterrows():
-
-        def span(col, scale=1.0, fmt="{:.0f}", *, r=r):  # this row, bound now
-            return (
-                fmt.format(r[f"{col}_median"] / scale)
-                + " ["
-                + fmt.format(r[f"{col}_min"] / scale)
-                + ".."
-                + fmt.format(r[f"{col}_max"] / scale)
-                + "]"
-            )
-
         label = f"{r['method']}{':' + r['mode'] if r['mode'] else ''}"
         if "sender_csum" in r:
             label += f" ({r['sender_csum']} csum)"
         if transfer:
             stream.write(
-                f"  {label:<22} goodput {span('goodput_mbps'):>18} Mbit/s  router busy "
-                f"{span('dut_busy_ms'):>18} ms  {span('dut_ns_per_pkt'):>18} ns/datagram\n"
+                f"  {label:<22} goodput {common.span(r, 'goodput_mbps'):>18} Mbit/s  router busy "
+                f"{common.span(r, 'dut_busy_ms'):>18} ms  {common.span(r, 'dut_ns_per_pkt'):>18} ns/datagram\n"
             )
         else:
             offered = "max" if not r.get("offered_pps") else f"{r['offered_pps'] / 1e3:.0f}k"
             stream.write(
                 f"  {label:<36} {int(r['size']):>5} B {int(r['flows']):>5} flows {offered:>5}  "
-                f"forwarded {span('forwarded_pps', 1e3):>16} kpps  {span('dut_ns_per_pkt'):>18} ns/pkt\n"
+                f"forwarded {common.span(r, 'forwarded_pps', 1e3):>16} kpps  "
+                f"{common.span(r, 'dut_ns_per_pkt'):>18} ns/pkt\n"
             )

@@ -341,19 +341,8 @@ def print_summary(df, stream=sys.stdout):
         f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n"
     )
     for _, r in s.iterrows():
-
-        def span(col, scale=1e3, fmt="{:.0f}", *, r=r):  # this row, bound now
-            return (
-                fmt.format(r[f"{col}_median"] / scale)
-                + " ["
-                + fmt.format(r[f"{col}_min"] / scale)
-                + ".."
-                + fmt.format(r[f"{col}_max"] / scale)
-                + "]"
-            )
-
         stream.write(
-            f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {span('receiver_pps'):>22} "
-            f"{span('monitor_pps'):>22} {r['monitor_mbps_median']:>13.0f} "
-            f"{span('dut_ns_per_pkt', 1):>18}\n"
+            f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {common.span(r, 'receiver_pps', 1e3):>22} "
+            f"{common.span(r, 'monitor_pps', 1e3):>22} {r['monitor_mbps_median']:>13.0f} "
+            f"{common.span(r, 'dut_ns_per_pkt'):>18}\n"
         )

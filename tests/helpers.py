@@ -20,8 +20,9 @@ from nbclient import NotebookClient
 from ebpf.instruments.xdp_sink import XdpSink
 from lab import netns, nft
 from lab.daemons.nginx import NginxServer
+from lab.fastpaths.lb.testbed import lb_testbed
 from lab.metrics import iface_counters
-from lab.testbeds import Testbed, lb_testbed
+from lab.testbeds import Testbed
 from lab.traffic import Capture, Marker, build, send_frames
 
 # The testbeds' addresses (the same in both), named for what the tests do with them.
@@ -233,7 +234,7 @@ def assert_every_figure_shown_once(nb, figures):
 
 @contextlib.contextmanager
 def lb_bed(backends=2, attacker=False, log=True):
-    """lab.testbeds.lb_testbed with an nginx on each backend (port 8080, its
+    """lab.fastpaths.lb.testbed.lb_testbed with an nginx on each backend (port 8080, its
     page says "served by beN") and the pass program on the switch's port to the
     LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
     tb = lb_testbed(backends=backends, attacker=attacker)

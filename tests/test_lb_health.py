@@ -1,6 +1,6 @@
 """The load balancer's drain, health checks and session ending through its
 command line (python -m lab lb), as a user runs it on a segment built with the
-kernel's defaults (lab.testbeds.user_segment), with echo servers (tests/echo.py)
+kernel's defaults (lab.fastpaths.lb.testbed.user_segment), with echo servers (tests/echo.py)
 serving TCP and UDP on each backend:
 
 - a drained backend (weight 0 in --backends-file) gets no new session;
@@ -27,7 +27,7 @@ from helpers import PORT, Tool, assert_run_averages, echo_servers, exchange, sto
 
 from ebpf import xdp
 from lab import netns
-from lab.testbeds import user_segment
+from lab.fastpaths.lb.testbed import user_segment
 
 RISE, FALL, CHECK = 5, 2, 0.2
 N = 8

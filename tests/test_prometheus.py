@@ -20,7 +20,8 @@ from test_vtap_sessions import CLIENT4, SERVER4, plain_router, send, session_fil
 
 from ebpf import netdev, tc
 from lab import netns
-from lab.testbeds import user_router, user_segment
+from lab.fastpaths.lb.testbed import user_segment
+from lab.fastpaths.redirect.testbed import user_router
 from lab.traffic import Flow
 
 LISTEN = "127.0.0.1:9464"

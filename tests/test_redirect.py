@@ -1,4 +1,4 @@
-"""XdpRedirect on the real kernel, in the report's set-up (lab.testbeds.router_testbed):
+"""XdpRedirect on the real kernel, in the report's set-up (lab.fastpaths.redirect.testbed.router_testbed):
 a file arrives whole through every action and mode, and the client's connected
 socket takes the replies (so they came from the service's address); counters
 are exact; rules change live; the fast path's fallbacks are counted; and the
@@ -17,7 +17,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from ebpf import XdpRedirect, tc, xdp
-from lab import testbeds
+from lab.fastpaths.redirect.testbed import router_testbed
 from lab.traffic import Capture, FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ N = 300
 def idle_rtb():
     """One testbed for the tests that only start the command and find nothing
     attached after it (each checks that): built once, not fourteen times."""
-    with testbeds.router_testbed() as tb:
+    with router_testbed() as tb:
         yield tb
 
 
@@ -36,7 +36,7 @@ def idle_rtb():
 def rtb(request):
     """TX checksum offload on at the client and server, as a veth comes; a test
     may ask for it off (whole checksums) with indirect parametrisation."""
-    with testbeds.router_testbed(tx_csum_offload=getattr(request, "param", True)) as tb:
+    with router_testbed(tx_csum_offload=getattr(request, "param", True)) as tb:
         yield tb
 
 

@@ -14,9 +14,10 @@ import pytest
 from helpers import wait_for
 
 from ebpf import tc, xdp
-from lab import nft, testbeds
+from lab import nft
 from lab.bench.common import udp_frames
 from lab.fastpaths.redirect.peers import METHODS, method
+from lab.fastpaths.redirect.testbed import router_testbed
 from lab.metrics import iface_counters
 from lab.nft import conntrack
 from lab.traffic import GENERATORS, FileTransfer, FileTransferServer
@@ -36,7 +37,7 @@ SPECS = [
 
 @pytest.fixture(scope="module")
 def rtb():
-    with testbeds.router_testbed() as tb:
+    with router_testbed() as tb:
         yield tb
 
 

@@ -5,13 +5,13 @@ its tests run, and tests elsewhere in the redirect suite expect only theirs."""
 import pytest
 from test_redirects import transfer_through
 
-from lab import testbeds
+from lab.fastpaths.redirect.testbed import router_testbed
 
 
 @pytest.fixture(scope="module")
 def rtb_held():
     """The netfilter-vs-XDP report's design: the service address is the router's own."""
-    with testbeds.router_testbed(vip_on_router=True) as tb:
+    with router_testbed(vip_on_router=True) as tb:
         yield tb
 
 

@@ -5,7 +5,7 @@ BPF_PROG_TEST_RUN as a SCHED_CLS program: the same output bytes, and TC_ACT_OK
 where the XDP program says XDP_PASS; each run also as a CHECKSUM_COMPLETE skb,
 whose skb->csum the kernel checks against the output (the skb helpers must keep
 it in step). The same rows on real skbs, at a real hook. Then the real kernel
-in the report's set-up (lab.testbeds.router_testbed): a file arrives whole in pass
+in the report's set-up (lab.fastpaths.redirect.testbed.router_testbed): a file arrives whole in pass
 and forward, IPv4 and IPv6, at a connected client; the counters are exact; the
 forward fallbacks are counted, and an unknown neighbour is not one (the helper
 resolves it); nothing is left on the hooks after close."""
@@ -21,7 +21,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from ebpf import BpfError, TcRedirect, tc, testrun
-from lab import netns, testbeds
+from lab import netns
+from lab.fastpaths.redirect.testbed import router_testbed
 from lab.traffic import Capture, FileTransfer, FileTransferServer, Flow, Marker, build, send_frames
 
 PASS = fx.pass_fixtures()
@@ -123,7 +124,7 @@ def test_rules_change_live(redirect_pass):
 # --- the real kernel -------------------------------------------------------------------
 @pytest.fixture
 def rtb():
-    with testbeds.router_testbed() as tb:
+    with router_testbed() as tb:
         yield tb
 
 

@@ -20,7 +20,8 @@ from scapy.layers.l2 import Ether
 
 from ebpf import AttachError, XdpSink, xdp
 from lab import hostcheck, netns
-from lab.testbeds import user_router, user_segment
+from lab.fastpaths.lb.testbed import user_segment
+from lab.fastpaths.redirect.testbed import user_router
 from lab.topology import Topology
 from lab.traffic import send_frames
 

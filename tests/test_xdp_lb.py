@@ -17,8 +17,8 @@ from ebpf.instruments.xdp_sink import XdpSink
 from ebpf.lb.xdp_lb import XdpLoadBalancer
 from lab import netns
 from lab.daemons.nginx import SUFFIX, NginxServer
+from lab.fastpaths.lb.testbed import lb_testbed
 from lab.runs import RUN_DIR
-from lab.testbeds import lb_testbed
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import sys
 from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
 from ebpf.testrun import libbpf
 
+from ..fastpaths.lb.testbed import lb_testbed
 from ..metrics import write_results
-from ..testbeds import lb_testbed
 from ..traffic import GENERATORS
 from ..traffic.partial import partial
 from . import common

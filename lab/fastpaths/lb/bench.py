@@ -1,6 +1,6 @@
 """python -m lab bench lb: after the two load-balancer articles, an XDP load
 balancer against nginx, HAProxy and nftables on the LB testbed
-(lab.testbeds.lb_testbed): a client, the LB and two nginx backends (one worker
+(lab.fastpaths.lb.testbed.lb_testbed): a client, the LB and two nginx backends (one worker
 each, access log off) on a bridge.
 
     client --- [br0] --- lb (the balancer under test, VIP 198.18.5.100:80)
@@ -48,11 +48,11 @@ from lab.daemons.nginx import NginxServer
 from lab.metrics import USER_HZ, busy_ticks, on_cpu_ns, pss_bytes, write_results
 from lab.netns import LabError
 from lab.rig import Rig
-from lab.testbeds import lb_testbed
 from lab.traffic.http import QUANTILES, closed_loop, open_loop, spread
 from lab.traffic.report import MAX_LOAD_SECONDS
 
 from .peers import BALANCERS
+from .testbed import lb_testbed
 
 NAME = "lb"
 SUMMARY = "the load-balancer articles: the XDP LB against nginx, HAProxy, nftables (RPS, latency, CPU)"

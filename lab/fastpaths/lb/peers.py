@@ -1,4 +1,4 @@
-"""Load balancers on the LB testbed (lab.testbeds.lb_testbed), all driven the
+"""Load balancers on the LB testbed (lab.fastpaths.lb.testbed.lb_testbed), all driven the
 same way (lab.peer.Peer), so that `python -m lab bench lb` swaps them by name:
 
     >>> with BALANCERS["nginx-l4"](tb) as lb:          # doctest: +SKIP

@@ -1,7 +1,7 @@
 """python -m lab bench xdp-modes: the Cilium/SmartNIC benchmark note's
 comparison of XDP's modes (generic, native, hardware offload), with the
 simplest program of each kind and with the redirect, on the router testbed
-(lab.testbeds.router_testbed, lab.fastpaths.redirect.rig.RouterRig).
+(lab.fastpaths.redirect.testbed.router_testbed, lab.fastpaths.redirect.rig.RouterRig).
 
 Programs, on the router's receiving interface:
   drop      count and XDP_DROP (the cheapest thing XDP does)
@@ -21,7 +21,6 @@ import sys
 from ebpf import netdev
 from ebpf.instruments.xdp_sink import XdpSink
 from ebpf.redirect.xdp_redirect import XdpRedirect
-from lab import testbeds
 from lab.bench import common
 from lab.console import renamed
 from lab.metrics import CPU_COLUMNS, write_results
@@ -29,6 +28,7 @@ from lab.peer import Peer
 from lab.traffic import GENERATORS
 
 from .rig import RouterRig
+from .testbed import router_testbed
 
 NAME = "xdp-modes"
 SUMMARY = "the Cilium/SmartNIC note: XDP generic vs native (vs offload): drop, tx, redirect, forward"
@@ -165,7 +165,7 @@ def run(programs, modes, sizes, rates, trials, duration, cpus, out=None, progres
     variants = [(p, m) for p in programs for m in run_modes]
     settings = [(s, r) for s in sizes for r in rates]
     bar = common.Progress(max(1, trials * len(settings) * len(variants))) if progress else None
-    with RouterRig(testbeds.router_testbed(), gen_cpu, dut_cpu) as rig:
+    with RouterRig(router_testbed(), gen_cpu, dut_cpu) as rig:
         tb = rig.tb
         if "offload" in modes:
             rows += [offload_row(tb, p, s, r) for p in programs for s, r in settings]

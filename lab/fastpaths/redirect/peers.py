@@ -1,5 +1,5 @@
 """Ways to get a client's datagrams for a service to its backend, and the
-backend's replies back, on the router testbed (lab.testbeds.router_testbed),
+backend's replies back, on the router testbed (lab.fastpaths.redirect.testbed.router_testbed),
 all driven the same way (lab.peer.Peer), so experiments can swap them:
 
     >>> m = METHODS["nft-dnat"](tb)                     # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""RouterRig: the router testbed (lab.testbeds.router_testbed) made ready for
+"""RouterRig: the router testbed (lab.fastpaths.redirect.testbed.router_testbed) made ready for
 the redirect's load runs and file transfers."""
 
 import contextlib
@@ -25,7 +25,7 @@ def _attached(peer):
 
 
 class RouterRig(Rig):
-    """The router testbed (lab.testbeds.router_testbed) made ready for load runs:
+    """The router testbed (lab.fastpaths.redirect.testbed.router_testbed) made ready for load runs:
     the device under test is the router, and its core does the router's work alone.
 
     - The router's receiving interface has GRO on, which gives a veth its NAPI

@@ -69,8 +69,8 @@ def lb_args(tb, n_backends=2):
     return args
 
 
-def fix_forwarding(tb, args):
-    """Run the command, read the line it refuses with, and run the fix it prints."""
+def as_typed(tb, args):
+    """The command run once as given: (exit status, its warnings, its errors)."""
     r = netns.run(
         tb.ns("lb"),
         [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"],
@@ -79,8 +79,16 @@ def fix_forwarding(tb, args):
         text=True,
         cwd=ROOT,
     )
-    *said, refusal = r.stderr.strip().splitlines()  # the other start-up checks' findings first
-    assert r.returncode == 2 and " error: " in refusal and all(" warning: " in w for w in said), r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert all(" warning: " in ln or " error: " in ln for ln in lines), r.stderr  # nothing else, no traceback
+    return r.returncode, [ln for ln in lines if " warning: " in ln], [ln for ln in lines if " error: " in ln]
+
+
+def fix_forwarding(tb, args):
+    """Run the command, read the line it refuses with, and run the fix it prints."""
+    rc, warnings, errors = as_typed(tb, args)  # the other start-up checks' findings first
+    assert rc == 2 and len(errors) == 1, (warnings, errors)
+    refusal = errors[0]
     fix = re.search(r"for this interface only: (sysctl -w .*)$", refusal).group(1)
     assert fix == "sysctl -w net.ipv4.conf.eth0.forwarding=1 net.ipv6.conf.eth0.forwarding=1"
     netns.run(tb.ns("lb"), fix.split(), capture_output=True)
@@ -180,20 +188,6 @@ def test_lb_dsr_serves_a_plain_segment_both_families():
         assert all(b["healthy"] for b in final["backends"].values()), warnings
         assert not any("unhealthy" in w for w in warnings)
         assert final["to_client"] == 0 < final["csum_partial"]  # replies went straight to the client
-
-
-def as_typed(tb, args):
-    """The command run once as given: (exit status, its warnings, its errors)."""
-    r = netns.run(
-        tb.ns("lb"),
-        [sys.executable, "-m", "lab", "lb", *args, "--duration", "1"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    lines = r.stderr.strip().splitlines()
-    return r.returncode, [ln for ln in lines if " warning: " in ln], [ln for ln in lines if " error: " in ln]
 
 
 @pytest.mark.parametrize("mode", ["nat", "dsr"])

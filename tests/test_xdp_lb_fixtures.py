@@ -186,6 +186,68 @@ def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(r
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
 
 
+# Each close order as the two ends send it: (who, flags, seq, ack, payload). The client's
+# data ends at 1001 (its FIN, with 10 bytes of data before it, acknowledged by 1012), the
+# backend's at 5001 (its FIN acknowledged by 5002). The session must outlive every packet
+# but the last, which must still be forwarded, and end with it.
+CLOSE_ORDERS = {
+    "client-first": [
+        ("client", "FA", 1001, 5001, 10),
+        ("backend", "A", 5001, 1012, 0),  # the client's FIN acknowledged
+        ("backend", "FA", 5001, 1012, 0),
+        ("client", "A", 1012, 5002, 0),  # the last
+    ],
+    "backend-first": [
+        ("backend", "FA", 5001, 1001, 0),
+        ("client", "A", 1001, 5002, 0),  # the backend's FIN acknowledged: not the last
+        ("client", "PA", 1001, 5002, 10),  # the client still sends (half-closed by the backend)
+        ("backend", "A", 5002, 1011, 0),
+        ("client", "FA", 1011, 5002, 0),
+        ("backend", "A", 5002, 1012, 0),  # the last: the backend's ACK of the client's FIN
+    ],
+    "simultaneous": [
+        ("client", "FA", 1001, 5001, 10),
+        ("backend", "FA", 5001, 1001, 0),  # sent before the client's FIN arrived: acknowledges none of it
+        ("client", "A", 1012, 5002, 0),
+        ("backend", "A", 5002, 1012, 0),  # the last
+    ],
+    "both-in-one": [  # the backend ACKs the client's FIN and sends its own in one segment
+        ("client", "FA", 1001, 5001, 0),
+        ("backend", "FA", 5001, 1002, 0),
+        ("client", "A", 1002, 5001, 0),  # a duplicate ACK, below the backend's FIN: not the last
+        ("client", "A", 1002, 5002, 0),  # the last
+    ],
+}
+
+
+@FAMILIES
+@pytest.mark.parametrize("order", list(CLOSE_ORDERS))
+def test_the_ack_of_the_second_fin_ends_the_session_whoever_closes_first(rig, order, v6):
+    """Every packet of the close reaches the other end, and only the last one ends the
+    session. Before, a session ended at the first client ACK after both FINs: right when the
+    client closes first, but when the backend does, its ACK of the client's FIN found no
+    session and went to the LB host's kernel, which answered the backend with a RST, and the
+    client sent its FIN again and again into a session that was gone."""
+    syn, *_ = handshake(rig, v6=v6)
+    lb_port = Ether(syn.data)[TCP].sport
+    steps = CLOSE_ORDERS[order]
+    for i, (who, flags, seq, ack, payload) in enumerate(steps):
+        if who == "client":
+            seg = TCP(sport=40000, dport=80, flags=flags, seq=seq, ack=ack)
+        else:
+            seg = TCP(sport=8080, dport=lb_port, flags=flags, seq=seq, ack=ack)
+        frame = (rig.from_client if who == "client" else rig.from_backend)(seg / Raw(b"x" * payload), v6=v6)
+        r = rig.run(frame)
+        assert r.verdict == "XDP_TX", (i, who, flags, rig.lb.counters())
+        assert checksums_valid(r.data)
+        if i < len(steps) - 1:
+            (s,) = rig.lb.sessions()
+            assert s["state"] == "established", (i, s)
+            assert rig.lb.counters()["closed_fin"] == 0, i
+    assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
+    assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))
+
+
 @FAMILIES
 @pytest.mark.parametrize("side", ["client", "backend"])
 def test_rst_from_either_side_ends_the_session(rig, side, v6):

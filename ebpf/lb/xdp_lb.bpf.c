@@ -25,9 +25,9 @@
  * two sessions on one (backend, LB port). A SYN's session lives in the
  * half-open tables; the client's first packet after the handshake moves it to
  * the established ones, so a SYN flood can evict only half-open sessions. RST
- * ends a session; a FIN from each side and then an ACK end it; an idle session
- * expires (per state, conf.timeout_ns) when next seen, and user space sweeps
- * the rest. UDP: a session per client flow, ended by its timeout.
+ * ends a session; so does the ACK of the second FIN, whichever side sent its
+ * FIN first (closed()); an idle session expires (per state, conf.timeout_ns)
+ * when next seen, and user space sweeps the rest. UDP: a session per client flow, ended by its timeout.
  *
  * What is not for a service passes to the stack untouched (ARP, ICMP, ICMPv6,
  * other protocols, addresses and ports): see what_it_is(). TCP/UDP fragments
@@ -165,6 +165,32 @@ static __always_inline void end_session(struct lb_flow_key *fk, struct lb_sessio
 	half_open.delete(fk);
 }
 
+/* A TCP connection closing, as each side's packets show it (side 0: the
+ * client's, 1: the backend's). A FIN marks its side and keeps the ACK number
+ * that acknowledges it (the sequence number just past the FIN); an ACK at or
+ * past the other side's marks that FIN acknowledged. Returns 1 when both FINs
+ * are acknowledged: this packet is the connection's last, whichever side
+ * closed first, or both at once. (Ending at the first ACK after both FINs
+ * would be right only when the client closes first: when the backend does,
+ * that ACK is the client's, and the backend's ACK of the client's FIN would
+ * find no session.) */
+static __always_inline int closed(struct pkt *p, struct lb_session *s, __u8 flags, int side)
+{
+	struct tcphdr *t = p->h.l4hdr;
+	int other = !side;
+	__u8 mine = s->closing[side];
+
+	if (flags & F_FIN) {
+		s->fin_ack[side] = bpf_ntohl(t->seq) + (p->h.l4len - t->doff * 4) + 1;
+		mine |= LB_CL_FIN;
+	}
+	if ((flags & F_ACK) && (s->closing[other] & LB_CL_FIN) &&
+	    (__s32)(bpf_ntohl(t->ack_seq) - s->fin_ack[other]) >= 0)
+		mine |= LB_CL_ACKED;
+	s->closing[side] = mine;
+	return mine == LB_CL_DONE && s->closing[other] == LB_CL_DONE;
+}
+
 /* client -> VIP. Returns the XDP action; *reason says why. */
 static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct lb_stats *st, struct lb_conf *cf,
 				      __u32 service, int *reason)
@@ -196,7 +222,7 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 	if (s) {
 		__u8 base = s->state & 0x0F;
 		__u32 to = base == LB_ST_UDP ? LB_TO_UDP : base == LB_ST_SYN ? LB_TO_SYN :
-			   (s->state & (LB_FIN_CLIENT | LB_FIN_BACKEND)) ? LB_TO_FIN : LB_TO_EST;
+			   ((s->closing[0] | s->closing[1]) & LB_CL_FIN) ? LB_TO_FIN : LB_TO_EST;
 
 		if (to < LB_TIMEOUTS && now - s->last_seen > cf->timeout_ns[to & 3]) {
 			idx = s->backend;
@@ -318,10 +344,7 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 	if (flags & F_RST) {
 		end_session(&fk, s, be, p->h.l4);
 		st->closed_rst++;
-	} else if (flags & F_FIN) {
-		s->state |= LB_FIN_CLIENT;
-	} else if ((flags & F_ACK) && (s->state & (LB_FIN_CLIENT | LB_FIN_BACKEND)) == (LB_FIN_CLIENT | LB_FIN_BACKEND)) {
-		/* the ACK of the backend's FIN, after both FINs: the last packet */
+	} else if (p->h.l4 == IPPROTO_TCP && closed(p, s, flags, 0)) {
 		end_session(&fk, s, be, p->h.l4);
 		st->closed_fin++;
 	}
@@ -379,8 +402,10 @@ static __always_inline int to_client(struct xdp_md *ctx, struct pkt *p, struct l
 		be = backends.lookup(&idx);
 		end_session(&fk, s, be, p->h.l4);
 		st->closed_rst++;
-	} else if (flags & F_FIN) {
-		s->state |= LB_FIN_BACKEND;
+	} else if (p->h.l4 == IPPROTO_TCP && closed(p, s, flags, 1)) {
+		be = backends.lookup(&idx);
+		end_session(&fk, s, be, p->h.l4);
+		st->closed_fin++;
 	}
 	*reason = R_TO_CLIENT;
 	return XDP_TX;

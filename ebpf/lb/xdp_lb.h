@@ -27,8 +27,12 @@
 #define LB_ST_SYN 1             /* the client's SYN went to the backend */
 #define LB_ST_EST 2             /* the handshake completed: in the established tables */
 #define LB_ST_UDP 3
-#define LB_FIN_CLIENT 0x10      /* flags over the state: who has sent a FIN */
+#define LB_FIN_CLIENT 0x10      /* who has sent a FIN, as XdpLoadBalancer.sessions() says it */
 #define LB_FIN_BACKEND 0x20
+/* struct lb_session.closing[side], side 0 the client, 1 the backend */
+#define LB_CL_FIN 1             /* this side sent its FIN */
+#define LB_CL_ACKED 2           /* this side acknowledged the other side's FIN */
+#define LB_CL_DONE (LB_CL_FIN | LB_CL_ACKED)
 
 /* timeouts, index into conf.timeout_ns */
 #define LB_TO_SYN 0
@@ -84,6 +88,12 @@ struct lb_session {
 	__u8 pad;
 	unsigned char client_mac[6];   /* where replies go (NAT): the client's frame said */
 	unsigned char backend_mac[6];  /* from bpf_fib_lookup() when the session began */
+	/* How far each side has closed (LB_CL_*), each byte written by its own side's
+	 * packets only: the two directions run on two CPUs at once, and one writing
+	 * the other's byte could undo a mark. */
+	__u8 closing[2];
+	__u8 pad2[2];
+	__u32 fin_ack[2];       /* per side: the ACK number that acknowledges its FIN (host order) */
 };
 
 /* a reply as the backend sends it (NAT): which session owns this LB port */

@@ -45,6 +45,12 @@ def _words(addr) -> list[int]:
     return [int.from_bytes(packed[i : i + 4], "little") for i in range(0, 16, 4)]
 
 
+def _fin(v) -> int:
+    """Who of a session has sent a FIN: LB_FIN_CLIENT | LB_FIN_BACKEND, from its closing bytes."""
+    fin = ABI["LB_CL_FIN"]
+    return (ABI["LB_FIN_CLIENT"] if v.closing[0] & fin else 0) | (ABI["LB_FIN_BACKEND"] if v.closing[1] & fin else 0)
+
+
 def _sysctl(ns, path):
     """A /proc/sys value as the namespace sees it, or None (no such interface)."""
     try:
@@ -345,10 +351,10 @@ class XdpLoadBalancer(BpfProgram):
     def backend_counters(self) -> dict:
         return {str(b): self.percpu_totals("backend_stats", i) for b, i in self._backends.items()}
 
-    def _timeout(self, state):
-        if state & 0x30 and state & 0x0F != ABI["LB_ST_UDP"]:
+    def _timeout(self, v):
+        if _fin(v) and v.state & 0x0F != ABI["LB_ST_UDP"]:
             return self.timeouts["fin"]
-        return self.timeouts[STATES.get(state & 0x0F, "established")]
+        return self.timeouts[STATES.get(v.state & 0x0F, "established")]
 
     def sweep(self) -> int:
         """Delete the sessions idle past their state's timeout, both directions
@@ -360,7 +366,7 @@ class XdpLoadBalancer(BpfProgram):
         for table in ("sessions", "half_open"):
             t = self.table(table)
             for k, v in list(t.items()):
-                if now - v.last_seen / 1e9 <= self._timeout(v.state):
+                if now - v.last_seen / 1e9 <= self._timeout(v):
                     continue
                 be = by_index.get(v.backend)
                 if be is not None and self.mode == "nat":
@@ -402,7 +408,7 @@ class XdpLoadBalancer(BpfProgram):
                         "backend": str(by_index.get(v.backend, v.backend)),
                         "lb_port": socket.ntohs(v.lb_port),
                         "state": STATES.get(v.state & 0x0F, v.state),
-                        "fin": v.state & 0x30,
+                        "fin": _fin(v),
                         "half_open": half,
                         "idle_s": max(0.0, time.clock_gettime(time.CLOCK_MONOTONIC) - v.last_seen / 1e9),
                     }

@@ -50,9 +50,17 @@ MUTANTS = [
     M(
         "lb-fin-one-side",
         "ebpf/lb/xdp_lb.bpf.c",
-        "(s->state & (LB_FIN_CLIENT | LB_FIN_BACKEND)) == (LB_FIN_CLIENT | LB_FIN_BACKEND)) {",
-        "(s->state & LB_FIN_CLIENT)) {",
-        "a session ends after the client's FIN alone",
+        "return mine == LB_CL_DONE && s->closing[other] == LB_CL_DONE;",
+        "return mine == LB_CL_DONE || (flags & F_FIN);",
+        "a session ends at one side's FIN",
+        LB,
+    ),
+    M(
+        "lb-fin-any-ack",
+        "ebpf/lb/xdp_lb.bpf.c",
+        "(__s32)(bpf_ntohl(t->ack_seq) - s->fin_ack[other]) >= 0)",
+        "1)",
+        "any ACK after a FIN is taken for its acknowledgement (the session ends early when the backend closes first)",
         LB,
     ),
     M(

@@ -46,3 +46,9 @@ class NoSuchInterface(InputError, AttachError):
 
 class NoSuchNamespace(InputError):
     """No network namespace of that name: never created on the fly."""
+
+
+class KeptDatapathMismatch(InputError):
+    """A program left attached (kept, or its process killed) is not what this one
+    would load: another program, other maps, or state the new one cannot serve on.
+    Nothing was changed."""

@@ -20,10 +20,19 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ebpf import interrupts, netdev, privileges, tc, xdp
+from ebpf import interrupts, netdev, objinfo, privileges, tc, xdp
 from ebpf.abi import defines
 from ebpf.display import Shown
-from ebpf.errors import AttachError, BpfError, CompileError, InputError, PrivilegeError, VerifierError
+from ebpf.errors import (
+    AttachError,
+    BpfError,
+    CompileError,
+    InputError,
+    KeptDatapathMismatch,
+    PrivilegeError,
+    VerifierError,
+)
+from ebpf.holders import holders
 
 HERE = Path(__file__).resolve().parent
 # BCC's compiler (clang/LLVM inside libbcc) is not thread-safe, and the verifier's
@@ -353,6 +362,80 @@ class BpfProgram(Shown):
     def xdp_attachments(self):
         return list(self._xdp)
 
+    # --- a datapath left attached: kept, or its process killed -----------------------------
+    # close() leaves the XDP hooks attached and serving when this is set: the program holds
+    # its maps, so sessions and counters live on with it, for a later object to take over
+    # (take_over_xdp). Nothing is pinned: a bpffs that outlives the process is not there
+    # everywhere (`ip netns exec` mounts a fresh /sys, hiding /sys/fs/bpf).
+    keep_attached = False
+
+    def kept_xdp(self, function, ifname, netns=None):
+        """(ifindex, mode, program id, pids holding it) of a program named `function` on
+        ifname's XDP hook, or None when its hook has none (another program's is not ours)."""
+        for name, ifindex, mode, pid in xdp.attached(netns):
+            if name == ifname and xdp.name_of(pid) == function[:15]:
+                return ifindex, mode, pid, [h for h in holders([pid])[pid] if h != os.getpid()]
+        return None
+
+    def take_over_xdp(self, function, ifname, netns=None, mode="native", check=None):
+        """Become the program of this kind left attached to ifname, serving on: when it is
+        what this object loads (the same tag, so the same C text and flags; the same maps)
+        and `check({name: table on its maps})`, the subclass's, returns no reason against it,
+        this object's program and maps are the kept ones from here on (each of its file
+        descriptors is made to refer to the kept object: every table, the program, the
+        hook's record), and close() detaches it as its own. Returns the attachment, or None
+        when the hook runs no such program. KeptDatapathMismatch, with nothing changed,
+        when it is not the same; InputError when a live process holds it."""
+        found = self.kept_xdp(function, ifname, netns)
+        if found is None:
+            return None
+        ifindex, their_mode, pid, live = found
+        if live:
+            raise InputError(
+                f"{ifname} already runs {function} (pid {', '.join(map(str, live))}): stop that one first; "
+                "nothing changed"
+            )
+        fn = self.load(function, "XDP")
+        theirs = objinfo.prog_fd(pid)
+        maps = {}
+        try:
+            maps = objinfo.maps_of(theirs)
+            ours = objinfo.maps_of(fn.fd)
+            mine_shape = {n: m for n, (_, m) in ours.items()}
+            for fd, _ in ours.values():
+                os.close(fd)
+            why = None
+            if their_mode != mode:
+                why = f"it runs in XDP {their_mode} mode, this one would in {mode}"
+            elif objinfo.prog(theirs).tag != objinfo.prog(fn.fd).tag:
+                why = (
+                    f"its program is another (tag {objinfo.prog(theirs).tag}, this one's "
+                    f"{objinfo.prog(fn.fd).tag}: another mode, table size or version)"
+                )
+            elif {n: m for n, (_, m) in maps.items()} != mine_shape:
+                why = "its maps differ from this one's"
+            if why is None and check is not None:
+                why = check({n: self._table_on(n, fd) for n, (fd, _) in maps.items()})
+            if why:
+                raise KeptDatapathMismatch(f"{ifname} runs a kept {function} that this one cannot take over: {why}")
+            with interrupts.held(), _BCC_LOCK:  # all of it, or none
+                os.dup2(theirs, fn.fd)  # first: our own program, gone, lets go of our maps
+                for name, (fd, _) in maps.items():
+                    os.dup2(fd, self.table(name).map_fd)
+                a = xdp.XdpAttachment(netns, ifname, ifindex, their_mode, fn.fd)
+                self._xdp.append(a)
+        finally:
+            os.close(theirs)
+            for fd, _ in maps.values():
+                os.close(fd)
+        return a
+
+    def _table_on(self, name, fd):
+        """One of this program's tables (its key and value types) on another map's fd."""
+        t = self.table(name)
+        # BCC's class for its map type; a per-CPU one wraps the value type itself
+        return type(t)(self.bpf, t.map_id, fd, t.Key, getattr(t, "sLeaf", t.Leaf))
+
     def detach(self):
         """Off every hook this object attached to; it stays loaded, to attach
         again (close() also frees it)."""
@@ -432,7 +515,7 @@ class BpfProgram(Shown):
             except Exception as e:  # keep going: leaving the rest attached is worse
                 errors.append(f"{f.where}: {netdev.reason(e)}")
         self._tc_filters.clear()
-        for a in reversed(self._xdp):
+        for a in reversed(self._xdp if not self.keep_attached else []):
             try:
                 xdp.detach(a)
             except Exception as e:

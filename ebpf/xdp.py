@@ -58,21 +58,25 @@ def attached_mode(ip, ifindex):
     return xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
 
 
-def attach(netns, ifname, prog_fd, mode="native") -> XdpAttachment:
+def attach(netns, ifname, prog_fd, mode="native", replacing_fd=None) -> XdpAttachment:
+    """Attach to a free hook; or, with `replacing_fd`, in place of that very program, in one
+    step (the kernel swaps them: no frame meets an empty hook)."""
     if mode not in MODES:
         raise InputError(f"unknown XDP mode {mode!r} (native, generic or offload)")
     with netdev.ipr(netns) as ip:
         ifindex = netdev.ifindex_of(ip, ifname, netns)
-        if attached_mode(ip, ifindex):
+        if attached_mode(ip, ifindex) and replacing_fd is None:
             raise AttachError(f"attaching XDP to {ifname}: a program is already attached")
+        if replacing_fd is None:
+            attrs = [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]
+        else:
+            attrs = [
+                ("IFLA_XDP_FD", prog_fd),
+                ("IFLA_XDP_EXPECTED_FD", replacing_fd),
+                ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE),
+            ]
         try:
-            ip.link(
-                "set",
-                index=ifindex,
-                xdp={
-                    "attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)]
-                },
-            )
+            ip.link("set", index=ifindex, xdp={"attrs": attrs})
         except NetlinkError as e:
             need = f"{OFFLOAD_NEEDS}: " if mode == "offload" else ""
             # a device whose driver has no XDP hook of its own (vxlan, a tunnel, ...): say what works
@@ -180,28 +184,42 @@ def cleanup(prog_name, netns=None, spare_live=True) -> tuple[list[str], list[str
             if live[pid] and spare_live:
                 spared.append(f"{prog_name} on {ifname} ({mode}): pid {', '.join(map(str, live[pid]))} holds it")
                 continue
-            fd = libbpf().bpf_prog_get_fd_by_id(pid)
-            if fd < 0:
-                continue  # gone in the meantime
-            try:
-                ip.link(
-                    "set",
-                    index=ifindex,
-                    xdp={
-                        "attrs": [
-                            ("IFLA_XDP_FD", -1),
-                            ("IFLA_XDP_EXPECTED_FD", fd),
-                            ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE),
-                        ]
-                    },
-                )
+            if _remove(ip, ifindex, mode, pid, f"{prog_name} from {ifname}"):
                 removed.append(f"{prog_name} on {ifname} ({mode})")
-            except NetlinkError as e:
-                if e.code not in (errno.EEXIST, errno.ENODEV):  # replaced or gone meanwhile
-                    raise AttachError(f"removing {prog_name} from {ifname}: {netdev.netlink_reason(e)}") from None
-            finally:
-                os.close(fd)
     return removed, spared
+
+
+def remove(netns, ifindex, mode, prog_id) -> bool:
+    """Take the program with this id off a device's hook of that mode, and nothing else."""
+    with netdev.ipr(netns) as ip:
+        return _remove(ip, ifindex, mode, prog_id, f"program {prog_id} from device {ifindex}")
+
+
+def _remove(ip, ifindex, mode, prog_id, what) -> bool:
+    """By program id: XDP_FLAGS_REPLACE with an fd of that very program, so a program
+    put there since stays. False when it went (or was replaced) meanwhile."""
+    fd = libbpf().bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:
+        return False  # gone in the meantime
+    try:
+        ip.link(
+            "set",
+            index=ifindex,
+            xdp={
+                "attrs": [
+                    ("IFLA_XDP_FD", -1),
+                    ("IFLA_XDP_EXPECTED_FD", fd),
+                    ("IFLA_XDP_FLAGS", MODES[mode] | XDP_FLAGS_REPLACE),
+                ]
+            },
+        )
+    except NetlinkError as e:
+        if e.code not in (errno.EEXIST, errno.ENODEV):  # replaced or gone meanwhile
+            raise AttachError(f"removing {what}: {netdev.netlink_reason(e)}") from None
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 # --- what a device can do with XDP frames: the netdev generic netlink family ---------

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ebpf import netdev
+from ebpf import netdev, xdp
+from ebpf.holders import holders
 from ebpf.instruments.xdp_peer_pass import XdpPeerPass
 
 NETNS_DIR = "/run/netns"
@@ -221,6 +222,8 @@ class PreparedPeers:
 
     def __init__(self):
         self.programs = []
+        self.kept = []  # (netns, ifindex, mode, program id): a kept run's, taken over
+        self.keep = False  # close() leaves them all attached (lab lb --keep)
 
     def prepare(self, ifname, netns=None) -> VethPeer | None:
         """Attach to ifname's veth peer if it needs it; the peer, or None if not."""
@@ -236,10 +239,25 @@ class PreparedPeers:
         self.programs.append(prog)
         return peer
 
+    def take_over_kept(self, ifname, netns=None):
+        """A pass program a kept run (lab lb --keep) left on ifname's veth peer, no process
+        holding it: this run's to remove on close(), as if it had attached it."""
+        peer = veth_peer(ifname, netns)
+        if peer is None or peer.netns is None:
+            return
+        for name, ifindex, mode, pid in xdp.attached(peer.netns):
+            if name == peer.ifname and xdp.name_of(pid) == XdpPeerPass.FUNCTION and not holders([pid])[pid]:
+                self.kept.append((peer.netns, ifindex, mode, pid))
+
     def close(self):
         for prog in self.programs:
+            prog.keep_attached = self.keep
             prog.close()
         self.programs.clear()
+        if not self.keep:
+            for netns, ifindex, mode, pid in self.kept:
+                xdp.remove(netns, ifindex, mode, pid)
+        self.kept.clear()
 
 
 def cleanup_peer_programs(netns=None) -> list[str]:

@@ -11,14 +11,23 @@ judged by real sockets (each run inside a namespace by the tests):
         of varied length (one byte to many segments); prints one JSON line:
         {"udp": answered in full, "tcp": echoed in full, "n": N}. `once`: no
         second try, short timeouts (for a test that expects no answer)
+    python tests/echo.py hold HOST[,HOST...] PORT N
+        N long-lived TCP connections to each host, each sending a line every
+        100 ms and reading it back; prints "ready" once all are open, and when
+        stdin closes, closes them and prints one JSON line: {"connections",
+        "broken" (reset, closed or silent for 5 s), "sent", "echoed" (lines
+        back in order), "wrong" (lines back that were not the next one sent),
+        "max_wait_ms" (the longest a line waited for its echo)}
 """
 
 import json
 import os
+import selectors
 import socket
 import struct
 import sys
 import threading
+import time
 
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # linux/in.h; Python 3.11 lacks the name
 
@@ -110,8 +119,83 @@ def exchange(host, port, n, tries=3, tcp_timeout=10, udp_timeout=2):
     print(json.dumps({"udp": ok_udp, "tcp": ok_tcp, "n": n}), flush=True)
 
 
+def hold(hosts, port, n):
+    socks = [socket.create_connection((host, port), timeout=10) for host in hosts for _ in range(n)]
+    for s in socks:
+        s.setblocking(False)
+    print("ready", flush=True)
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    pending = {s: [] for s in socks}  # lines sent, not yet echoed: (line, when sent)
+    bufs = {s: b"" for s in socks}
+    broken, tally = set(), {"sent": 0, "echoed": 0, "wrong": 0, "max_wait": 0.0}
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+
+    def receive(timeout):
+        for key, _ in sel.select(timeout=timeout):
+            s = key.fileobj
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:  # closed or reset
+                broken.add(s)
+                sel.unregister(s)
+                continue
+            bufs[s] += data
+            while b"\n" in bufs[s]:
+                line, bufs[s] = bufs[s].split(b"\n", 1)
+                expect, when = pending[s].pop(0) if pending[s] else (b"", 0)
+                if line + b"\n" == expect:
+                    tally["echoed"] += 1
+                    tally["max_wait"] = max(tally["max_wait"], time.monotonic() - when)
+                else:
+                    tally["wrong"] += 1
+
+    tick, k = time.monotonic(), 0
+    while not done.is_set():
+        now = time.monotonic()
+        if now >= tick:
+            tick += 0.1
+            for i, s in enumerate(socks):
+                if s in broken:
+                    continue
+                if pending[s] and now - pending[s][0][1] > 5:
+                    broken.add(s)  # silent: a connection the LB lost
+                    continue
+                line = f"{i}:{k}\n".encode()
+                try:
+                    s.send(line)
+                except OSError:
+                    broken.add(s)
+                    continue
+                pending[s].append((line, now))
+                tally["sent"] += 1
+            k += 1
+        receive(max(0.0, tick - time.monotonic()))
+    # the lines in flight are echoed before the close: a line sent is a line owed, and a
+    # socket closed with data unread is reset
+    deadline = time.monotonic() + 5
+    while any(pending[s] for s in socks if s not in broken) and time.monotonic() < deadline:
+        receive(0.1)
+    for s in socks:
+        s.close()
+    max_wait = tally.pop("max_wait")
+    print(
+        json.dumps(
+            {"connections": len(socks), "broken": len(broken), **tally, "max_wait_ms": round(max_wait * 1000, 1)}
+        )
+    )
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "serve":
+    if sys.argv[1] == "hold":
+        hold(sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "serve":
         serve(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         once = sys.argv[5:] == ["once"]

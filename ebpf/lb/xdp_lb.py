@@ -18,12 +18,13 @@ the VIP themselves. See the C file for sessions, their states and timeouts.
 import contextlib
 import ctypes
 import ipaddress
+import os
 import re
 import socket
 import time
 from dataclasses import dataclass
 
-from ebpf import endpoints, netdev
+from ebpf import endpoints, interrupts, netdev, objinfo, xdp
 from ebpf.abi import defines
 from ebpf.errors import InputError
 from ebpf.lb.maglev import maglev_table
@@ -43,6 +44,14 @@ def _words(addr) -> list[int]:
     """An address as the four __u32 of struct lb_addr (network byte order in memory)."""
     packed = addr.packed + bytes(16 - len(addr.packed))
     return [int.from_bytes(packed[i : i + 4], "little") for i in range(0, 16, 4)]
+
+
+def _addr(words, version, zero_ok=False):
+    """struct lb_addr's four __u32 as an address of that IP version; None for all zero (unset)."""
+    raw = b"".join(int(w).to_bytes(4, "little") for w in words)[: 4 if version == 4 else 16]
+    if not any(raw) and not zero_ok:
+        return None
+    return ipaddress.ip_address(raw)
 
 
 def _fin(v) -> int:
@@ -229,6 +238,15 @@ class XdpLoadBalancer(BpfProgram):
         return tuple(self._backends)
 
     def maps_created(self):
+        self._write_conf()
+        for svc, sid in self._services.items():
+            self._write_service(svc, sid)
+        for be, idx in self._backends.items():
+            self._write_backend(be, idx)
+        for svc in self._weights:
+            self._write_ring(svc)
+
+    def _write_conf(self):
         c = self.table("conf")[ctypes.c_int(0)]
         for name, addr in (("self4", self.self4), ("self6", self.self6)):
             if addr is not None:
@@ -237,12 +255,6 @@ class XdpLoadBalancer(BpfProgram):
         for i, k in enumerate(("syn", "established", "fin", "udp")):
             c.timeout_ns[i] = int(self.timeouts[k] * 1e9)
         self.table("conf")[ctypes.c_int(0)] = c
-        for svc, sid in self._services.items():
-            self._write_service(svc, sid)
-        for be, idx in self._backends.items():
-            self._write_backend(be, idx)
-        for svc in self._weights:
-            self._write_ring(svc)
 
     def add_service(self, service) -> Service:
         svc = Service.parse(service)
@@ -331,14 +343,133 @@ class XdpLoadBalancer(BpfProgram):
     def load_program(self):
         return self.load(self.FUNCTION, "XDP")
 
-    def attach(self, ifname, mode="native"):
+    def attach(self, ifname, mode="native", kept="adopt"):
         """Attach where clients and backends both are (one-armed). The kernel's
         bpf_fib_lookup() answers only on an interface that forwards, so that is
-        checked first: an LB is a router for its VIPs."""
+        checked first: an LB is a router for its VIPs.
+
+        A load balancer left serving on ifname (keep_attached, `lab lb --keep`, or a
+        killed run) is, with kept="adopt", taken over when it is this same program
+        with the same own addresses and LB ports: its sessions, LB ports and counters
+        go on, and this object's services, backends and weights replace its own, the
+        Maglev tables written where they differ (established flows stay on their
+        backends; a backend no longer given keeps its sessions, with no new ones).
+        Else KeptDatapathMismatch, nothing changed. kept="replace" swaps it for this
+        one in one step (its sessions are lost); kept="refuse" says it is there.
+        self.adopted says which happened."""
         problem = forwarding_problem(ifname, {s.vip.version for s in self._services}, self.netns)
         if problem:
             raise InputError(problem)
-        return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+        self.adopted = False
+        found = self.kept_xdp(self.FUNCTION, ifname, self.netns)
+        if found is None:
+            return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+        if kept not in ("adopt", "replace"):
+            raise InputError(
+                f"{ifname} runs a load balancer left serving (kept, or its process killed): "
+                "adopt it, replace it, or remove it (python -m lab lb --cleanup)"
+            )
+        if kept == "adopt":
+            a = self.take_over_xdp(self.FUNCTION, ifname, self.netns, mode, check=self._can_serve_on)
+            self._take_over_state()
+            self.adopted = True
+            return a
+        return self._replace(ifname, mode, found)
+
+    def _replace(self, ifname, mode, found):
+        """This program in place of the kept one: in one step when both run in one mode."""
+        ifindex, their_mode, pid, live = found
+        if live:
+            raise InputError(f"{ifname} already runs xdp_lb (pid {', '.join(map(str, live))}): stop that one first")
+        fn = self.load_program()
+        self._tell_skb_mode(mode)
+        if their_mode != mode:
+            xdp.remove(self.netns, ifindex, their_mode, pid)
+            return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+        theirs = objinfo.prog_fd(pid)
+        try:
+            with interrupts.held():
+                a = xdp.attach(self.netns, ifname, fn.fd, mode, replacing_fd=theirs)
+                self._xdp.append(a)
+        finally:
+            os.close(theirs)
+        return a
+
+    def _can_serve_on(self, t) -> str | None:
+        """Why this object cannot go on with the kept maps `t`, or None: NAT sessions
+        are to the LB's own address and an LB port of its range, which replies come
+        back to; another address or range would strand them."""
+        if self.mode != "nat":
+            return None
+        c = t["conf"][ctypes.c_int(0)]
+        for v, ours in ((4, self.self4), (6, self.self6)):
+            theirs = _addr(getattr(c, f"self{v}").a, v)
+            if theirs is not None and ours is not None and theirs != ours:
+                return f"its NAT sessions are to its own address {theirs}, this one's is {ours} (--self)"
+        if (c.port_min, c.port_count) != (self.port_min, self.port_count):
+            return (
+                f"its LB ports are {c.port_min}-{c.port_min + c.port_count - 1}, this one's "
+                f"{self.port_min}-{self.port_min + self.port_count - 1} (the host's ephemeral ports changed?)"
+            )
+        return None
+
+    def _take_over_state(self):
+        """After take_over_xdp(): the kept services, backends and Maglev tables read back,
+        each kept service and backend keeping its id and index (its sessions name them),
+        then this object's configuration written over them where it differs."""
+        theirs_svc = {}
+        for k, v in self.table("services").items():
+            proto = next(n for n, p in PROTOS.items() if p == k.proto)
+            theirs_svc[Service(proto, _addr(k.vip.a, k.family, zero_ok=True), socket.ntohs(k.port))] = v.id
+        theirs_be = {}
+        table = self.table("backends")
+        for i in range(1, MAX_BACKENDS):
+            v = table[ctypes.c_int(i)]
+            if v.live:
+                theirs_be[Backend(_addr(v.addr.a, v.family, zero_ok=True), socket.ntohs(v.port))] = i
+        # services: a kept one keeps its id; a new one takes an id no kept one had (a
+        # removed service's sessions name its id: they must not become a new one's)
+        ids = {svc: theirs_svc[svc] for svc in self._services if svc in theirs_svc}
+        free = [i for i in range(MAX_SERVICES) if i not in theirs_svc.values()]
+        free += [i for i in range(MAX_SERVICES) if i in theirs_svc.values() and i not in ids.values()]
+        for svc in self._services:
+            if svc not in ids:
+                ids[svc] = free.pop(0)
+        self._services = {svc: ids[svc] for svc in self._services}
+        for svc in theirs_svc:
+            if svc not in self._services:
+                self._delete_service(svc)
+        # backends: a kept one keeps its index; one no longer given stays, serving its sessions
+        index = {be: theirs_be[be] for be in self._backends if be in theirs_be}
+        spare = [i for i in range(1, MAX_BACKENDS) if i not in theirs_be.values()]
+        for be in self._backends:
+            if be not in index:
+                if not spare:
+                    raise InputError(f"more than {MAX_BACKENDS - 1} backends, the kept ones included")
+                index[be] = spare.pop(0)
+        for be, i in theirs_be.items():
+            index.setdefault(be, i)
+        self._backends = index
+        self._write_conf()
+        for be, i in self._backends.items():
+            if be not in theirs_be:
+                self._write_backend(be, i)
+        rings = self.table("rings")
+        for svc, sid in self._services.items():
+            self._write_service(svc, sid)
+            base = sid * RING_SIZE
+            self._rings[svc] = [rings[ctypes.c_int(base + i)].value for i in range(RING_SIZE)]
+            self._write_ring(svc)
+
+    def _delete_service(self, svc):
+        k = self.table("services").Key()
+        k.vip.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
+        k.port, k.proto, k.family = socket.htons(svc.port), PROTOS[svc.proto], svc.vip.version
+        self.table("services").pop(k, None)
+        if not any(s.vip == svc.vip for s in self._services):
+            a = self.table("vip_addrs").Key()
+            a.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
+            self.table("vip_addrs").pop(a, None)
 
     # --- state ----------------------------------------------------------------------------
     def counters(self) -> dict:

@@ -12,6 +12,7 @@ LB = (
     ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"],
 )
 LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
+RESTART = (["tests/test_lb_restart.py"], [])
 HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
 
 MUTANTS = [
@@ -149,8 +150,8 @@ MUTANTS = [
     M(
         "lb-sweep-keeps-idle",
         "ebpf/lb/xdp_lb.py",
-        "if now - v.last_seen / 1e9 <= self._timeout(v.state):",
-        "if now - v.last_seen / 1e9 <= 2 * self._timeout(v.state):",
+        "if now - v.last_seen / 1e9 <= self._timeout(v):",
+        "if now - v.last_seen / 1e9 <= 2 * self._timeout(v):",
         "idle sessions swept at twice their timeout",
         LB_PY,
     ),
@@ -185,6 +186,30 @@ MUTANTS = [
         "b: (w if up.get(b, True) or 1 else 0)",
         "the command line's health results never reach the LB's table",
         HEALTH,
+    ),
+    M(
+        "lb-takeover-renumbers",
+        "ebpf/lb/xdp_lb.py",
+        "index = {be: theirs_be[be] for be in self._backends if be in theirs_be}",
+        "index = {}",
+        "a taken-over LB numbers its backends anew: kept sessions name another backend",
+        RESTART,
+    ),
+    M(
+        "lb-takeover-services-renumbered",
+        "ebpf/lb/xdp_lb.py",
+        "ids = {svc: theirs_svc[svc] for svc in self._services if svc in theirs_svc}",
+        "ids = {}",
+        "a taken-over LB numbers its services anew: kept sessions name another service",
+        RESTART,
+    ),
+    M(
+        "lb-keep-detaches",
+        "ebpf/program.py",
+        "for a in reversed(self._xdp if not self.keep_attached else []):",
+        "for a in reversed(self._xdp):",
+        "--keep detaches on exit all the same",
+        RESTART,
     ),
     M(
         "lb-cli-timeouts-ignored",

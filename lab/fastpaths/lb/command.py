@@ -17,6 +17,7 @@ import ipaddress
 from pathlib import Path
 
 from ebpf import BpfError, InputError, netdev, xdp
+from ebpf.errors import KeptDatapathMismatch
 from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer, forwarding_problem
 from lab import hostcheck
 from lab.console import SIGNALS, LiveTable, UsageError, add_xdp_mode, require, warn
@@ -36,7 +37,8 @@ examples:
   python -m lab lb ... --mode dsr       # backends hold the VIP and answer clients directly
   python -m lab lb ... --timeout udp=5  # idle UDP flows leave the table after 5 s
   ip netns exec lb python -m lab lb ...     # inside a network namespace
-  python -m lab lb --cleanup            # remove what a killed run left attached
+  python -m lab lb ... --keep           # on exit, leave it serving: the next run takes it over
+  python -m lab lb --cleanup            # remove what a killed or --keep run left attached
 
 exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
   1 failed (BCC missing, compiler, verifier or hook refused, program removed while running);
@@ -121,8 +123,9 @@ class Printer(LiveTable):
         super().__init__(as_json)
         self.nat = mode == "nat"  # NAT: replies come back through the LB, so their absence is news (DSR: never seen)
 
-    def header(self, lb, iface, args, own=(), vip_as_own=()):
-        """own: {IP version: the LB's own address}; vip_as_own: the versions whose own address is a VIP."""
+    def header(self, lb, iface, args, own=(), vip_as_own=(), taken_over=None):
+        """own: {IP version: the LB's own address}; vip_as_own: the versions whose own address is a VIP;
+        taken_over: the sessions of a kept load balancer this run took over (None: it loaded its own)."""
         ports = f"{lb.port_min}-{lb.port_min + lb.port_count - 1}"
         used = {v: a for v, a in dict(own).items() if a and any(s.vip.version == v for s in lb.services)}
         msg = dict(
@@ -134,10 +137,14 @@ class Printer(LiveTable):
             backends=[str(b) for b in lb.backends],
             lb_ports=ports if args.mode == "nat" else None,
             own_addresses=[str(a) for a in used.values()],
+            taken_over=taken_over is not None,
+            sessions_taken_over=taken_over or 0,
         )
         if self.json:
             self.emit(msg)
         else:
+            if taken_over is not None:
+                self.emit(f"lb: took over the load balancer left serving on {iface}: its {taken_over} sessions go on")
             self.emit(
                 f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
                 f"{len(lb.backends)} backend(s)"
@@ -313,6 +320,18 @@ class LbCommand(Command):
             help="how long an idle session of a state lives: syn, established, fin, udp (default "
             "syn=10 established=300 fin=10 udp=30; repeatable)",
         )
+        p.add_argument(
+            "--keep",
+            action="store_true",
+            help="on exit, leave the datapath attached and serving (sessions, LB ports, Maglev tables, "
+            "counters): the next run on this interface takes it over, --cleanup removes it",
+        )
+        p.add_argument(
+            "--replace",
+            action="store_true",
+            help="put this program in place of a load balancer left serving on --iface that it cannot "
+            "take over (another mode, table size or version): the old one's sessions are lost",
+        )
         p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
         p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
 
@@ -349,6 +368,7 @@ class LbCommand(Command):
     def cleanup(self, all_runs=False):
         """What killed load balancers left in this namespace: (removed, spared), as lines."""
         removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
+        removed = [f"{what}: a load balancer left serving (--keep, or killed), its sessions ended" for what in removed]
         removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
         return removed, spared
 
@@ -408,18 +428,42 @@ class LbCommand(Command):
                 "until the kernel resolves it"
             )
         self.no_neigh = 0
-        lb.attach(args.iface, args.xdp_mode)
+        try:
+            lb.attach(args.iface, args.xdp_mode, kept="replace" if args.replace else "adopt")
+        except KeptDatapathMismatch as e:
+            raise KeptDatapathMismatch(
+                f"{e}; --replace puts this one in its place (its established sessions are lost), "
+                f"{self.name} --cleanup removes it; nothing changed"
+            ) from None
+        if args.keep:  # from here on: whatever ends the run, the datapath stays
+            lb.keep_attached = True
+            peers.keep = True
+            stack.callback(self.say_kept)
+        else:
+            peers.take_over_kept(args.iface)  # a kept run's peer program is this run's to remove
         if args.health_check == "tcp":
             self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall, sources=self.sources)
             stack.callback(self.health.stop)
             self.health.start()
+
+    def say_kept(self):
+        n = len(self.lb.sessions())
+        iface = self.args.iface
+        if self.args.json:
+            self.live.emit({"event": "kept", "iface": iface, "sessions": n})
+        else:
+            self.live.emit(
+                f"lb: left the load balancer serving on {iface} ({n} sessions): the next "
+                f"{self.name} on {iface} takes it over, {self.name} --cleanup removes it"
+            )
 
     def table(self):
         self.live = Printer(self.args.json, self.args.mode)
         return self.live
 
     def header(self):
-        self.live.header(self.lb, self.args.iface, self.args, self.sources, self.vip_as_own)
+        taken_over = len(self.lb.sessions()) if self.lb.adopted else None
+        self.live.header(self.lb, self.args.iface, self.args, self.sources, self.vip_as_own, taken_over)
 
     def sample(self, final=False):
         self.live.sample(self.lb, self.weights, self.health.healthy if self.health else {}, final=final)

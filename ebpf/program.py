@@ -372,9 +372,10 @@ class BpfProgram(Shown):
     def kept_xdp(self, function, ifname, netns=None):
         """(ifindex, mode, program id, pids holding it) of a program named `function` on
         ifname's XDP hook, or None when its hook has none (another program's is not ours)."""
+        mine = {objinfo.prog(a.prog_fd).id for a in self._xdp}
         for name, ifindex, mode, pid in xdp.attached(netns):
-            if name == ifname and xdp.name_of(pid) == function[:15]:
-                return ifindex, mode, pid, [h for h in holders([pid])[pid] if h != os.getpid()]
+            if name == ifname and xdp.name_of(pid) == function[:15] and pid not in mine:
+                return ifindex, mode, pid, holders([pid])[pid]  # this process too: another object's
         return None
 
     def take_over_xdp(self, function, ifname, netns=None, mode="native", check=None):
@@ -385,13 +386,13 @@ class BpfProgram(Shown):
         descriptors is made to refer to the kept object: every table, the program, the
         hook's record), and close() detaches it as its own. Returns the attachment, or None
         when the hook runs no such program. KeptDatapathMismatch, with nothing changed,
-        when it is not the same; InputError when a live process holds it."""
+        when it is not the same; AttachError when a live process (this one too) holds it."""
         found = self.kept_xdp(function, ifname, netns)
         if found is None:
             return None
         ifindex, their_mode, pid, live = found
         if live:
-            raise InputError(
+            raise AttachError(
                 f"{ifname} already runs {function} (pid {', '.join(map(str, live))}): stop that one first; "
                 "nothing changed"
             )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ebpf import endpoints, interrupts, netdev, objinfo, xdp
 from ebpf.abi import defines
-from ebpf.errors import InputError
+from ebpf.errors import AttachError, InputError
 from ebpf.lb.maglev import maglev_table
 from ebpf.program import BpfProgram
 
@@ -380,7 +380,9 @@ class XdpLoadBalancer(BpfProgram):
         """This program in place of the kept one: in one step when both run in one mode."""
         ifindex, their_mode, pid, live = found
         if live:
-            raise InputError(f"{ifname} already runs xdp_lb (pid {', '.join(map(str, live))}): stop that one first")
+            raise AttachError(
+                f"{ifname} already runs xdp_lb (pid {', '.join(map(str, live))}): stop that one first; nothing changed"
+            )
         fn = self.load_program()
         self._tell_skb_mode(mode)
         if their_mode != mode:

@@ -40,6 +40,7 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from ebpf import maps
 from ebpf.errors import InputError
 from ebpf.lb.maglev import maglev_table
 from ebpf.lb.xdp_lb import RING_SIZE, XdpLoadBalancer, nat_ports
@@ -646,6 +647,21 @@ def test_nat_ports_and_the_hosts_own_ephemeral_ports_never_meet(net):
             lb.close()
     finally:
         netns.sysctl(ns, key, saved)
+
+
+def test_a_ring_read_in_batches_is_the_ring_written(rig):
+    """A taken-over LB reads the kept Maglev tables back in batches (ebpf.maps.array_slice)
+    to write only what differs: each service's slice, from the first and from a later
+    service, is what set_backends() wrote, slot for slot, as one lookup per slot reads it."""
+    fd, rings = rig.lb.table("rings").map_fd, rig.lb.table("rings")
+    index = {str(b): i for b, i in rig.lb._backends.items()}
+    for svc in rig.lb.services:
+        sid = rig.lb._services[svc]
+        got = maps.array_slice(fd, sid * RING_SIZE, RING_SIZE)
+        assert got == [index[n] if n else 0 for n in rig.lb.ring(svc)]
+        for i in (0, 1, RING_SIZE // 2, RING_SIZE - 1):  # and as BCC reads single slots
+            assert got[i] == rings[ctypes.c_int(sid * RING_SIZE + i)].value
+    assert any(sid > 0 for sid in rig.lb._services.values())  # a slice that starts past 0 was read
 
 
 def test_maglev_shares_follow_weights_that_do_not_divide_each_other():

@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ebpf import endpoints, interrupts, netdev, objinfo, xdp
+from ebpf import endpoints, interrupts, maps, netdev, objinfo, xdp
 from ebpf.abi import defines
 from ebpf.errors import AttachError, InputError
 from ebpf.lb.maglev import maglev_table
@@ -456,11 +456,10 @@ class XdpLoadBalancer(BpfProgram):
         for be, i in self._backends.items():
             if be not in theirs_be:
                 self._write_backend(be, i)
-        rings = self.table("rings")
+        rings = self.table("rings").map_fd
         for svc, sid in self._services.items():
             self._write_service(svc, sid)
-            base = sid * RING_SIZE
-            self._rings[svc] = [rings[ctypes.c_int(base + i)].value for i in range(RING_SIZE)]
+            self._rings[svc] = maps.array_slice(rings, sid * RING_SIZE, RING_SIZE)  # batches: 65537 lookups take 0.25 s
             self._write_ring(svc)
 
     def _delete_service(self, svc):

@@ -204,6 +204,14 @@ MUTANTS = [
         RESTART,
     ),
     M(
+        "lb-ring-read-off-by-one",
+        "ebpf/maps.py",
+        "token_in, token_out = ctypes.c_uint32(start - 1), ctypes.c_uint32()",
+        "token_in, token_out = ctypes.c_uint32(start), ctypes.c_uint32()",
+        "a kept Maglev table read back one slot late",
+        (["tests/test_xdp_lb_fixtures.py", "-k", "batches"], []),
+    ),
+    M(
         "lb-keep-detaches",
         "ebpf/program.py",
         "for a in reversed(self._xdp if not self.keep_attached else []):",

@@ -56,6 +56,15 @@ VERDICTS = _names("V_")  # what a program did with a frame: pass, drop, tx, redi
 REASONS = _names("R_")  # why: not_ip, malformed, fragment, unmatched, ...
 
 
+def refuse_live(ifname, function, pids):
+    """A program on the hook that a live process holds (another controller, or another
+    object of this one) is that process's: refused, nothing changed."""
+    if pids:
+        raise AttachError(
+            f"{ifname} already runs {function} (pid {', '.join(map(str, pids))}): stop that one first; nothing changed"
+        )
+
+
 def import_bcc():
     """Import BCC, or fail with a message that says how to get it."""
     try:  # Debian's python3-bpfcc, not PyPI's "bcc"
@@ -391,11 +400,7 @@ class BpfProgram(Shown):
         if found is None:
             return None
         ifindex, their_mode, pid, live = found
-        if live:
-            raise AttachError(
-                f"{ifname} already runs {function} (pid {', '.join(map(str, live))}): stop that one first; "
-                "nothing changed"
-            )
+        refuse_live(ifname, function, live)
         fn = self.load(function, "XDP")
         theirs = objinfo.prog_fd(pid)
         maps = {}

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from ebpf import endpoints, interrupts, maps, netdev, objinfo, xdp
 from ebpf.abi import defines
-from ebpf.errors import AttachError, InputError
+from ebpf.errors import InputError
 from ebpf.lb.maglev import maglev_table
-from ebpf.program import BpfProgram
+from ebpf.program import BpfProgram, refuse_live
 
 ABI = defines("lb/xdp_lb.h")
 MAX_SERVICES = ABI["LB_MAX_SERVICES"]
@@ -299,12 +299,14 @@ class XdpLoadBalancer(BpfProgram):
         if self.bpf is not None:
             self._write_ring(svc)
 
-    def _write_service(self, svc, sid):
+    def _service_key(self, svc):
         k = self.table("services").Key()
         k.vip.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
-        k.port = socket.htons(svc.port)
-        k.proto = PROTOS[svc.proto]
-        k.family = svc.vip.version
+        k.port, k.proto, k.family = socket.htons(svc.port), PROTOS[svc.proto], svc.vip.version
+        return k
+
+    def _write_service(self, svc, sid):
+        k = self._service_key(svc)
         v = self.table("services").Leaf()
         v.id = sid
         info = self.table("service_info").Leaf()
@@ -379,10 +381,7 @@ class XdpLoadBalancer(BpfProgram):
     def _replace(self, ifname, mode, found):
         """This program in place of the kept one: in one step when both run in one mode."""
         ifindex, their_mode, pid, live = found
-        if live:
-            raise AttachError(
-                f"{ifname} already runs xdp_lb (pid {', '.join(map(str, live))}): stop that one first; nothing changed"
-            )
+        refuse_live(ifname, "xdp_lb", live)
         fn = self.load_program()
         self._tell_skb_mode(mode)
         if their_mode != mode:
@@ -463,10 +462,7 @@ class XdpLoadBalancer(BpfProgram):
             self._write_ring(svc)
 
     def _delete_service(self, svc):
-        k = self.table("services").Key()
-        k.vip.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))
-        k.port, k.proto, k.family = socket.htons(svc.port), PROTOS[svc.proto], svc.vip.version
-        self.table("services").pop(k, None)
+        self.table("services").pop(self._service_key(svc), None)
         if not any(s.vip == svc.vip for s in self._services):
             a = self.table("vip_addrs").Key()
             a.a = (ctypes.c_uint32 * 4)(*_words(svc.vip))

@@ -4,6 +4,7 @@ syscall per entry: reading a large array in one or a few batches.
     >>> ring = array_slice(fd, start=65537, count=65537)     # doctest: +SKIP
 """
 
+import contextlib
 import ctypes
 import os
 
@@ -46,3 +47,160 @@ def array_slice(fd, start, count, value_type=ctypes.c_uint32) -> list:
     if got != count:
         raise BpfError(f"map fd {fd}: {got} of {count} entries from {start}")
     return values[:got]  # a simple type's array slices to Python ints
+
+
+# --- tables on a map's descriptor -----------------------------------------------------------
+# BCC's table API (bcc/table.py), the part the lab uses, on libbpf's map calls: for a
+# process that holds maps without BCC (ebpf/loader.py). Keys and values are ctypes
+# objects of the map's Key and Leaf types, as BCC's are.
+
+HASHES = {1, 5, 9, 10}  # BPF_MAP_TYPE_HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH
+PER_CPU = {5, 6, 10}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
+BPF_ANY = 0
+
+
+def possible_cpus() -> int:
+    """How many CPUs a per-CPU value has a slot for: the kernel's possible CPUs."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        return max(int(part.split("-")[-1]) for part in f.read().strip().split(",")) + 1
+
+
+class Table:
+    """A map as BCC's table object: t[key], t[key] = value, del t[key], items(), keys(),
+    len(), clear(), pop(); Key and Leaf are its types, map_fd its descriptor. An array's
+    keys are its indices (an int does too), and deleting one zeroes it, as BCC does."""
+
+    def __init__(self, fd, map_type, key, leaf, max_entries, name=""):
+        self.map_fd, self.map_type, self.max_entries, self.name = fd, map_type, max_entries, name
+        self.Key, self.Leaf = key, leaf
+        self.map_id = name  # BCC's is its index in the module; here the name says which
+
+    def close(self):
+        """Let go of the map (its programs, and other descriptors, still hold it)."""
+        if self.map_fd >= 0:
+            os.close(self.map_fd)
+            self.map_fd = -1
+
+    def on_fd(self, fd):
+        """The same types on another map's descriptor (one this process does not own)."""
+        t = type(self).__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.map_fd = fd
+        return t
+
+    def _key(self, key):
+        if isinstance(key, int):
+            if self.map_type in HASHES:
+                raise TypeError(f"{self.name}: a hash map's key is a {self.Key.__name__}, not an int")
+            if not 0 <= key < self.max_entries:
+                raise IndexError(f"{self.name}: index {key} outside 0..{self.max_entries - 1}")
+            return self.Key(key)
+        return key
+
+    def _call(self, what, err, key=None):
+        if err == -2:  # ENOENT
+            raise KeyError(key)
+        if err:
+            raise BpfError(f"{what} in map {self.name}: {os.strerror(-err)}")
+
+    def __getitem__(self, key):
+        key = self._key(key)
+        value = self.Leaf()
+        self._call("lookup", libbpf().bpf_map_lookup_elem(self.map_fd, ctypes.byref(key), ctypes.byref(value)), key)
+        return value
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __setitem__(self, key, value):
+        key = self._key(key)
+        self._call("update", libbpf().bpf_map_update_elem(self.map_fd, ctypes.byref(key), ctypes.byref(value), BPF_ANY))
+
+    def __delitem__(self, key):
+        key = self._key(key)
+        if self.map_type not in HASHES:  # an array's entries cannot go: zeroed, as BCC does
+            self[key] = self.Leaf()
+            return
+        self._call("delete", libbpf().bpf_map_delete_elem(self.map_fd, ctypes.byref(key)), key)
+
+    def pop(self, key, *default):
+        try:
+            value = self[key]
+            del self[key]
+        except KeyError:
+            if default:
+                return default[0]
+            raise
+        return value
+
+    def __contains__(self, key):
+        return self.get(key) is not None
+
+    def keys(self) -> list:
+        if self.map_type not in HASHES:
+            return [self.Key(i) for i in range(self.max_entries)]
+        out, prev = [], None
+        while True:
+            nxt = self.Key()
+            err = libbpf().bpf_map_get_next_key(
+                self.map_fd, ctypes.byref(prev) if prev is not None else None, ctypes.byref(nxt)
+            )
+            if err == -2:  # ENOENT: the end
+                return out
+            self._call("next key", err)
+            out.append(nxt)
+            prev = nxt
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self) -> list:
+        """(key, value) of every entry; one that goes while this reads is left out."""
+        out = []
+        for k in self.keys():
+            v = self.get(k)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+    def values(self) -> list:
+        return [v for _, v in self.items()]
+
+    def __len__(self):
+        return len(self.keys())
+
+    def clear(self):
+        for k in self.keys():
+            with contextlib.suppress(KeyError):
+                del self[k]
+
+
+class PerCpuTable(Table):
+    """A per-CPU map: a value is one sLeaf per possible CPU (Leaf is that array), each
+    slot 8-byte aligned by the kernel; a 4-byte int is read as its 8-byte slot, as BCC does."""
+
+    def __init__(self, fd, map_type, key, leaf, max_entries, name=""):
+        super().__init__(fd, map_type, key, leaf, max_entries, name)
+        self.sLeaf, self.total_cpu = leaf, possible_cpus()
+        if ctypes.sizeof(leaf) % 8 == 0:
+            self.Leaf = leaf * self.total_cpu
+        elif leaf in (ctypes.c_uint, ctypes.c_int):
+            self.Leaf = (ctypes.c_uint64 if leaf is ctypes.c_uint else ctypes.c_int64) * self.total_cpu
+        else:
+            raise BpfError(f"map {name}: a per-CPU value must be 8-byte aligned ({leaf.__name__} is not)")
+
+    def getvalue(self, key):
+        got = self[key]
+        if self.Leaf._type_ is self.sLeaf:
+            return got
+        out = (self.sLeaf * self.total_cpu)()
+        for i in range(self.total_cpu):
+            out[i] = got[i]
+        return out
+
+
+def table(fd, map_type, key, leaf, max_entries, name="") -> Table:
+    return (PerCpuTable if map_type in PER_CPU else Table)(fd, map_type, key, leaf, max_entries, name)

@@ -220,7 +220,8 @@ class PreparedPeers:
     (--prepare-peer): attached on prepare(), removed on close(); one a killed
     run left is removed by `python -m lab cleanup` or the tool's --cleanup."""
 
-    def __init__(self):
+    def __init__(self, compile_in="process"):
+        self.compile_in = compile_in  # BpfProgram.compile_in of the pass programs
         self.programs = []
         self.kept = []  # (netns, ifindex, mode, program id): a kept run's, taken over
         self.keep = False  # close() leaves them all attached (lab lb --keep)
@@ -231,6 +232,7 @@ class PreparedPeers:
         if peer is None or peer.native_xdp or peer.netns is None:
             return None
         prog = XdpPeerPass()
+        prog.compile_in = self.compile_in
         try:
             prog.attach(peer.ifname, peer.netns)
         except BaseException:

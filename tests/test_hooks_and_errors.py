@@ -103,7 +103,8 @@ def test_created_qdisc_removed_only_when_empty(tb1):
     assert tc.hook_snapshot(ns) == before
 
 
-def test_verifier_rejection_is_one_line_with_the_reason(tmp_path):
+@pytest.mark.parametrize("compile_in", ["process", "child"])
+def test_verifier_rejection_is_one_line_with_the_reason(tmp_path, compile_in):
     bad = tmp_path / "bad.c"
     bad.write_text(r"""
 #include <uapi/linux/bpf.h>
@@ -115,6 +116,7 @@ int unchecked(struct __sk_buff *skb)
 }
 """)
     with BpfProgram(source=bad) as prog:
+        prog.compile_in, prog.LOADS = compile_in, (("unchecked", "SCHED_CLS"),)
         with pytest.raises(VerifierError) as e:
             prog.load("unchecked", "SCHED_CLS")
     msg = str(e.value)
@@ -123,11 +125,14 @@ int unchecked(struct __sk_buff *skb)
     assert "processed" in e.value.log or "R1" in e.value.log
 
 
-def test_compile_error_names_the_file_and_line(tmp_path):
+@pytest.mark.parametrize("compile_in", ["process", "child"])
+def test_compile_error_names_the_file_and_line(tmp_path, compile_in):
     bad = tmp_path / "typo.c"
     bad.write_text("int f(struct __sk_buff *skb) { return undefined_name; }\n")
+    prog = BpfProgram(source=bad)
+    prog.compile_in, prog.LOADS = compile_in, (("f", "SCHED_CLS"),)
     with pytest.raises(CompileError) as e:
-        BpfProgram(source=bad).compile()
+        prog.compile()
     assert "typo.c:1:" in str(e.value) and "undefined_name" in str(e.value)
     assert "\n" not in str(e.value)
 

@@ -61,6 +61,15 @@ class Held:
             self.p.wait()
 
 
+def without_compiler(pid) -> list[str]:
+    """What of BCC's compiler a running controller maps (libbcc, LLVM, clang): nothing, as
+    lab lb compiles in a child that is gone by the time it serves (issue 33, part 3)."""
+    with open(f"/proc/{pid}/maps") as f:
+        libs = {ln.split()[-1] for ln in f if "/" in ln}
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    return sorted(lib for lib in libs if any(n in lib for n in ("libbcc", "LLVM", "clang"))) + children
+
+
 def run_out(tool):
     """SIGTERM: exit status 0, then (every JSON line, every stderr line)."""
     tool.p.send_signal(15)
@@ -126,6 +135,7 @@ def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
     first = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode), "--keep")
     held = Held(tb)
     try:
+        assert without_compiler(first.p.pid) == []
         time.sleep(1)
         lines, _ = run_out(first)
         assert lines[-1] == {"event": "kept", "iface": "eth0", "sessions": 2 * PER_FAMILY}
@@ -136,6 +146,7 @@ def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
         second = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode))
         assert second.attached["taken_over"] and second.attached["sessions_taken_over"] == 2 * PER_FAMILY
         assert programs(tb) == kept  # the same programs: nothing was swapped
+        assert without_compiler(second.p.pid) == []
         time.sleep(1)
         got = held.result()
         lines, warnings = run_out(second)

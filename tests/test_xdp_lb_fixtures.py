@@ -54,9 +54,12 @@ def net():
         yield t
 
 
-@pytest.fixture(scope="module")
-def default_rig(net):
-    r = Rig(net)
+@pytest.fixture(scope="module", params=["process", "child"])
+def default_rig(net, request):
+    """Every test on the rig runs twice: on BCC's tables, and on the libbpf ones a program
+    compiled in a child is worked through (lab lb's): what either reads or writes differs
+    in nothing the tests can see."""
+    r = Rig(net, compile_in=request.param)
     yield r
     r.close()
 

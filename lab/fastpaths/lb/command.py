@@ -392,6 +392,8 @@ class LbCommand(Command):
             if refusals:
                 raise InputError("\n".join(refusals))
         self.lb = XdpLoadBalancer(self4=own[4], self6=own[6], mode=args.mode, timeouts=self.timeouts)
+        # it runs for days: BCC and its compiler (60-160 MB resident) only in a child that loads it
+        self.lb.compile_in = "child"
         for svc in self.services:
             self.lb.add_service(svc)
         self.health = None  # the health checks run from start() on; until then every backend is up
@@ -413,7 +415,7 @@ class LbCommand(Command):
 
     def start(self, stack):
         args, lb = self.args, self.lb
-        peers = stack.enter_context(contextlib.closing(PreparedPeers()))
+        peers = stack.enter_context(contextlib.closing(PreparedPeers(compile_in="child")))
         lb.load_program()
         SIGNALS.check()
         # Everything the program needs from the hosts around it is ready before it attaches, for

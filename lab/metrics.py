@@ -392,3 +392,60 @@ def busy_ticks() -> tuple[int, int]:
     its time stolen by the hypervisor, in USER_HZ ticks, all CPUs."""
     c = read_proc_stat()["all"]
     return sum(c[k] for k in ("user", "nice", "system", "irq", "softirq")), c["steal"]
+
+
+# --- where frames are lost: per run, read before and after ---------------------------------------
+# A veth loses a frame in three places: its peer's receive ring is full (rx_queue_N_drops:
+# the frame an skb sender or an XDP redirect/TX could not queue), an XDP_TX or redirect the
+# driver refused (rx_queue_N_xdp_tx_errors, tx_queue_N_xdp_xmit_errors), or the stack
+# dropped it (stats64 dropped). TCP says what a loss cost: its retransmitted segments.
+LOSSES = ("veth_ring_drops", "xdp_tx_errors", "if_dropped")
+
+
+def path_losses(namespaces) -> dict:
+    """{namespace: {"veth_ring_drops", "xdp_tx_errors", "if_dropped", "tcp_retrans"}}: the
+    kernel's counts now, summed over each namespace's interfaces (subtract two readings)."""
+    out = {}
+    for ns in namespaces:
+        links = json.loads(netns.run(ns, ["ip", "-d", "-s", "-j", "link"], capture_output=True, text=True).stdout)
+        got = dict.fromkeys(LOSSES, 0)
+        for link in links:
+            s, name = link.get("stats64", {}), link["ifname"]
+            for way in ("rx", "tx"):  # where, too: say which interface lost them
+                n = s.get(way, {}).get("dropped", 0)
+                got["if_dropped"] += n
+                got[f"{name} {way}_dropped"] = n
+            if link.get("linkinfo", {}).get("info_kind") != "veth":
+                continue
+            stats = netns.run(ns, ["ethtool", "-S", name], capture_output=True, text=True).stdout
+            for line in stats.splitlines():
+                field, _, value = line.strip().partition(": ")
+                kind = (
+                    "veth_ring_drops"
+                    if re.fullmatch(r"rx_queue_\d+_drops", field)
+                    else "xdp_tx_errors"
+                    if re.fullmatch(r"rx_queue_\d+_xdp_tx_errors|tx_queue_\d+_xdp_xmit_errors", field)
+                    else None
+                )
+                if kind:
+                    got[kind] += int(value)
+                    got[f"{name} {field}"] = int(value)
+        snmp = netns.run(ns, ["cat", "/proc/net/snmp"], capture_output=True, text=True).stdout.splitlines()
+        tcp = [ln.split()[1:] for ln in snmp if ln.startswith("Tcp:")]
+        got["tcp_retrans"] = int(dict(zip(tcp[0], tcp[1], strict=True))["RetransSegs"]) if len(tcp) == 2 else 0
+        out[ns] = got
+    return out
+
+
+def losses_between(before: dict, after: dict) -> dict:
+    """What path_losses() counted between two readings (an interface's own counts by
+    "IFNAME COUNTER" beside the totals)."""
+    return {ns: {k: after[ns].get(k, v) - v for k, v in counts.items()} for ns, counts in before.items()}
+
+
+def where_lost(losses: dict, names: dict) -> str:
+    """The interfaces that lost frames, by counter: "be1 eth0 rx_dropped 40; ..." (names:
+    {namespace: what to call it}); empty when none did."""
+    return "; ".join(
+        f"{names.get(ns, ns)} {k} {v}" for ns, counts in losses.items() for k, v in counts.items() if " " in k and v
+    )

@@ -19,7 +19,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from ebpf import XdpRedirect, testrun
+from ebpf import XdpRedirect, XdpSink, testrun
 from ebpf.errors import InputError
 from ebpf.lb.xdp_lb import XdpLoadBalancer
 from lab import netns
@@ -258,7 +258,7 @@ def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
     """python -m lab bench xdp-cost: the kernel's run count of each program is
     exactly what the generator sent it, whole and partial alike."""
     df, path = xdp_cost.run(
-        ["lb-nat", "xdp-forward"],
+        ["lb-nat", "xdp-forward", "floor"],
         [64],
         ["whole", "partial"],
         trials=1,
@@ -267,7 +267,23 @@ def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
         out=tmp_path,
         progress=False,
     )
-    assert len(df) == 4 and set(df["sender_csum"]) == {"whole", "partial"}
+    assert len(df) == 6 and set(df["sender_csum"]) == {"whole", "partial"}
     assert (df["runs"] == df["sent_packets"]).all() and (df["sent_packets"] > 0).all()
-    assert (df["ns_per_run"] > 0).all()
+    # every program sends every frame back out of the LB's interface (the floor too: a
+    # floor that passed frames up the stack would be no floor), and none is lost on the way
+    assert (df["returned"] == df["runs"]).all(), df[["program", "runs", "returned"]]
+    assert (df[["veth_ring_drops", "xdp_tx_errors", "if_dropped"]] == 0).all().all()
+    assert (df["ns_per_run"] > 0).all() and (df["node_ns_per_packet"] > df["ns_per_run"]).all()
     assert pd.read_csv(path)["runs"].tolist() == df["runs"].tolist()
+
+
+def test_the_floor_swaps_the_mac_addresses_and_sends_the_frame_back():
+    """xdp-cost's floor (XdpSink("swap")): the two MACs swapped, nothing else, XDP_TX."""
+    frame = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=VIP, dst=BE1) / UDP() / Raw(b"x" * 18)
+    with XdpSink("swap") as floor:
+        r = testrun.run(floor.load(floor.FUNCTION, "XDP").fd, bytes(frame))
+        assert floor.counters()["packets"] == 1
+    assert r.verdict == "XDP_TX"
+    back = frame.copy()
+    back.src, back.dst = frame.dst, frame.src
+    assert r.data == bytes(back)

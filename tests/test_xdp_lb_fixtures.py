@@ -104,6 +104,21 @@ def handshake(rig, sport=40000, src=CLIENT4, v6=False):
     return syn, synack, ack
 
 
+def test_the_sweep_deletes_an_idle_session_and_its_reverse_entry(rig):
+    """Through either table layer (BCC's, or the libbpf one of a program compiled in a child):
+    a half-open session idle past its timeout goes, with the entry that maps replies back."""
+    rig.run(rig.from_client(TCP(sport=40001, dport=80, flags="S", seq=1)))
+    assert len(rig.lb.sessions()) == 1 and len(rig.lb.table("reverse_half")) == 1
+    saved = dict(rig.lb.timeouts)
+    rig.lb.timeouts["syn"] = 0.0
+    try:
+        time.sleep(0.01)
+        assert rig.lb.sweep() == 1
+    finally:
+        rig.lb.timeouts.update(saved)
+    assert rig.lb.sessions() == [] and len(rig.lb.table("reverse_half")) == 0
+
+
 def test_syn_creates_a_half_open_session_and_leaves_rewritten(rig):
     r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="S", seq=1000)))
     assert r.verdict == "XDP_TX"

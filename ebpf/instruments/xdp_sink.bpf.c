@@ -10,8 +10,13 @@
  * Needs kernel 4.8+ (XDP), 5.9+ for native XDP on veth receiving XDP_TX frames.
  * Built with -D SINK_VERDICT=XDP_DROP (default), XDP_PASS, XDP_TX or
  * XDP_REDIRECT, the last with -D SINK_REDIRECT_IFINDEX=<ifindex>.
+ * With -D SINK_SWAP_MACS (and XDP_TX) it swaps the Ethernet addresses first:
+ * the least a program must do to send a frame back where it came from, which
+ * makes it the floor a load balancer's XDP_TX path is measured against (the
+ * program of xdp-tools' `xdp-bench tx -m swap`).
  */
 #include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
 
 #ifndef SINK_VERDICT
 #define SINK_VERDICT XDP_DROP
@@ -34,6 +39,19 @@ int xdp_sink(struct xdp_md *ctx)
 		s->packets++;
 		s->bytes += ctx->data_end - ctx->data;
 	}
+#ifdef SINK_SWAP_MACS
+	{
+		void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+		struct ethhdr *eth = data;
+		unsigned char tmp[ETH_ALEN];
+
+		if ((void *)(eth + 1) > data_end)
+			return XDP_DROP;
+		__builtin_memcpy(tmp, eth->h_dest, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, tmp, ETH_ALEN);
+	}
+#endif
 #ifdef SINK_REDIRECT_IFINDEX /* (the verdicts are an enum: #if cannot compare them) */
 	return bpf_redirect(SINK_REDIRECT_IFINDEX, 0);
 #else

@@ -1,5 +1,6 @@
 """XdpSink: count every frame at a device's XDP hook, then drop it, pass it on,
-send it back (tx) or redirect it to another device (xdp_sink.bpf.c).
+send it back (tx; swap: with its MAC addresses swapped) or redirect it to another
+device (xdp_sink.bpf.c).
 
     >>> with XdpSink() as sink:                            # doctest: +SKIP
     ...     sink.attach("eth0", netns="vtl-...-monitor")
@@ -14,7 +15,7 @@ lets it receive XDP_TX frames from its peer at all.
 from ebpf.errors import InputError
 from ebpf.program import BpfProgram
 
-VERDICTS = ("drop", "pass", "tx", "redirect")
+VERDICTS = ("drop", "pass", "tx", "redirect", "swap")  # swap: the MACs swapped, then XDP_TX (a floor)
 
 
 class XdpSink(BpfProgram):
@@ -26,7 +27,9 @@ class XdpSink(BpfProgram):
             raise InputError(f"unknown sink verdict {verdict!r} ({', '.join(VERDICTS)})")
         if (verdict == "redirect") != (redirect_ifindex is not None):
             raise InputError("a redirecting sink needs redirect_ifindex, and only it")
-        flags = [f"-DSINK_VERDICT=XDP_{verdict.upper()}"]
+        flags = [f"-DSINK_VERDICT=XDP_{'TX' if verdict == 'swap' else verdict.upper()}"]
+        if verdict == "swap":
+            flags.append("-DSINK_SWAP_MACS")
         if redirect_ifindex is not None:
             flags.append(f"-DSINK_REDIRECT_IFINDEX={int(redirect_ifindex)}")
         super().__init__(flags, source)

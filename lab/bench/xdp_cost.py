@@ -1,8 +1,10 @@
 """python -m lab bench xdp-cost: what a program itself costs per packet, read
 from the kernel's own BPF run-time statistics (BPF_ENABLE_STATS: run_time_ns
-and run_cnt of the program), for frames whose TCP/UDP checksums are whole or
+and run_cnt of the program), and what the LB's interface costs per packet in all
+(its NAPI thread's time), for frames whose TCP/UDP checksums are whole or
 partial (as a sender with TX checksum offload leaves them, which the program
-must finish before XDP_TX / XDP_REDIRECT). Interleaved trials."""
+must finish before XDP_TX / XDP_REDIRECT), beside the floor: a program that only
+swaps the MAC addresses and sends the frame back (XDP_TX). Interleaved trials."""
 
 import argparse
 import ctypes
@@ -12,8 +14,9 @@ import sys
 from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
 from ebpf.testrun import libbpf
 
+from .. import netns
 from ..fastpaths.lb.testbed import lb_testbed
-from ..metrics import write_results
+from ..metrics import LOSSES, losses_between, on_cpu_ns, path_losses, threaded_napi, where_lost, write_results
 from ..traffic import GENERATORS
 from ..traffic.partial import partial
 from . import common
@@ -21,21 +24,40 @@ from . import common
 NAME = "xdp-cost"
 SUMMARY = "a program's own ns per packet (kernel BPF statistics), whole vs partial sender checksums"
 DESCRIPTION = """\
-What a fast path's program itself costs per packet, from the kernel's own BPF
-run-time statistics (run_time_ns / run_cnt while BPF_ENABLE_STATS is held), on
-the load balancer's testbed: the generator sends one UDP flow at a paced rate to
-a service of each program, with whole checksums or with partial ones, as a
-sender with TX checksum offload (every veth's default) leaves them. Only the
-program's run is counted: not the driver, not the stack. Runs interleave."""
+What a fast path's program costs per packet, on the load balancer's testbed: the
+generator sends one UDP flow (an established session, for the LB) to a service of
+each program, as fast as it can or at --rate, with whole checksums or with partial
+ones, as a sender with TX checksum offload (every veth's default) leaves them.
+Two costs per packet: the program's own run, from the kernel's BPF run-time
+statistics (run_time_ns / run_cnt while BPF_ENABLE_STATS is held), and the LB
+interface's in all (driver, program, the frame's way back out), from the
+schedstat of its NAPI kthread (threaded NAPI, pinned apart from the generator).
+Beside them the floor: a program that only swaps the MAC addresses and returns
+XDP_TX (xdp-bench tx -m swap's), the least a frame that leaves the way it came
+costs; the summary gives each program's ratio to it. Runs interleave."""
 EXAMPLES = """\
 examples:
-  python -m lab bench xdp-cost                  # lb-nat, lb-dsr, xdp-forward at 64 and 1518 B, 5 trials
-  python -m lab bench xdp-cost --peers lb-nat --sizes 64 --trials 1 --duration 1   # a smoke test
+  python -m lab bench xdp-cost                  # lb-nat, lb-dsr, xdp-forward, floor at 64 and 1518 B,
+                                                # at the generator's ceiling, 5 trials
+  python -m lab bench xdp-cost --rate 100000    # paced: the program's cost on a quiet path
+  python -m lab bench xdp-cost --peers lb-nat,floor --sizes 64 --trials 1 --duration 1   # a smoke test
 """
-PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward")
+PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor")
+FLOOR = "floor"
 CSUMS = ("whole", "partial")
-COLUMNS = ["program", "size", "sender_csum", "trial", "runs", "ns_per_run", "offered_pps", "duration_s"]
-PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82}
+COLUMNS = [
+    "program",
+    "size",
+    "sender_csum",
+    "trial",
+    "runs",
+    "ns_per_run",
+    "node_ns_per_packet",
+    "returned",
+    "offered_pps",
+    "duration_s",
+]
+PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82, FLOOR: 83}
 BPF_STATS_RUN_TIME = 0
 
 
@@ -44,25 +66,47 @@ def add_arguments(p):
     common.add_options(p, trials=5, duration=2.0, peers=PROGRAMS, old_peers="--programs")
     p.add_argument("--sizes", default="64,1518", help="frame sizes in bytes with FCS (default %(default)s)")
     p.add_argument("--sender-csum", default=",".join(CSUMS), help="whole and/or partial (default %(default)s)")
-    p.add_argument("--rate", type=int, default=100000, help="frames per second (default %(default)s)")
+    p.add_argument(
+        "--rate",
+        default="max",
+        help="frames per second, or max: as fast as the generator sends (default %(default)s)",
+    )
 
 
 def main(a):
     programs, _ = common.checked_options(a, PROGRAMS, "program")
     sizes = common.parse_list(a.sizes, int, what="size")
     csums = common.parse_list(a.sender_csum, str, CSUMS, "sender checksum")
-    if not 1000 <= a.rate <= 1000000:
-        raise ValueError(f"--rate must be 1000..1000000 frames/s, not {a.rate}")
-    df, path = run(programs, sizes, csums, a.trials, a.duration, a.rate, a.out)
-    s = common.summarize(df, ["program", "size", "sender_csum"], ["ns_per_run"])
-    print("\nmedian [min..max] ns per run of the program")
-    for _, r in s.iterrows():
-        print(
-            f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} {r['ns_per_run_median']:7.0f} "
-            f"[{r['ns_per_run_min']:.0f}..{r['ns_per_run_max']:.0f}]"
-        )
+    rate = None if a.rate == "max" else int(a.rate) if str(a.rate).isdigit() else -1
+    if rate is not None and not 1000 <= rate <= 1000000:
+        raise ValueError(f"--rate must be max or 1000..1000000 frames/s, not {a.rate}")
+    df, path = run(programs, sizes, csums, a.trials, a.duration, rate, a.out)
+    print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
+
+
+def print_summary(df, stream=sys.stdout):
+    """Median [min..max] of both costs, and each program's ratio to the floor's medians."""
+    s = common.summarize(df, ["program", "size", "sender_csum"], ["ns_per_run", "node_ns_per_packet"])
+    floor = s[s["program"] == FLOOR].set_index(["size", "sender_csum"])
+    stream.write(
+        "\nmedian [min..max] ns per packet: the program's own run, and the LB interface's in all\n"
+        f"(its NAPI thread); x{FLOOR}: the ratio of the medians to the floor's\n"
+    )
+    for _, r in s.iterrows():
+        key = (r["size"], r["sender_csum"])
+        ratio = ""
+        if r["program"] != FLOOR and key in floor.index:
+            f = floor.loc[key]
+            ratio = (
+                f"  x{FLOOR} {r['ns_per_run_median'] / f['ns_per_run_median']:.2f} (program) "
+                f"{r['node_ns_per_packet_median'] / f['node_ns_per_packet_median']:.2f} (interface)"
+            )
+        stream.write(
+            f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} "
+            f"{common.span(r, 'ns_per_run'):>16} {common.span(r, 'node_ns_per_packet'):>18}{ratio}\n"
+        )
 
 
 def run_stats(fd):
@@ -95,7 +139,9 @@ def _programs(tb, names):
     be = f"{tb.backend4(0)}:{tb.backend_port}"
     out = {}
     for name in names:
-        if name.startswith("lb-"):
+        if name == FLOOR:
+            prog = XdpSink("swap")
+        elif name.startswith("lb-"):
             prog = XdpLoadBalancer(self4=tb.lb4, self6=tb.lb6, mode=name[3:], netns=tb.ns(tb.lb))
             svc = prog.add_service(f"udp:{tb.vip4}:{PORT[name]}")
             prog.set_backends(svc, {be: 1})
@@ -105,15 +151,38 @@ def _programs(tb, names):
     return out
 
 
+def _attach(prog, tb):
+    if isinstance(prog, XdpSink):
+        return prog.attach("eth0", netns=tb.ns(tb.lb))
+    return prog.attach("eth0")
+
+
+def lb_napi(tb) -> int:
+    """The LB interface's NAPI in a kthread of its own, pinned to a CPU the generator
+    (on CPU 0) does not use: its time is what the interface costs. GRO keeps veth's NAPI
+    when no XDP program is attached, so one thread serves every program's runs."""
+    netns.run(tb.ns(tb.lb), ["ethtool", "-K", "eth0", "gro", "on"], capture_output=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    got = threaded_napi(tb.ns(tb.lb), "eth0", cpu=cpus[-1] if len(cpus) > 1 else None)
+    if len(got) != 1:
+        raise netns.LabError(f"threaded NAPI on the LB's eth0: expected one kthread, found {len(got)}")
+    return got[0]
+
+
 def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True):
+    """rate: frames per second, or None for the generator's ceiling."""
     rows = []
     variants = [(p, c) for p in programs for c in csums]
     bar = common.Progress(trials * len(sizes) * len(variants)) if progress else None
     tb = lb_testbed(backends=1)
-    with tb, BpfRunStats(), XdpSink("pass") as sink:
+    with tb, BpfRunStats(), XdpSink("pass") as sink, XdpSink("drop") as back:
         # the generator's frames enter the switch through the client's port: a
-        # veth takes XDP frames only where an XDP program runs
+        # veth takes XDP frames only where an XDP program runs; what the programs
+        # send back out ends at the switch's port towards the LB, the same for all
         sink.attach(tb.client, netns=tb.ns(tb.switch))
+        back.attach(tb.lb, netns=tb.ns(tb.switch))
+        napi = lb_napi(tb)
+        spaces = [tb.ns(tb.lb), tb.ns(tb.switch)]
         progs = _programs(tb, programs)
         gens = {}
         try:
@@ -133,12 +202,18 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=0).open()
-                fd = prog.load_program().fd
-                a = prog.attach("eth0")
+                fd = prog.load(type(prog).FUNCTION, "XDP").fd
+                a = _attach(prog, tb)
                 try:
+                    l0 = path_losses(spaces)
+                    b0 = back.counters()["packets"]
                     t0, n0 = run_stats(fd)
+                    c0 = on_cpu_ns([napi])
                     rep = gens[key].send(seconds=duration, rate_pps=rate)
                     t1, n1 = run_stats(fd)
+                    c1 = on_cpu_ns([napi])
+                    lost = losses_between(l0, path_losses(spaces))
+                    returned = back.counters()["packets"] - b0
                 finally:
                     prog.detach_xdp(a)
                 runs = n1 - n0
@@ -150,9 +225,13 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                         "trial": trial,
                         "runs": runs,
                         "ns_per_run": (t1 - t0) / runs if runs else None,
-                        "offered_pps": rate,
+                        "node_ns_per_packet": (c1 - c0) / runs if runs else None,
+                        "offered_pps": rate if rate else "max",
                         "duration_s": round(rep.seconds, 3),
                         "sent_packets": rep.packets,
+                        "returned": returned,  # what came back out of the LB's interface: each program's every frame
+                        **{k: sum(c[k] for c in lost.values()) for k in LOSSES},
+                        "lost_at": where_lost(lost, {v: k for k, v in zip(("lb", "switch"), spaces, strict=True)}),
                     }
                 )
                 if bar:
@@ -166,8 +245,9 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
         "sender_csum": csums,
         "trials": trials,
         "duration_s": duration,
-        "rate_pps": rate,
+        "rate_pps": rate if rate else "max",
         "fcs": common.FCS,
+        "node_cost": "the LB eth0's threaded NAPI kthread's schedstat time / the program's run count",
     }
     return df, write_results(df, "xdp_cost", params, out)
 

@@ -45,7 +45,17 @@ from ebpf.instruments.xdp_sink import XdpSink
 from lab import metrics, netns
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
 from lab.daemons.nginx import NginxServer
-from lab.metrics import USER_HZ, busy_ticks, on_cpu_ns, pss_bytes, write_results
+from lab.metrics import (
+    LOSSES,
+    USER_HZ,
+    busy_ticks,
+    losses_between,
+    on_cpu_ns,
+    path_losses,
+    pss_bytes,
+    where_lost,
+    write_results,
+)
 from lab.netns import LabError
 from lab.rig import Rig
 from lab.traffic.http import QUANTILES, closed_loop, open_loop, spread
@@ -90,6 +100,14 @@ COLUMNS = [
     "steal_cores",
     "lb_pss_mb",
     "lb_maps_mb",
+    "veth_ring_drops",
+    "xdp_tx_errors",
+    "if_dropped",
+    "client_retrans",
+    "lb_retrans",
+    "backend_retrans",
+    "lb_program_drops",
+    "lost_at",
     "load_pct",
     "napi",
     "tool",
@@ -272,7 +290,9 @@ class Usage:
 def measure(tb, napi, name, loop, connections, rate, duration, threads):
     """One run; napi: the NAPI thread's id (--napi threaded) or None."""
     peer = BALANCERS[name](tb)
+    spaces = {h: tb.ns(h) for h in (tb.client, tb.lb, tb.switch, *tb.backends)}
     with peer:
+        before = path_losses(spaces.values())
         with Usage(peer, napi) as use:
             if loop == "closed":
                 r = spread(
@@ -280,6 +300,8 @@ def measure(tb, napi, name, loop, connections, rate, duration, threads):
                 )
             else:
                 r = spread(open_loop, tb.ns(tb.client), peer.targets(), connections, rate, seconds=duration)
+        lost = losses_between(before, path_losses(spaces.values()))
+        program = peer.counters()  # the XDP LB's: what its program dropped, by reason
     has_lb = name != "direct"
     row = {
         "lb": name,
@@ -300,6 +322,13 @@ def measure(tb, napi, name, loop, connections, rate, duration, threads):
         "napi": "threaded" if napi else "softirq",
         "lb_pss_mb": use.peak_pss / 2**20 if has_lb and use.pids else math.nan,
         "lb_maps_mb": use.peak_maps / 2**20 if has_lb and use.peak_maps else math.nan,
+        # where frames were lost, over the run: every namespace's veths, and what TCP resent
+        **{k: sum(c[k] for c in lost.values()) for k in LOSSES},
+        "client_retrans": lost[spaces[tb.client]]["tcp_retrans"],
+        "lb_retrans": lost[spaces[tb.lb]]["tcp_retrans"],
+        "backend_retrans": sum(lost[spaces[b]]["tcp_retrans"] for b in tb.backends),
+        "lb_program_drops": program.get("drop", math.nan),
+        "lost_at": where_lost(lost, {ns: h for h, ns in spaces.items()}),
     }
     # threaded: the processes and the NAPI thread; softirq: filled in by lb_cpu() once direct has run
     row["lb_cpu_cores"] = row["lb_proc_cores"] + row["lb_napi_cores"] if napi else math.nan
@@ -411,17 +440,24 @@ def run(
 
 
 def print_summary(df, stream=sys.stdout):
-    stream.write("\nmedian over trials [min..max]; CPU in cores, memory in MB\n")
+    stream.write(
+        "\nmedian over trials [min..max]; CPU in cores; memory in MB: the processes' (PSS) and the\n"
+        "BPF maps'; lost: frames veths dropped or refused, retx: TCP retransmissions (both summed\n"
+        "over trials)\n"
+    )
     for loop, g in df.groupby("loop", sort=False):
         key = "connections" if loop == "closed" else "load_pct"
         stream.write(
             f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
-            f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'MB':>6}\n"
+            f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'proc':>5} {'maps':>5} {'lost':>6} {'retx':>6}\n"
         )
         for (k, lb), h in g.groupby([key, "lb"], sort=True):
             rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
+            lost = int((h["veth_ring_drops"] + h["xdp_tx_errors"]).sum())
+            retx = int((h["client_retrans"] + h["backend_retrans"] + h["lb_retrans"]).sum())
             stream.write(
                 f"  {lb:<11} {k:>5g} {rps:>22} {h['p50_ms'].median():7.2f} {h['p99_ms'].median():8.2f} "
                 f"{h['p999_ms'].median():8.2f} {int(h['errors'].sum()):>6} "
-                f"{h['lb_cpu_cores'].median():6.3f} {h['lb_mem_mb'].median():6.1f}\n"
+                f"{h['lb_cpu_cores'].median():6.3f} {h['lb_pss_mb'].median():5.1f} {h['lb_maps_mb'].median():5.1f} "
+                f"{lost:>6} {retx:>6}\n"
             )

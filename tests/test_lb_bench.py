@@ -18,10 +18,13 @@ from conftest import ROOT, require_tool
 from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, start_until, wait_for
 
 from ebpf import xdp
-from lab import daemons, netns, nft
+from ebpf.instruments.xdp_sink import XdpSink
+from lab import daemons, metrics, netns, nft, testbeds
+from lab.bench.common import udp_frames
 from lab.fastpaths.lb import bench
 from lab.fastpaths.lb.peers import BALANCERS
 from lab.fastpaths.lb.plots import latency_path
+from lab.traffic.frames import send_frames
 from lab.traffic.http import QUANTILES, Connections, HttpResult, closed_loop, merge, open_loop
 
 
@@ -258,6 +261,10 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     cap = direct[direct["loop"] == "closed"]["rps"].iloc[0]
     assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 3)
     assert ((opened["requests"] - opened["offered_rps"] * opened["duration_s"]).abs() <= 1).all(), opened
+    # at 20 connections nothing is lost anywhere (what the counters count: the test below)
+    losses = ["veth_ring_drops", "xdp_tx_errors", "if_dropped", "client_retrans", "lb_retrans", "backend_retrans"]
+    assert (df[losses] == 0).all().all(), df[["lb", "loop", *losses, "lost_at"]]
+    assert (xdp_rows["lb_program_drops"] == 0).all()
     lat = pd.read_csv(bench_latency(csv))
     assert len(lat) == 6 * len(QUANTILES) and lat["latency_ms"].notna().all()
     assert "median over trials" in r.stdout and "open loop" in r.stdout
@@ -435,3 +442,22 @@ def test_killed_bench_is_cleaned_up(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "python -m lab lb run directory" in r.stdout
     assert not _lb_run_dirs() and set(netns.lab_namespaces()) == namespaces
+
+
+def test_the_loss_counters_count_each_frame_a_veth_refused_where_it_was_refused():
+    """bench lb's loss columns (lab.metrics.path_losses): a program that sends every frame
+    back (XDP_TX) into a veth peer that runs no XDP program has each one refused; the
+    counters say how many (each frame the program ran on, once) and at which interface."""
+    with testbeds.pair("tx", "rx", "loss") as t, XdpSink("tx") as bounce:
+        bounce.attach("eth0", netns=t.ns("rx"))
+        spaces = {t.ns("tx"): "tx", t.ns("rx"): "rx"}
+        before = metrics.path_losses(spaces)
+        frames = udp_frames(
+            t.addr("tx", "eth0"), t.addr("rx", "eth0"), t.mac("tx", "eth0"), t.mac("rx", "eth0"), 64, 30
+        )
+        send_frames(t.ns("tx"), "eth0", frames)
+        wait_for(lambda: bounce.counters()["packets"] >= 30, what="the 30 frames at the program")
+        lost = metrics.losses_between(before, metrics.path_losses(spaces))
+        bounced = bounce.counters()["packets"]  # 30, and whatever else the link carried (IPv6 ND)
+    assert lost[t.ns("rx")]["xdp_tx_errors"] == bounced and lost[t.ns("tx")]["xdp_tx_errors"] == 0
+    assert f"rx eth0 rx_queue_0_xdp_tx_errors {bounced}" in metrics.where_lost(lost, spaces)

@@ -41,7 +41,6 @@ import time
 
 import pandas as pd
 
-from ebpf.instruments.xdp_sink import XdpSink
 from lab import metrics, netns
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
 from lab.daemons.nginx import NginxServer
@@ -194,9 +193,12 @@ def main(args):
 
 class LbRig(Rig):
     """The LB testbed made ready for the runs (a lab.rig.Rig): nginx backends
-    started, a pass program on the switch's port to the LB (veth drops XDP_TX
-    frames unless the peer runs XDP), and with --napi threaded the LB
-    interface's NAPI in a kernel thread of its own (`napi_tid`). The balancer
+    started, and with --napi threaded the LB interface's NAPI in a kernel thread
+    of its own (`napi_tid`). The XDP LB's runs attach a pass program to the
+    switch's port to the LB (veth drops XDP_TX frames unless the peer runs XDP)
+    as its users do, `lab lb --prepare-peer`, for their own runs only: on a veth
+    it moves the port's receiving onto a 256-frame ring that a proxy's bursts
+    overrun (retransmissions the proxy would not otherwise have). The balancer
     under test is started fresh for each run (measure()); nothing is pinned:
     the LB's CPU is read from its processes and threads, or from the machine
     against direct's (see the module's notes)."""
@@ -204,7 +206,7 @@ class LbRig(Rig):
     def __init__(self, backends=2, napi="softirq"):
         super().__init__(lb_testbed(backends), gen_cpu=None, dut_cpu=None)
         self.napi, self.napi_tid = napi, None
-        self.webs, self.sink = [], None
+        self.webs = []
 
     def set_up(self):
         tb = self.tb
@@ -214,14 +216,12 @@ class LbRig(Rig):
         ]
         for w in self.webs:
             w.start()
-        self.sink = XdpSink("pass")
-        self.sink.attach(tb.lb, netns=tb.ns(tb.switch))
         if self.napi == "threaded":
             self.napi_tid = threaded_napi(tb)
 
     def tear_down(self):
         failed = []
-        for thing in ([self.sink] if self.sink else []) + self.webs:
+        for thing in self.webs:
             try:
                 thing.close()
             except Exception as e:

@@ -265,14 +265,16 @@ class LbCommand(Daemon):
 
 class XdpBalancer(Balancer):
     """The XDP load balancer as its users run it: its command line, NAT mode,
-    native XDP on the LB's interface, TCP health checks every second."""
+    native XDP on the LB's interface, TCP health checks every second, and
+    --prepare-peer (the pass program XDP_TX needs on the veth peer)."""
 
     name = "xdp"
     colour = "#0072B2"
 
     def attach(self):
         vip, port = self.target()
-        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends).start(timeout=60)
+        # --prepare-peer: the pass program on the switch's port that XDP_TX needs, while it runs
+        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends, ["--prepare-peer"]).start(timeout=60)
         self.attached = True
 
     def pids(self):

@@ -198,12 +198,12 @@ def decode_type(desc):
 
 def _child(sock, out):
     """Compile, load, send the descriptors, then the reply; any failure is the reply."""
-    from ebpf import program  # noqa: PLC0415 -- the child's: BCC, in this process only
+    from ebpf import compiler  # noqa: PLC0415 -- the child's: BCC, in this process only
 
     request = json.load(sys.stdin)
     try:
-        bpf = program.bcc_compile(request["text"], request["cflags"], request["source"])
-        loaded = {name: program.bcc_load(bpf, name, kind) for name, kind in request["functions"]}
+        bpf = compiler.bcc_compile(request["text"], request["cflags"], request["source"])
+        loaded = {name: compiler.bcc_load(bpf, name, kind) for name, kind in request["functions"]}
         reply, fds = _describe(bpf, loaded)
         socket.send_fds(sock, [b"fds"], fds)
         reply["fds"] = len(fds)

@@ -445,7 +445,7 @@ def run_command(name, check, body):
         lacking = privileges.message()
         if lacking:
             raise UsageError(lacking)
-        from ebpf.program import check_bcc  # noqa: PLC0415 -- pulls pyroute2; its ImportError is said below
+        from ebpf.compiler import check_bcc  # noqa: PLC0415 -- deferred: a command's input is checked first
 
         check_bcc()  # there, not imported: a command may compile in a child (lab lb), keeping no compiler
         from lab import runs  # noqa: PLC0415 -- pulls pyroute2 (lab.netns); its ImportError is said below

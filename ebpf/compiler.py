@@ -1,0 +1,107 @@
+"""BCC, the compiler every program of this package is built with: importing it (or
+saying how to get it), compiling C text into maps, loading a function through the
+verifier, each failure as one line (CompileError, VerifierError) with its log. Used
+in-process by BpfProgram, and in a short-lived child by ebpf/loader.py.
+"""
+
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+
+from ebpf.errors import BpfError, CompileError, VerifierError
+
+# BCC's compiler (clang/LLVM inside libbcc) is not thread-safe, and the verifier's
+# log is caught by pointing the process's fd 2 elsewhere: one compile, load or
+# cleanup at a time in this process, whichever thread asks.
+_BCC_LOCK = threading.RLock()
+
+
+def _no_bcc(why):
+    return BpfError(
+        f"BCC is not importable ({why}); run `make setup` as root, then use .venv/bin/python "
+        "(BCC comes from Debian's python3-bpfcc; never `pip install bcc`, an unrelated package)"
+    )
+
+
+def import_bcc():
+    """Import BCC, or fail with a message that says how to get it."""
+    try:  # Debian's python3-bpfcc, not PyPI's "bcc"
+        from bcc import BPF  # noqa: PLC0415 -- heavy and maybe absent; deferred so the error says how to get it
+    except ImportError as e:
+        raise _no_bcc(e) from None
+    return BPF
+
+
+def check_bcc():
+    """Fail as import_bcc() does when there is no BCC to import, without importing it: a
+    command that compiles in a child (compile_in) must not map the compiler itself."""
+    if importlib.util.find_spec("bcc") is None:
+        raise _no_bcc("No module named 'bcc'")
+
+
+@contextmanager
+def stderr_to(buffer: list):
+    """Send file descriptor 2 to a temporary file and append what was written
+    there to `buffer`: libbcc prints clang diagnostics and the verifier log from C,
+    straight to fd 2, so sys.stderr redirection would not see them."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buffer.append(tmp.read().decode(errors="replace"))
+
+
+def _verifier_summary(log: str) -> str:
+    """The line of a verifier log that says why: the last line that is neither an
+    instruction dump, a register state, nor the closing statistics."""
+    noise = re.compile(
+        r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
+        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+)"
+    )
+    lines = [ln.strip() for ln in log.splitlines()]
+    for line in reversed(lines):
+        if not noise.match(line):
+            return line
+    return lines[-1] if lines else "no verifier log"
+
+
+def bcc_compile(text, cflags, source_name):
+    """BCC's BPF object for the C text (its maps created), or CompileError with clang's
+    first error line (and its whole output as .log)."""
+    BPF = import_bcc()
+    log = []
+    try:
+        with _BCC_LOCK, stderr_to(log):
+            return BPF(text=text.encode(), cflags=list(cflags))
+    except Exception as e:
+        diag = "".join(log)
+        first = next((ln for ln in diag.splitlines() if "error:" in ln), str(e))
+        first = first.replace("/virtual/main.c", source_name)
+        raise CompileError(f"compiling {source_name}: {first.strip()}", diag) from None
+
+
+def bcc_load(bpf, function, prog_type):
+    """Load one function of a compiled program through the verifier; a rejection raises
+    VerifierError with the verifier's reason (and the log's end as .log)."""
+    log = []
+    try:
+        with _BCC_LOCK, stderr_to(log):
+            return bpf.load_func(function.encode(), getattr(type(bpf), prog_type))
+    except BpfError:
+        raise
+    except Exception as e:
+        text = "".join(log).strip()
+        if not text:  # no verifier log: the load failed before the verifier ran
+            raise BpfError(f"loading {function}: {e}") from None
+        tail = "\n".join(text.splitlines()[-25:])
+        raise VerifierError(f"verifier rejected {function}: {_verifier_summary(text)}", tail) from None

@@ -119,6 +119,23 @@ def test_the_sweep_deletes_an_idle_session_and_its_reverse_entry(rig):
     assert rig.lb.sessions() == [] and len(rig.lb.table("reverse_half")) == 0
 
 
+def test_a_session_stamped_by_another_cpu_after_this_one_read_its_clock_is_not_expired(rig):
+    """The two directions of a session run on two CPUs: the backend's side may stamp
+    last_seen just after the client's side read the clock. That stamp is ahead of the
+    client side's `now`; taken as an idle time it wrapped to 2^64 ns and ended a live
+    session mid-connection (found on a VXLAN segment: the client's FIN dropped, no
+    session). Here the stamp is put ahead by hand and the client sends again."""
+    syn = rig.from_client(TCP(sport=40002, dport=80, flags="S", seq=1))
+    assert rig.run(syn).verdict == "XDP_TX"
+    t = rig.lb.table("half_open")
+    ((k, v),) = t.items()
+    v.last_seen = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 10**9  # bpf_ktime_get_ns()'s clock
+    t[k] = v
+    assert rig.run(syn).verdict == "XDP_TX"  # the SYN again: the same session
+    c = rig.lb.counters()
+    assert c["expired"] == 0 and c["new_sessions"] == 1, c
+
+
 def test_syn_creates_a_half_open_session_and_leaves_rewritten(rig):
     r = rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="S", seq=1000)))
     assert r.verdict == "XDP_TX"

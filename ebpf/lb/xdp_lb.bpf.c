@@ -224,7 +224,10 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 		__u32 to = base == LB_ST_UDP ? LB_TO_UDP : base == LB_ST_SYN ? LB_TO_SYN :
 			   ((s->closing[0] | s->closing[1]) & LB_CL_FIN) ? LB_TO_FIN : LB_TO_EST;
 
-		if (to < LB_TIMEOUTS && now - s->last_seen > cf->timeout_ns[to & 3]) {
+		/* The other direction runs on another CPU and may have stamped last_seen
+		 * after this CPU read `now`: a stamp ahead of now is fresh, not an idle
+		 * time of 2^64 ns (which ended live sessions mid-connection). */
+		if (to < LB_TIMEOUTS && now > s->last_seen && now - s->last_seen > cf->timeout_ns[to & 3]) {
 			idx = s->backend;
 			be = backends.lookup(&idx);
 			end_session(&fk, s, be, p->h.l4);

@@ -220,6 +220,14 @@ MUTANTS = [
         RESTART,
     ),
     M(
+        "lb-expiry-wraps",
+        "ebpf/lb/xdp_lb.bpf.c",
+        "now > s->last_seen && now - s->last_seen > cf->timeout_ns[to & 3]",
+        "now - s->last_seen > cf->timeout_ns[to & 3]",
+        "a stamp another CPU wrote after this one read the clock counts as 2^64 ns idle: a live session expires",
+        (["tests/test_xdp_lb_fixtures.py", "-k", "stamped"], []),
+    ),
+    M(
         "lb-controller-keeps-compiler",
         "lab/fastpaths/lb/command.py",
         'self.lb.compile_in = "child"',

@@ -14,7 +14,7 @@ import sys
 from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
 from ebpf.testrun import libbpf
 
-from .. import netns
+from .. import netns, nft
 from ..fastpaths.lb.testbed import lb_testbed
 from ..metrics import LOSSES, losses_between, on_cpu_ns, path_losses, threaded_napi, where_lost, write_results
 from ..traffic import GENERATORS
@@ -34,7 +34,9 @@ interface's in all (driver, program, the frame's way back out), from the
 schedstat of its NAPI kthread (threaded NAPI, pinned apart from the generator).
 Beside them the floor: a program that only swaps the MAC addresses and returns
 XDP_TX (xdp-bench tx -m swap's), the least a frame that leaves the way it came
-costs; the summary gives each program's ratio to it. Runs interleave."""
+costs; the summary gives each program's ratio to it. And nft-nat: no program, the
+kernel's forward path with an nftables DNAT rule (what nft-lb does per packet), on
+the same interface's thread. Runs interleave."""
 EXAMPLES = """\
 examples:
   python -m lab bench xdp-cost                  # lb-nat, lb-dsr, xdp-forward, floor at 64 and 1518 B,
@@ -42,8 +44,9 @@ examples:
   python -m lab bench xdp-cost --rate 100000    # paced: the program's cost on a quiet path
   python -m lab bench xdp-cost --peers lb-nat,floor --sizes 64 --trials 1 --duration 1   # a smoke test
 """
-PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor")
+PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor", "nft-nat")
 FLOOR = "floor"
+KERNEL = "nft-nat"  # no program: the kernel's forward path and an nftables DNAT
 CSUMS = ("whole", "partial")
 COLUMNS = [
     "program",
@@ -57,7 +60,7 @@ COLUMNS = [
     "offered_pps",
     "duration_s",
 ]
-PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82, FLOOR: 83}
+PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82, FLOOR: 83, KERNEL: 84}
 BPF_STATS_RUN_TIME = 0
 
 
@@ -133,13 +136,64 @@ class BpfRunStats:
         return False
 
 
+class NftNat:
+    """The kernel's NAT for the same flow, as nft-lb does it per packet: an nftables DNAT
+    rule on the LB host (conntrack, the forward path), no XDP program. GRO keeps the
+    interface on NAPI, so its thread does this work too and its time is comparable. The
+    backend's neighbour entry is made permanent while it runs: what leaves ends at the
+    switch's drop program, an ARP probe included, and an entry that failed its probes
+    would hold the frames back."""
+
+    TABLE = "vtl_cost"
+    SYSCTLS = ("net.ipv4.conf.all.send_redirects", "net.ipv4.conf.eth0.send_redirects")
+
+    def __init__(self, tb, port, backend):
+        self.tb, self.port, self.backend = tb, port, backend
+        self.ns, self.attached, self.saved = tb.ns(tb.lb), False, {}
+
+    def attach(self):
+        addr, bport = self.backend
+        t = {"family": "ip", "table": self.TABLE}
+        match = [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": self.tb.vip4}},
+            {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": self.port}},
+        ]
+        self.attached = True
+        nft.run(
+            self.ns,
+            [
+                {"add": {"table": {"family": "ip", "name": self.TABLE}}},
+                {"add": {"chain": {**t, "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100}}},
+                {"add": {"rule": {**t, "chain": "pre", "expr": [*match, {"dnat": {"addr": addr, "port": bport}}]}}},
+            ],
+        )
+        # it forwards out of the interface the frame came in on: no ICMP redirects to the sender
+        self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
+        for k in self.SYSCTLS:
+            netns.run(self.ns, ["sysctl", "-qw", f"{k}=0"])
+        mac = self.tb.topo.mac(self.tb.backends[0], "eth0")
+        netns.run(self.ns, ["ip", "neigh", "replace", addr, "lladdr", mac, "dev", "eth0", "nud", "permanent"])
+
+    def detach(self):
+        if self.attached:
+            self.attached = False
+            nft.delete_table(self.ns, "ip", self.TABLE)
+            for k, v in self.saved.items():
+                netns.run(self.ns, ["sysctl", "-qw", f"{k}={v}"])
+
+    def close(self):
+        self.detach()
+
+
 def _programs(tb, names):
     """{name: program}, loaded for the LB host's eth0. An interface holds one XDP
     program, so each is attached only for its own runs."""
     be = f"{tb.backend4(0)}:{tb.backend_port}"
     out = {}
     for name in names:
-        if name == FLOOR:
+        if name == KERNEL:
+            prog = NftNat(tb, PORT[name], (tb.backend4(0), tb.backend_port))
+        elif name == FLOOR:
             prog = XdpSink("swap")
         elif name.startswith("lb-"):
             prog = XdpLoadBalancer(self4=tb.lb4, self6=tb.lb6, mode=name[3:], netns=tb.ns(tb.lb))
@@ -152,6 +206,8 @@ def _programs(tb, names):
 
 
 def _attach(prog, tb):
+    if isinstance(prog, NftNat):
+        return prog.attach()
     if isinstance(prog, XdpSink):
         return prog.attach("eth0", netns=tb.ns(tb.lb))
     return prog.attach("eth0")
@@ -160,8 +216,11 @@ def _attach(prog, tb):
 def lb_napi(tb) -> int:
     """The LB interface's NAPI in a kthread of its own, pinned to a CPU the generator
     (on CPU 0) does not use: its time is what the interface costs. GRO keeps veth's NAPI
-    when no XDP program is attached, so one thread serves every program's runs."""
+    when no XDP program is attached (with TSO off on the sending side: veth takes only a
+    frame that needs no segmenting onto its NAPI ring), so one thread serves every
+    program's runs, and the kernel's own forwarding (nft-nat) too."""
     netns.run(tb.ns(tb.lb), ["ethtool", "-K", "eth0", "gro", "on"], capture_output=True)
+    netns.run(tb.ns(tb.switch), ["ethtool", "-K", tb.lb, "tso", "off"], capture_output=True)
     cpus = sorted(os.sched_getaffinity(0))
     got = threaded_napi(tb.ns(tb.lb), "eth0", cpu=cpus[-1] if len(cpus) > 1 else None)
     if len(got) != 1:
@@ -172,7 +231,10 @@ def lb_napi(tb) -> int:
 def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True):
     """rate: frames per second, or None for the generator's ceiling."""
     rows = []
-    variants = [(p, c) for p in programs for c in csums]
+    # a frame whose checksum is partial reaches the kernel here as one with a bad checksum
+    # (the generator's frames are bytes, not the sender's own skb marked partial): conntrack
+    # would drop it, so the kernel's NAT runs on whole checksums only
+    variants = [(p, c) for p in programs for c in csums if not (p == KERNEL and c == "partial")]
     bar = common.Progress(trials * len(sizes) * len(variants)) if progress else None
     tb = lb_testbed(backends=1)
     with tb, BpfRunStats(), XdpSink("pass") as sink, XdpSink("drop") as back:
@@ -202,21 +264,22 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                     if csum == "partial":
                         frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=0).open()
-                fd = prog.load(type(prog).FUNCTION, "XDP").fd
+                kernel = isinstance(prog, NftNat)
+                fd = None if kernel else prog.load(type(prog).FUNCTION, "XDP").fd
                 a = _attach(prog, tb)
                 try:
                     l0 = path_losses(spaces)
                     b0 = back.counters()["packets"]
-                    t0, n0 = run_stats(fd)
+                    t0, n0 = run_stats(fd) if fd else (0, 0)
                     c0 = on_cpu_ns([napi])
                     rep = gens[key].send(seconds=duration, rate_pps=rate)
-                    t1, n1 = run_stats(fd)
+                    t1, n1 = run_stats(fd) if fd else (0, 0)
                     c1 = on_cpu_ns([napi])
                     lost = losses_between(l0, path_losses(spaces))
                     returned = back.counters()["packets"] - b0
                 finally:
-                    prog.detach_xdp(a)
-                runs = n1 - n0
+                    prog.detach() if kernel else prog.detach_xdp(a)
+                runs = returned if kernel else n1 - n0  # the kernel's: the frames it sent on
                 rows.append(
                     {
                         "program": name,
@@ -224,7 +287,7 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                         "sender_csum": csum,
                         "trial": trial,
                         "runs": runs,
-                        "ns_per_run": (t1 - t0) / runs if runs else None,
+                        "ns_per_run": (t1 - t0) / runs if runs and not kernel else None,
                         "node_ns_per_packet": (c1 - c0) / runs if runs else None,
                         "offered_pps": rate if rate else "max",
                         "duration_s": round(rep.seconds, 3),

@@ -2,6 +2,7 @@
 the lab's open-loop generator), the load balancers it compares (lab.fastpaths.lb.peers),
 the bench's command line and notebook 04."""
 
+import json
 import math
 import os
 import resource
@@ -268,6 +269,10 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     lat = pd.read_csv(bench_latency(csv))
     assert len(lat) == 6 * len(QUANTILES) and lat["latency_ms"].notna().all()
     assert "median over trials" in r.stdout and "open loop" in r.stdout
+    # xdp among the peers: its cost per packet against its floor, measured first, in the sidecar
+    floor = json.loads(csv.with_suffix(".json").read_text())["parameters"]["floor"]
+    assert floor["floor_ratio"] > 0 and floor["lb_ns_per_run"] > floor["floor_ns_per_run"] > 0
+    assert (tmp_path / floor["floor_csv"]).is_file() and "against its floor" in r.stdout
 
 
 def test_bench_with_threaded_napi_reads_the_lbs_kernel_thread(tmp_path):

@@ -42,6 +42,7 @@ import time
 import pandas as pd
 
 from lab import metrics, netns
+from lab.bench import xdp_cost
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
 from lab.daemons.nginx import NginxServer
 from lab.metrics import (
@@ -147,6 +148,13 @@ def add_arguments(p):
         choices=("softirq", "threaded"),
         help="where the LB interface's receive work runs, and so how its CPU is read (default %(default)s)",
     )
+    p.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the XDP LB's cost per packet against its floor (bench xdp-cost's lb-nat and floor, "
+        "64 B, measured first when xdp is among the peers)",
+    )
     p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
     p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
 
@@ -167,8 +175,39 @@ def check(args):
     return lbs, loops, conns, loads
 
 
+FLOOR_SECONDS = 2.0
+
+
+def measure_floor(trials, out=None, progress=True) -> dict:
+    """The XDP LB's cost per packet against its floor, as bench xdp-cost measures it: NAT
+    mode and the MAC-swapping XDP_TX program, 64 B, whole checksums, the generator's
+    ceiling, `trials` interleaved trials; the ratio of the medians, for the LB
+    interface's cost in all (its NAPI thread) and for the program's own run."""
+    df, path = xdp_cost.run(["lb-nat", "floor"], [64], ["whole"], trials, FLOOR_SECONDS, None, out, progress)
+    med = df.groupby("program")[["ns_per_run", "node_ns_per_packet"]].median()
+    lb, floor = med.loc["lb-nat"], med.loc[xdp_cost.FLOOR]
+    return {
+        "floor_ratio": round(lb["node_ns_per_packet"] / floor["node_ns_per_packet"], 3),
+        "floor_program_ratio": round(lb["ns_per_run"] / floor["ns_per_run"], 3),
+        "lb_ns_per_packet": round(lb["node_ns_per_packet"], 1),
+        "floor_ns_per_packet": round(floor["node_ns_per_packet"], 1),
+        "lb_ns_per_run": round(lb["ns_per_run"], 1),
+        "floor_ns_per_run": round(floor["ns_per_run"], 1),
+        "floor_csv": path.name,
+    }
+
+
+def floor_line(f) -> str:
+    return (
+        f"\nthe XDP LB against its floor (a MAC swap and XDP_TX), 64 B, per packet: the LB's interface "
+        f"{f['lb_ns_per_packet']:.0f} ns, {f['floor_ratio']:.2f}x the floor's {f['floor_ns_per_packet']:.0f}; "
+        f"the program's own run {f['lb_ns_per_run']:.0f} ns, {f['floor_program_ratio']:.2f}x ({f['floor_csv']})\n"
+    )
+
+
 def main(args):
     lbs, loops, conns, loads = check(args)  # a ValueError: `lab bench: error: ...`, in one line
+    floor = measure_floor(args.trials, args.out) if args.floor and "xdp" in lbs else None
     df, path = run(
         lbs,
         loops,
@@ -182,8 +221,11 @@ def main(args):
         args.out,
         backends=args.backends,
         napi=args.napi,
+        floor=floor,
     )
     print_summary(df)
+    if floor:
+        sys.stdout.write(floor_line(floor))
     print(f"\nwrote {path}, {path.with_suffix('.json').name} and {path.name.replace('lb-', 'lb_latency-', 1)}")
     return 0
 
@@ -365,7 +407,9 @@ def run(
     progress=True,
     backends=2,
     napi="softirq",
+    floor=None,
 ):
+    """floor: measure_floor()'s, recorded in the sidecar."""
     rows, lat = [], []
     need_capacity = "open" in loops and capacity is None
     calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
@@ -432,7 +476,9 @@ def run(
             if napi == "threaded"
             else "open loop: machine busy cores (/proc/stat, steal excluded) minus direct's at that load"
         ),
-        "memory": "peak PSS of the processes (0.5 s samples) + BPF maps' memlock",
+        "memory": "peak PSS of the processes (0.5 s samples); BPF maps' memlock apart",
+        "losses": "per run, every namespace: veth ring drops, XDP_TX errors, interface drops, TCP retransmissions",
+        "floor": floor,
     }
     path = write_results(df, "lb", params, out)
     write_results(pd.DataFrame(lat), "lb_latency", params, out, companion_of=path)

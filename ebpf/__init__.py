@@ -14,6 +14,8 @@ include/ (the parsing, checksum, rewriting headers and the one exit, verdict.h).
     lb/            XdpLoadBalancer (xdp_lb.bpf.c): a layer-4 load balancer: Maglev, connection
                    tracking, NAT or DSR
     port_filter/   XdpPortFilter (xdp_port_filter.bpf.c): drop TCP/UDP frames to listed ports
+    pods/          TcPods (tc_pods.bpf.c): pods on a node as Cilium connects them: into a pod by
+                   its veth's peer, to other nodes' pods by the FIB or a VXLAN tunnel (TC)
     instruments/   the lab's own: XdpSink (count, then drop/pass/tx/redirect), XdpGen (the
                    generator), XdpPeerPass (pass everything on a veth peer, so XDP frames arrive)
 
@@ -45,6 +47,7 @@ _LAZY = {
     "TcRedirect": ".redirect.tc_redirect",
     "XdpLoadBalancer": ".lb.xdp_lb",
     "XdpPortFilter": ".port_filter.xdp_port_filter",
+    "TcPods": ".pods.tc_pods",
     "XdpSink": ".instruments.xdp_sink",
     "XdpGen": ".instruments.xdp_gen",
     "XdpPeerPass": ".instruments.xdp_peer_pass",
@@ -63,6 +66,7 @@ __all__ = [
     "Session",
     "SessionMirror",
     "TcMirror",
+    "TcPods",
     "TcRedirect",
     "VerifierError",
     "XdpGen",

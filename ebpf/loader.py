@@ -21,6 +21,7 @@ clang's line, VerifierError with the verifier's, BpfError), with their logs.
 import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -106,6 +107,11 @@ def load_in_child(text: str, cflags, source_name: str, functions) -> ChildLoaded
             child.wait()
             raise
     if not data:
+        if child.returncode < 0:  # BCC itself crashed: here that costs the child only
+            raise errors.CompileError(
+                f"compiling {source_name}: BCC crashed ({signal.Signals(-child.returncode).name}); one known cause "
+                "is a map whose key or value is a struct the C text never defines (a missing #include)"
+            )
         raise errors.BpfError(
             f"compiling {source_name}: the compiling process ended with status {child.returncode}, saying nothing"
         )

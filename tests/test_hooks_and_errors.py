@@ -137,6 +137,23 @@ def test_compile_error_names_the_file_and_line(tmp_path, compile_in):
     assert "\n" not in str(e.value)
 
 
+def test_bcc_crashing_in_a_child_is_one_line_and_this_process_lives(tmp_path):
+    """BCC 0.26 crashes (SIGSEGV) on a map of a struct the text never completes: in
+    this process that would end it (a notebook's kernel, a command); compiled in a
+    child (compile_in = "child", lab lb's way) it is one line."""
+    bad = tmp_path / "incomplete.c"
+    bad.write_text(
+        "struct s { struct nowhere e; __u64 b; };\n"  # a field of a type never defined: a header not included
+        "BPF_PERCPU_ARRAY(st, struct s, 4);\n"
+        "int f(struct __sk_buff *skb) { return 0; }\n"
+    )
+    prog = BpfProgram(source=bad)
+    prog.compile_in, prog.LOADS = "child", (("f", "SCHED_CLS"),)
+    with pytest.raises(CompileError, match=r"incomplete.c: BCC crashed \(SIGSEGV\)") as e:
+        prog.compile()
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("cidr", ["198.18.0.300/24", "198.18.0.1/33", "2001:2::/129", "nonsense", "198.18.1.1/24"])
 def test_bad_cidr_rejected_before_anything_is_loaded(tb1, cidr):
     ns = tb1.ns("receiver")

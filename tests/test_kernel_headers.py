@@ -336,6 +336,7 @@ PROGRAMS = {
     "TcRedirect": lambda: ebpf.TcRedirect(),
     "XdpLoadBalancer": lambda: ebpf.XdpLoadBalancer(),
     "XdpPortFilter": lambda: ebpf.XdpPortFilter(["udp:9"]),
+    "TcPods": lambda: ebpf.TcPods(),
     "XdpSink": lambda: ebpf.XdpSink(),
     "XdpGen": lambda: ebpf.XdpGen(),
     "XdpPeerPass": lambda: ebpf.XdpPeerPass(),

@@ -59,7 +59,12 @@
 #define R_NOT_FORWARDED 19 /* the routes do not forward it: for this node itself, a broadcast, or no route at all */
 #define R_NO_XDP_EGRESS 20 /* its egress cannot take XDP frames (a veth whose peer runs no XDP, a bridge) */
 #define R_VLAN 21        /* VLAN-tagged: which subinterface routes it is the kernel's business */
-#define R_COUNT 22
+/* The pod datapath's ways (ebpf/pods) */
+#define R_LOCAL_POD 22   /* to a pod on this node: into it through its veth (bpf_redirect_peer) */
+#define R_REMOTE_POD 23  /* to a pod on another node, routed by the FIB (native routing) */
+#define R_TUNNELED 24    /* to a pod on another node, through the tunnel to that node */
+#define R_TO_HOST 25     /* for this node itself, or outside the cluster: the kernel's */
+#define R_COUNT 26
 #define R_SLOTS 32 /* the arrays' room: a power of two, for the mask in fp_exit() */
 
 /* fp_exit() masks its indexes so the verifier can bound them: the masks must

@@ -1,0 +1,225 @@
+"""TcPods: a pod datapath as Cilium's connects pods on a node (tc_pods.bpf.c).
+
+    >>> node = TcPods(mode="native", netns="node-a")                             # doctest: +SKIP
+    >>> node.add_pod("lxc1", ["198.18.100.1", "2001:2:100::1"], mac="02:00:00:00:01:01")
+    >>> node.add_remote("198.18.101.0/24")      # another node's pods, routed by the FIB
+    >>> node.attach_pod("lxc1"); node.attach_node("eth0")
+    >>> node.counter_rows()                     # per pod: to pods here, to other nodes, to the host
+
+A pod is a network namespace whose eth0 is a veth; its other end, in the node's
+namespace, is where pods_from_pod runs (TC ingress). pods_from_node runs on the
+uplink and, in tunnel mode, on the collect-metadata VXLAN device (tunnel=), whose
+frames for a pod here go into it. Each pod gets a row of counters (its slot);
+row 0 is the node's: frames for no pod of this node.
+"""
+
+import ctypes
+import ipaddress
+
+from ebpf import netdev
+from ebpf.abi import defines
+from ebpf.errors import InputError
+from ebpf.program import BpfProgram
+
+ABI = defines("pods/tc_pods.h")
+MODES = {"native": ABI["PODS_MODE_NATIVE"], "tunnel": ABI["PODS_MODE_TUNNEL"]}
+SLOTS = ABI["PODS_SLOTS"]
+
+
+def _words(addr) -> list[int]:
+    packed = addr.packed + bytes(16 - len(addr.packed))
+    return [int.from_bytes(packed[i : i + 4], "little") for i in range(0, 16, 4)]
+
+
+def _mac(text) -> bytes:
+    try:
+        raw = bytes.fromhex(str(text).replace(":", ""))
+    except ValueError:
+        raw = b""
+    if len(raw) != 6:
+        raise InputError(f"bad MAC address {text!r}: want six bytes, e.g. 02:00:00:00:01:01")
+    return raw
+
+
+class TcPods(BpfProgram):
+    SOURCE = "tc_pods.bpf.c"
+    FUNCTION = "pods_from_pod"
+    LOADS = (("pods_from_pod", "SCHED_CLS"), ("pods_from_node", "SCHED_CLS"))
+    ROWS = "pod"
+    MAIN_COUNTERS = ("seen", "local_pod", "remote_pod", "tunneled", "to_host", "redirect", "pass")
+    VERDICTS = ("redirect", "pass", "drop")
+    REASONS = (
+        "local_pod",
+        "remote_pod",
+        "tunneled",
+        "to_host",
+        "ttl_expired",
+        "too_big",
+        "no_route",
+        "not_forwarded",
+        "vlan",
+        "not_ip",
+        "malformed",
+    )
+
+    def __init__(self, mode="native", tunnel=None, vni=1, netns=None, source=None, cflags=()):
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r} (native or tunnel)")
+        if (mode == "tunnel") != (tunnel is not None):
+            raise InputError("tunnel mode needs the VXLAN device (tunnel=), and only it")
+        if not 0 < int(vni) < 2**24:
+            raise InputError(f"VNI {vni} is outside 1..16777215")
+        super().__init__(list(cflags), source)
+        self.mode, self.netns, self.vni = mode, netns, int(vni)
+        self.tunnel, self.tunnel_ifindex = tunnel, 0
+        self._pods = {}  # host-side veth name -> (slot, ifindex, [addresses], pod MAC)
+        self._remote = {}  # prefix -> node address or None
+        with netdev.ipr(netns) as ip:  # a namespace or tunnel device that is not there fails now, in one line
+            if tunnel is not None:
+                self.tunnel_ifindex = netdev.ifindex_of(ip, tunnel, netns)
+
+    # --- configuration --------------------------------------------------------------------
+    @property
+    def pods(self) -> dict:
+        """{host-side veth: [its pod's addresses]}"""
+        return {name: list(p[2]) for name, p in self._pods.items()}
+
+    def maps_created(self):
+        c = self.table("conf")[ctypes.c_int(0)]
+        c.mode, c.tunnel_ifindex, c.vni = MODES[self.mode], self.tunnel_ifindex, self.vni
+        self.table("conf")[ctypes.c_int(0)] = c
+        for name in self._pods:
+            self._write_pod(name)
+        for prefix, node in self._remote.items():
+            self._write_remote(prefix, node)
+
+    def add_pod(self, ifname, addrs, mac):
+        """A pod behind its host-side veth `ifname` (in this object's namespace): its
+        addresses (one per family, or more) and its own interface's MAC. Frames to
+        them go into the pod from here on; its counters get a row."""
+        parsed = []
+        for a in [addrs] if isinstance(addrs, str) else addrs:
+            try:
+                parsed.append(ipaddress.ip_address(str(a)))
+            except ValueError:
+                raise InputError(f"pod behind {ifname}: bad address {a!r}") from None
+        pod_mac = _mac(mac)
+        with netdev.ipr(self.netns) as ip:
+            ifindex = netdev.ifindex_of(ip, ifname, self.netns)
+            link = ip.get_links(ifindex)[0]
+            node_mac = _mac(link.get_attr("IFLA_ADDRESS"))
+        if ifname in self._pods:
+            slot = self._pods[ifname][0]
+            self._forget_addresses(ifname)
+        else:
+            used = {p[0] for p in self._pods.values()}
+            free = [s for s in range(1, SLOTS) if s not in used]
+            if not free:
+                raise InputError(f"more than {SLOTS - 1} pods on one node")
+            slot = free[0]
+        self._pods[ifname] = (slot, ifindex, parsed, pod_mac, node_mac)
+        if self.bpf is not None:
+            self._write_pod(ifname)
+        return slot
+
+    def remove_pod(self, ifname):
+        """Forget a pod: no frame goes to its veth from here on (a stale interface
+        gets nothing), and its row of counters is zeroed for the next pod."""
+        if ifname not in self._pods:
+            return
+        slot = self._pods[ifname][0]
+        if self.bpf is not None:
+            self._forget_addresses(ifname)
+            self.table("lxc").pop(ctypes.c_uint32(self._pods[ifname][1]), None)
+            self.zero_percpu("stats", slot)
+        del self._pods[ifname]
+
+    def _addr_key(self, addr):
+        k = self.table("endpoints").Key()
+        k.a = (ctypes.c_uint32 * 4)(*_words(addr))
+        k.family = addr.version
+        return k
+
+    def _forget_addresses(self, ifname):
+        for addr in self._pods[ifname][2]:
+            self.table("endpoints").pop(self._addr_key(addr), None)
+
+    def _write_pod(self, ifname):
+        slot, ifindex, addrs, pod_mac, node_mac = self._pods[ifname]
+        ep = self.table("endpoints").Leaf()
+        ep.ifindex, ep.slot = ifindex, slot
+        ep.mac = (ctypes.c_ubyte * 6)(*pod_mac)
+        ep.node_mac = (ctypes.c_ubyte * 6)(*node_mac)
+        self.table("lxc")[ctypes.c_uint32(ifindex)] = ctypes.c_uint32(slot)
+        for addr in addrs:
+            self.table("endpoints")[self._addr_key(addr)] = ep
+
+    def add_remote(self, prefix, node=None):
+        """Another node's pod prefix. Native mode: the FIB finds the way (node is
+        not needed); tunnel mode: `node` is that node's underlay address."""
+        try:
+            net = ipaddress.ip_network(str(prefix), strict=True)
+        except ValueError as e:
+            raise InputError(f"bad pod prefix {prefix!r}: {e}") from None
+        peer = None
+        if self.mode == "tunnel":
+            if node is None:
+                raise InputError(f"pod prefix {net}: tunnel mode needs the address of the node that holds it")
+            try:
+                peer = ipaddress.ip_address(str(node))
+            except ValueError:
+                raise InputError(f"pod prefix {net}: bad node address {node!r}") from None
+        self._remote[net] = peer
+        if self.bpf is not None:
+            self._write_remote(net, peer)
+
+    def remove_remote(self, prefix):
+        net = ipaddress.ip_network(str(prefix), strict=True)
+        self._remote.pop(net, None)
+        if self.bpf is not None:
+            self.table("remote").pop(self._prefix_key(net), None)
+
+    def _prefix_key(self, net):
+        k = self.table("remote").Key()
+        k.prefixlen = 32 + net.prefixlen
+        k.family = net.version
+        k.a = (ctypes.c_uint32 * 4)(*_words(net.network_address))
+        return k
+
+    def _write_remote(self, net, node):
+        v = self.table("remote").Leaf()
+        if node is not None:
+            v.a = (ctypes.c_uint32 * 4)(*_words(node))
+            v.family = node.version
+        self.table("remote")[self._prefix_key(net)] = v
+
+    # --- attach ---------------------------------------------------------------------------
+    def load_program(self):
+        self.load("pods_from_node", "SCHED_CLS")
+        return self.load(self.FUNCTION, "SCHED_CLS")
+
+    def attach_pod(self, ifname):
+        """What the pod behind `ifname` sends (TC ingress of its host-side veth)."""
+        if ifname not in self._pods:
+            raise InputError(f"{ifname}: no pod added behind it (add_pod first)")
+        return self.attach_tc(self.FUNCTION, ifname, "ingress", self.netns, owner="pods")
+
+    def attach_node(self, ifname):
+        """What reaches the node from outside: the uplink, and the VXLAN device."""
+        return self.attach_tc("pods_from_node", ifname, "ingress", self.netns, owner="pods")
+
+    # --- counters -------------------------------------------------------------------------
+    def counters(self) -> dict:
+        """Every row summed (a removed pod's row was zeroed with it)."""
+        total = {}
+        for slot in [0, *(p[0] for p in self._pods.values())]:
+            for k, v in self.percpu_totals("stats", slot).items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def counter_rows(self) -> dict:
+        """Per pod (its host-side veth), and "node" for frames of no pod here."""
+        rows = {"node": self.percpu_totals("stats", 0)}
+        for name, p in self._pods.items():
+            rows[name] = self.percpu_totals("stats", p[0])
+        return rows

@@ -1,0 +1,255 @@
+"""tc_pods.bpf.c through BPF_PROG_TEST_RUN: frames in, the TC action and the frame out.
+
+One node's namespace, as a CNI leaves it: two pods behind host-side veths (lxc1,
+lxc2) with a host route each, an uplink to another node's namespace that holds
+the route to that node's pods (198.18.101.0/24, 2001:2:101::/64, its neighbour
+entry filled) and to a third prefix whose gateway is not resolved yet
+(198.18.102.0/24 via .3), and a collect-metadata VXLAN device for tunnel mode.
+The runs happen in the node's namespace, where bpf_fib_lookup() answers.
+A redirect is not carried out by a test run: the action says which way
+(TC_ACT_REDIRECT), the frame what was rewritten, the pod's row of counters why.
+"""
+
+import pytest
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from ebpf import testrun
+from ebpf.errors import InputError
+from ebpf.pods.tc_pods import TcPods
+from lab import netns
+from lab.topology import Topology
+
+TC_ACT_OK, TC_ACT_REDIRECT = 0, 7
+POD1, POD2, POD1_6, POD2_6 = "198.18.100.1", "198.18.100.2", "2001:2:100::1", "2001:2:100::2"
+UP, PEER, UP6, PEER6 = "198.18.99.1", "198.18.99.2", "2001:2:99::1", "2001:2:99::2"
+REMOTE, REMOTE6 = "198.18.101.5", "2001:2:101::5"  # the other node's pods, its neighbour known
+UNRESOLVED, UNRESOLVED6 = "198.18.102.5", "2001:2:102::5"  # via a gateway with no neighbour entry yet
+
+
+@pytest.fixture(scope="module")
+def net():
+    t = Topology("podfx")
+    t.add_host("node", forwarding=True)  # bpf_fib_lookup() answers only where forwarding is on
+    for pod in ("pod1", "pod2"):
+        t.add_host(pod)
+    t.add_host("peer")
+    t.add_link("node", "pod1", a_if="lxc1", a_addrs=[], b_addrs=[f"{POD1}/32", f"{POD1_6}/128"])
+    t.add_link("node", "pod2", a_if="lxc2", a_addrs=[], b_addrs=[f"{POD2}/32", f"{POD2_6}/128"])
+    t.add_link("node", "peer", a_addrs=[f"{UP}/24", f"{UP6}/64"], b_addrs=[f"{PEER}/24", f"{PEER6}/64"])
+    with t:
+        for cmd in (
+            ["ip", "route", "add", f"{POD1}/32", "dev", "lxc1"],
+            ["ip", "route", "add", f"{POD2}/32", "dev", "lxc2"],
+            ["ip", "-6", "route", "add", f"{POD1_6}/128", "dev", "lxc1"],
+            ["ip", "-6", "route", "add", f"{POD2_6}/128", "dev", "lxc2"],
+            ["ip", "route", "add", "198.18.101.0/24", "via", PEER],
+            ["ip", "-6", "route", "add", "2001:2:101::/64", "via", PEER6],
+            ["ip", "route", "add", "198.18.102.0/24", "via", "198.18.99.3"],
+            ["ip", "-6", "route", "add", "2001:2:102::/64", "via", "2001:2:99::3"],
+            ["ip", "link", "add", "vxp", "type", "vxlan", "external", "dstport", "4789"],
+            ["ip", "link", "set", "vxp", "up"],
+        ):
+            t.run("node", cmd)
+        yield t
+
+
+def pods(net, **kw) -> TcPods:
+    p = TcPods(netns=net.ns("node"), **kw)
+    p.add_pod("lxc1", [POD1, POD1_6], mac=net.mac("pod1", "eth0"))
+    p.add_pod("lxc2", [POD2, POD2_6], mac=net.mac("pod2", "eth0"))
+    for prefix in ("198.18.101.0/24", "2001:2:101::/64", "198.18.102.0/24", "2001:2:102::/64"):
+        p.add_remote(prefix, node=PEER if kw.get("mode") == "tunnel" else None)
+    return p
+
+
+@pytest.fixture(scope="module", params=["process", "child"])
+def native(net, request):
+    """The native-mode program, compiled here or in a child (lab's commands do that)."""
+    p = pods(net)
+    p.compile_in = request.param
+    p.load_program()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def tunnelled(net):
+    p = pods(net, mode="tunnel", tunnel="vxp", vni=42)
+    p.load_program()
+    yield p
+    p.close()
+
+
+def run(net, prog, frame, ifname, host="node", function="pods_from_pod"):
+    with netns.entered(net.ns(host)):
+        fd = prog.load(function, "SCHED_CLS").fd
+        return testrun.run(fd, bytes(frame), ingress_ifindex=net.ifindex(host, ifname), xdp=False)
+
+
+def from_pod1(net, dst, v6=False, ttl=64, l4=None):
+    ip = IPv6(src=POD1_6, dst=dst, hlim=ttl) if v6 else IP(src=POD1, dst=dst, ttl=ttl)
+    l4 = l4 if l4 is not None else UDP(sport=40000, dport=53) / Raw(b"x" * 18)
+    return Ether(src=net.mac("pod1", "eth0"), dst=net.mac("node", "lxc1")) / ip / l4
+
+
+def row_delta(prog, row, before, bytes_=False):
+    """What changed in a row of counters (the bytes redirected apart, unless asked)."""
+    now = prog.counter_rows()[row]
+    return {k: now[k] - before[row][k] for k in now if now[k] != before[row][k] and (bytes_ or k != "bytes")}
+
+
+def hop(frame, src, dst, v6):
+    """The frame as one routing hop leaves it: new MACs, TTL or hop limit less one."""
+    out = frame.copy()
+    out.src, out.dst = src, dst
+    if v6:
+        out[IPv6].hlim -= 1
+    else:
+        out[IP].ttl -= 1
+        del out[IP].chksum
+    return Ether(bytes(out))
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_pod_to_a_pod_on_the_same_node_goes_into_it_by_its_veths_peer(net, native, v6):
+    before = native.counter_rows()
+    frame = from_pod1(net, POD2_6 if v6 else POD2, v6)
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT
+    assert r.data == bytes(hop(frame, net.mac("node", "lxc2"), net.mac("pod2", "eth0"), v6))
+    assert row_delta(native, "lxc1", before, bytes_=True) == {
+        "seen": 1,
+        "redirect": 1,
+        "local_pod": 1,
+        "bytes": len(frame),
+    }
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_another_nodes_pod_is_routed_by_the_fib_out_of_the_uplink(net, native, v6):
+    before = native.counter_rows()
+    frame = from_pod1(net, REMOTE6 if v6 else REMOTE, v6)
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT
+    assert r.data == bytes(hop(frame, net.mac("node", "eth0"), net.mac("peer", "eth0"), v6))
+    assert row_delta(native, "lxc1", before) == {"seen": 1, "redirect": 1, "remote_pod": 1}
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_gateway_not_resolved_yet_is_left_to_bpf_redirect_neigh(net, native, v6):
+    """NO_NEIGH: the route is known; the helper resolves the neighbour and writes the MACs."""
+    frame = from_pod1(net, UNRESOLVED6 if v6 else UNRESOLVED, v6)
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT
+    assert r.data == bytes(hop(frame, frame.src, frame.dst, v6))  # only the TTL: the MACs are the helper's
+
+
+@pytest.mark.parametrize(
+    "dst, reason",
+    [(UP, "to_host"), ("192.0.2.1", "to_host"), (UP6, "to_host"), ("fe80::1", "to_host")],
+    ids=["the-node", "outside-the-cluster", "the-node-ipv6", "link-local"],
+)
+def test_what_is_for_no_pod_passes_to_the_kernel_untouched(net, native, dst, reason):
+    before = native.counter_rows()
+    frame = from_pod1(net, dst, ":" in dst)
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+    assert row_delta(native, "lxc1", before) == {"seen": 1, "pass": 1, reason: 1}
+
+
+@pytest.mark.parametrize("dst", [POD2, REMOTE, POD2_6, REMOTE6])
+def test_a_frame_with_no_hop_left_goes_to_the_kernel_which_answers_it(net, native, dst):
+    before = native.counter_rows()
+    frame = from_pod1(net, dst, ":" in dst, ttl=1)
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+    assert row_delta(native, "lxc1", before) == {"seen": 1, "pass": 1, "ttl_expired": 1}
+
+
+def test_arp_passes_and_is_counted(net, native):
+    before = native.counter_rows()
+    frame = Ether(src=net.mac("pod1", "eth0"), dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=POD1, pdst="169.254.1.1")
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+    assert row_delta(native, "lxc1", before) == {"seen": 1, "pass": 1, "not_ip": 1}
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_partial_tcp_checksum_stays_as_the_sender_left_it(net, native, v6):
+    """Only the IP header and the MACs change: a checksum a sender with TX offload left
+    partial (the pseudo-header's sum) is still right for the kernel to finish."""
+    frame = from_pod1(net, POD2_6 if v6 else POD2, v6, l4=TCP(sport=40000, dport=80, chksum=0x1234) / Raw(b"y" * 30))
+    r = run(net, native, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT and Ether(r.data)[TCP].chksum == 0x1234
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_from_the_uplink_a_frame_for_a_pod_here_goes_into_it(net, native, v6):
+    before = native.counter_rows()
+    ip = IPv6(src=REMOTE6, dst=POD1_6) if v6 else IP(src=REMOTE, dst=POD1)
+    frame = Ether(src=net.mac("peer", "eth0"), dst=net.mac("node", "eth0")) / ip / UDP(sport=1, dport=2)
+    r = run(net, native, frame, "eth0", function="pods_from_node")
+    assert r.retval == TC_ACT_REDIRECT
+    assert r.data == bytes(hop(frame, net.mac("node", "lxc1"), net.mac("pod1", "eth0"), v6))
+    assert row_delta(native, "lxc1", before) == {"seen": 1, "redirect": 1, "local_pod": 1}  # the pod's row
+
+
+def test_from_the_uplink_what_is_for_no_pod_here_passes(net, native):
+    before = native.counter_rows()
+    frame = Ether(src=net.mac("peer", "eth0"), dst=net.mac("node", "eth0")) / IP(src=PEER, dst=UP) / UDP()
+    r = run(net, native, frame, "eth0", function="pods_from_node")
+    assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+    assert row_delta(native, "node", before) == {"seen": 1, "pass": 1, "to_host": 1}
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_tunnel_mode_sends_another_nodes_pod_to_the_vxlan_device(net, tunnelled, v6):
+    before = tunnelled.counter_rows()
+    frame = from_pod1(net, REMOTE6 if v6 else REMOTE, v6)
+    r = run(net, tunnelled, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT
+    assert r.data == bytes(hop(frame, frame.src, frame.dst, v6))  # the VXLAN device adds the outer headers
+    assert row_delta(tunnelled, "lxc1", before) == {"seen": 1, "redirect": 1, "tunneled": 1}
+
+
+def test_a_removed_pod_gets_no_frame(net):
+    p = pods(net)
+    try:
+        p.load_program()
+        p.remove_pod("lxc2")
+        frame = from_pod1(net, POD2)
+        r = run(net, p, frame, "lxc1")
+        assert r.retval == TC_ACT_OK and r.data == bytes(frame)  # to the kernel: no stale interface
+        assert p.counter_rows()["lxc1"]["to_host"] == 1 and "lxc2" not in p.counter_rows()
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"mode": "overlay"}, "unknown mode 'overlay'"),
+        ({"mode": "tunnel"}, "tunnel mode needs the VXLAN device"),
+        ({"mode": "tunnel", "tunnel": "vxp", "vni": 0}, "VNI 0 is outside"),
+        ({"mode": "tunnel", "tunnel": "nope"}, "nope"),
+    ],
+)
+def test_bad_input_is_one_line(net, kw, message):
+    with pytest.raises(InputError, match=message) as e:
+        TcPods(netns=net.ns("node"), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_a_bad_address_prefix_or_mac_is_one_line(net):
+    p = TcPods(netns=net.ns("node"))
+    with pytest.raises(InputError, match="bad address"):
+        p.add_pod("lxc1", ["198.18.100.300"], mac="02:00:00:00:00:01")
+    with pytest.raises(InputError, match="bad MAC"):
+        p.add_pod("lxc1", [POD1], mac="02:00")
+    with pytest.raises(InputError, match="bad pod prefix"):
+        p.add_remote("198.18.101.1/24")
+    with pytest.raises(InputError, match="no interface named 'lxc9'"):
+        p.add_pod("lxc9", [POD1], mac="02:00:00:00:00:01")

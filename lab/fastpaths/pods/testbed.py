@@ -1,0 +1,106 @@
+"""Two nodes of pods, built the way a CNI builds them (Calico's and Cilium's shape):
+
+    pod p00 eth0 --- lxc0 [node n0] eth0 --- underlay --- eth0 [node n1] lxc0 --- eth0 pod p10
+    pod p01 eth0 --- lxc1                                                 lxc1 --- eth0 pod p11
+
+- a pod is a namespace; its eth0 is a veth whose other end (lxcJ) stays in the node;
+- the pod holds one /32 and one /128 (node i's pods: 198.18.(100+i).(j+1),
+  2001:2:(100+i)::(j+1)); its default route goes via 169.254.1.1 and fe80::1 on eth0,
+  which are its host-side veth's own addresses (every pod's veth has the same two, as
+  every Cilium pod's gateway is the node's one router address), so the node answers
+  the pod's ARP and neighbour solicitations for its gateway itself;
+- the node routes to each pod through its veth (a host route) and to the other node's
+  pod prefix (198.18.(100+i).0/24, 2001:2:(100+i)::/64) via that node's underlay address
+  (native routing), forwarding on;
+- tunnel=True: each node also has a collect-metadata VXLAN device, vxlan0, and the
+  pods' MTU leaves room for its 50 bytes (1450).
+"""
+
+from dataclasses import dataclass, field
+
+from lab.testbeds import BuiltTestbed
+from lab.topology import Topology
+
+GATEWAY4, GATEWAY6 = "169.254.1.1", "fe80::1"
+VXLAN_PORT = 4789
+TUNNEL_MTU = 1450  # 1500 less VXLAN over IPv4's 50 bytes of headers
+
+
+@dataclass(repr=False)
+class PodsTestbed(BuiltTestbed):
+    topo: Topology
+    nodes: list
+    pods: dict  # node -> [pod hosts]
+    tunnel: bool = False
+    lxc: dict = field(default_factory=dict)  # pod host -> its host-side veth's name in its node
+
+    def node_of(self, pod) -> str:
+        return next(n for n, ps in self.pods.items() if pod in ps)
+
+    def underlay4(self, node) -> str:
+        return f"198.18.99.{self.nodes.index(node) + 1}"
+
+    def underlay6(self, node) -> str:
+        return f"2001:2:99::{self.nodes.index(node) + 1:x}"
+
+    def pod4(self, pod) -> str:
+        node = self.node_of(pod)
+        return f"198.18.{100 + self.nodes.index(node)}.{self.pods[node].index(pod) + 1}"
+
+    def pod6(self, pod) -> str:
+        node = self.node_of(pod)
+        return f"2001:2:{100 + self.nodes.index(node)}::{self.pods[node].index(pod) + 1:x}"
+
+    def prefix4(self, node) -> str:
+        return f"198.18.{100 + self.nodes.index(node)}.0/24"
+
+    def prefix6(self, node) -> str:
+        return f"2001:2:{100 + self.nodes.index(node)}::/64"
+
+    def prepare(self):
+        t = self.topo
+        for node in self.nodes:
+            for pod in self.pods[node]:
+                lxc = self.lxc[pod]
+                t.run(node, ["ip", "addr", "add", f"{GATEWAY4}/32", "dev", lxc])
+                t.run(node, ["ip", "addr", "add", f"{GATEWAY6}/64", "dev", lxc, "nodad"])
+                t.run(node, ["ip", "route", "add", f"{self.pod4(pod)}/32", "dev", lxc])
+                t.run(node, ["ip", "-6", "route", "add", f"{self.pod6(pod)}/128", "dev", lxc])
+                t.run(pod, ["ip", "route", "add", GATEWAY4, "dev", "eth0", "scope", "link"])
+                t.run(pod, ["ip", "route", "add", "default", "via", GATEWAY4, "dev", "eth0"])
+                t.run(pod, ["ip", "-6", "route", "add", "default", "via", GATEWAY6, "dev", "eth0"])
+            for other in self.nodes:
+                if other != node:
+                    t.run(node, ["ip", "route", "add", self.prefix4(other), "via", self.underlay4(other)])
+                    t.run(node, ["ip", "-6", "route", "add", self.prefix6(other), "via", self.underlay6(other)])
+            if self.tunnel:
+                t.run(node, ["ip", "link", "add", "vxlan0", "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
+                t.run(node, ["ip", "link", "set", "vxlan0", "up"])
+
+
+def pods_testbed(pods_per_node=2, tunnel=False, kernel_defaults=False) -> PodsTestbed:
+    nodes = ["n0", "n1"]
+    pods = {n: [f"p{i}{j}" for j in range(pods_per_node)] for i, n in enumerate(nodes)}
+    tb = PodsTestbed(None, nodes, pods, tunnel)
+    t = Topology("pods", kernel_defaults=kernel_defaults)
+    for node in nodes:
+        t.add_host(node, forwarding=True)
+    mtu = TUNNEL_MTU if tunnel else 1500
+    for node in nodes:
+        for j, pod in enumerate(pods[node]):
+            t.add_host(pod)
+            tb.lxc[pod] = f"lxc{j}"
+            # the pod's addresses are set after the build: a /32 and /128 with no on-link prefix
+            t.add_link(node, pod, a_if=f"lxc{j}", a_addrs=[], b_addrs=[], mtu=mtu)
+    t.add_link(
+        nodes[0],
+        nodes[1],
+        a_addrs=[f"{tb.underlay4(nodes[0])}/24", f"{tb.underlay6(nodes[0])}/64"],
+        b_addrs=[f"{tb.underlay4(nodes[1])}/24", f"{tb.underlay6(nodes[1])}/64"],
+    )
+    for node in nodes:
+        for pod in pods[node]:
+            t.add_address(pod, "eth0", f"{tb.pod4(pod)}/32")
+            t.add_address(pod, "eth0", f"{tb.pod6(pod)}/128")
+    tb.topo = t
+    return tb

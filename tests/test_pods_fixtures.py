@@ -149,7 +149,7 @@ def test_a_gateway_not_resolved_yet_is_left_to_bpf_redirect_neigh(net, native, v
 
 @pytest.mark.parametrize(
     "dst, reason",
-    [(UP, "to_host"), ("192.0.2.1", "to_host"), (UP6, "to_host"), ("fe80::1", "to_host")],
+    [(UP, "unmatched"), ("192.0.2.1", "unmatched"), (UP6, "unmatched"), ("fe80::1", "unmatched")],
     ids=["the-node", "outside-the-cluster", "the-node-ipv6", "link-local"],
 )
 def test_what_is_for_no_pod_passes_to_the_kernel_untouched(net, native, dst, reason):
@@ -202,7 +202,7 @@ def test_from_the_uplink_what_is_for_no_pod_here_passes(net, native):
     frame = Ether(src=net.mac("peer", "eth0"), dst=net.mac("node", "eth0")) / IP(src=PEER, dst=UP) / UDP()
     r = run(net, native, frame, "eth0", function="pods_from_node")
     assert r.retval == TC_ACT_OK and r.data == bytes(frame)
-    assert row_delta(native, "node", before) == {"seen": 1, "pass": 1, "to_host": 1}
+    assert row_delta(native, "node", before) == {"seen": 1, "pass": 1, "unmatched": 1}
 
 
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
@@ -223,7 +223,7 @@ def test_a_removed_pod_gets_no_frame(net):
         frame = from_pod1(net, POD2)
         r = run(net, p, frame, "lxc1")
         assert r.retval == TC_ACT_OK and r.data == bytes(frame)  # to the kernel: no stale interface
-        assert p.counter_rows()["lxc1"]["to_host"] == 1 and "lxc2" not in p.counter_rows()
+        assert p.counter_rows()["lxc1"]["unmatched"] == 1 and "lxc2" not in p.counter_rows()
     finally:
         p.close()
 

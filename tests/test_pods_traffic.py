@@ -5,6 +5,8 @@ across nodes, native routing and the VXLAN tunnel. The proof that the fast path
 carried it is the kernel's own: the nodes' forwarding counters do not move, while
 each pod's row of the program's counters does."""
 
+import json
+
 import pytest
 from helpers import PORT, echo_servers, exchange, stop_all
 
@@ -22,6 +24,13 @@ def kernel_forwards(tb, node) -> int:
     snmp6 = tb.topo.run(node, ["cat", "/proc/net/snmp6"], capture_output=True, text=True).stdout.split()
     v6 = int(snmp6[snmp6.index("Ip6OutForwDatagrams") + 1])
     return v4 + v6
+
+
+def tx_packets(tb, node, ifname) -> int:
+    link = json.loads(
+        tb.topo.run(node, ["ip", "-s", "-j", "link", "show", ifname], capture_output=True, text=True).stdout
+    )
+    return link[0]["stats64"]["tx"]["packets"]
 
 
 def datapath(tb, node) -> TcPods:
@@ -67,9 +76,13 @@ def test_pod_traffic_is_carried_whole_by_the_datapath_not_by_the_kernels_forward
     way = "local_pod" if sender == receiver else ("tunneled" if tb.tunnel else "remote_pod")
     before = progs[sender].counter_rows()[tb.lxc[src]][way]
     delivered = progs[receiver].counter_rows()[tb.lxc[dst]]["local_pod"]
+    sent_by_veth = tx_packets(tb, receiver, tb.lxc[dst])
     got = exchange(tb.topo, src, tb.pod6(dst) if v6 else tb.pod4(dst), PORT, N)
     assert got == {"udp": N, "tcp": N, "n": N}
     assert {n: kernel_forwards(tb, n) for n in tb.nodes} == forwards  # nothing went the kernel's way
+    # into the pod from its veth's ingress to the peer's (bpf_redirect_peer): not out of the
+    # veth, whose TX counts only what the node itself sends the pod (a neighbour reply or two)
+    assert tx_packets(tb, receiver, tb.lxc[dst]) - sent_by_veth <= 2
     # the sending pod's row counts its frames out on their way; across nodes, the
     # receiving node counts them into the pod (its uplink's or tunnel's program)
     assert progs[sender].counter_rows()[tb.lxc[src]][way] > before

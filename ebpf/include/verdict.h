@@ -63,8 +63,7 @@
 #define R_LOCAL_POD 22   /* to a pod on this node: into it through its veth (bpf_redirect_peer) */
 #define R_REMOTE_POD 23  /* to a pod on another node, routed by the FIB (native routing) */
 #define R_TUNNELED 24    /* to a pod on another node, through the tunnel to that node */
-#define R_TO_HOST 25     /* for this node itself, or outside the cluster: the kernel's */
-#define R_COUNT 26
+#define R_COUNT 25
 #define R_SLOTS 32 /* the arrays' room: a power of two, for the mask in fp_exit() */
 
 /* fp_exit() masks its indexes so the verifier can bound them: the masks must

@@ -15,7 +15,8 @@
  *       bpf_redirect_neigh(); tunnel mode sets the tunnel key (that node's
  *       address, the VNI) and redirects to the collect-metadata VXLAN device;
  *     - anything else (the node itself, outside the cluster, ARP, ND) passes
- *       to the kernel untouched, counted by reason.
+ *       to the kernel untouched, counted by reason (unmatched: for no pod, as
+ *       every program of the lab names what is none of its business).
  *   pods_from_node  on the uplink and on the VXLAN device: a frame for a pod
  *     on this node goes into it; anything else passes.
  *
@@ -279,7 +280,7 @@ int pods_from_pod(struct __sk_buff *skb)
 	__builtin_memcpy(pk.a, k.a, sizeof(pk.a));
 	node = remote.lookup(&pk);
 	if (!node)
-		return tc_exit(&st->exits, TC_ACT_OK, R_TO_HOST);
+		return tc_exit(&st->exits, TC_ACT_OK, R_UNMATCHED);
 	if (cf->mode == PODS_MODE_TUNNEL) {
 		struct pod_node to = *node;
 
@@ -313,6 +314,6 @@ int pods_from_node(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	st->exits.seen++;
 	if (!ep)
-		return tc_exit(&st->exits, TC_ACT_OK, R_TO_HOST);
+		return tc_exit(&st->exits, TC_ACT_OK, R_UNMATCHED);
 	return deliver(skb, st, &r, ep);
 }

@@ -46,13 +46,13 @@ class TcPods(BpfProgram):
     FUNCTION = "pods_from_pod"
     LOADS = (("pods_from_pod", "SCHED_CLS"), ("pods_from_node", "SCHED_CLS"))
     ROWS = "pod"
-    MAIN_COUNTERS = ("seen", "local_pod", "remote_pod", "tunneled", "to_host", "redirect", "pass")
+    MAIN_COUNTERS = ("seen", "local_pod", "remote_pod", "tunneled", "unmatched", "redirect", "pass")
     VERDICTS = ("redirect", "pass", "drop")
     REASONS = (
         "local_pod",
         "remote_pod",
         "tunneled",
-        "to_host",
+        "unmatched",
         "ttl_expired",
         "too_big",
         "no_route",

@@ -247,6 +247,15 @@ class BpfProgram(Shown):
             tc.detach(f)
             self._tc_filters.remove(f)
 
+    def forget_tc(self, f):
+        """Off a hook whose interface may be gone (a pod's veth deleted took its filter
+        with it): detached where it is still there, forgotten either way."""
+        with interrupts.held():
+            with contextlib.suppress(Exception):
+                tc.detach(f)
+            if f in self._tc_filters:
+                self._tc_filters.remove(f)
+
     @property
     def tc_filters(self):
         return list(self._tc_filters)

@@ -22,7 +22,7 @@ FASTPATHS = fastpaths()
 
 
 def test_the_bundles_are_found_in_their_order():
-    assert [fp.name for fp in FASTPATHS] == ["vtap", "redirect", "lb", "port-filter"]
+    assert [fp.name for fp in FASTPATHS] == ["vtap", "redirect", "lb", "port-filter", "pods"]
 
 
 @pytest.mark.parametrize("fp", FASTPATHS, ids=[fp.name for fp in FASTPATHS])

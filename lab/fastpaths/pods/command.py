@@ -1,0 +1,310 @@
+"""python -m lab pods: connect this node's pods as Cilium does (ebpf.TcPods), on a node
+built as a CNI builds one. What is its own is below; the lifecycle every tool shares
+(lab.lifecycle) does the rest: it works in the namespace it starts in, every exit
+detaches what it attached, and the same exit statuses.
+
+It finds what a CNI leaves on a node:
+- pods: the routes to single addresses (/32, /128) through veths, as Cilium and Calico
+  route to their pods; the pod's MAC is its end of the veth;
+- other nodes' pods (native routing): the routes via the uplink, the default excepted;
+  with --tunnel vxlan, --peer NODE_ADDR=POD_PREFIX names them and the node that holds
+  each, and the command makes the collect-metadata VXLAN device (pods_vxlan) itself.
+Pods that come and go (a veth and its route added or removed) are attached or dropped
+within a second (a watch every 0.25 s); no frame goes to a veth that is gone.
+"""
+
+import contextlib
+import ipaddress
+import socket
+import threading
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ebpf import BpfError, InputError, netdev, tc
+from ebpf.pods.tc_pods import TcPods
+from lab import hostcheck
+from lab.console import CounterTable, UsageError, require, warn
+from lab.lifecycle import Command
+
+OWNER = "pods"  # its TC filters are named pods:<function>
+TUNNEL_DEV = "pods_vxlan"
+VXLAN_PORT = 4789
+WATCH_SECONDS = 0.25
+EXAMPLES = """\
+examples:
+  python -m lab pods --uplink eth0                  # native routing: other nodes' pods by their routes
+  python -m lab pods --uplink eth0 --tunnel vxlan --peer 198.18.99.2=198.18.101.0/24 \\
+                     --peer 198.18.99.2=2001:2:101::/64
+  ip netns exec node0 python -m lab pods --uplink eth0 --json --duration 10
+  python -m lab pods --cleanup                      # what a killed run left
+
+exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
+  1 failed (BCC missing, compiler, verifier or hook refused, a filter removed from outside);
+  2 cannot run as given (bad option, unknown interface, not root, a host that cannot carry it)
+"""
+RATES = ("seen", "redirect")
+TOTALS = ("seen", "local_pod", "remote_pod", "tunneled", "unmatched", "pass", "drop")
+
+
+def parse_peer(text):
+    """NODE_ADDR=POD_PREFIX: (node address, prefix)."""
+    node, sep, prefix = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError("no =")
+        return ipaddress.ip_address(node.strip()), ipaddress.ip_network(prefix.strip(), strict=True)
+    except ValueError as e:
+        raise UsageError(f"bad --peer {text!r}: want NODE_ADDR=POD_PREFIX ({e})") from None
+
+
+def _sysctl(path):
+    try:
+        with open(f"/proc/sys/{path}") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def find_pods(uplink) -> tuple[dict, list]:
+    """({host-side veth: [pod addresses]}, [other nodes' pod prefixes via the uplink])."""
+    pods, remote = {}, []
+    with netdev.ipr() as ip:
+        names = {d.index: d for d in netdev.devices(ip).values()}
+        up = netdev.ifindex_of(ip, uplink)
+        for family, full in ((socket.AF_INET, 32), (socket.AF_INET6, 128)):
+            for r in ip.get_routes(family=family, table=254):
+                dst, oif = r.get_attr("RTA_DST"), r.get_attr("RTA_OIF")
+                if dst is None:  # a default route: outside the cluster
+                    continue
+                dev = names.get(oif)
+                if r["dst_len"] == full and r.get_attr("RTA_GATEWAY") is None and dev and dev.kind == "veth":
+                    pods.setdefault(dev.name, []).append(ipaddress.ip_address(dst))
+                elif oif == up and r.get_attr("RTA_GATEWAY") is not None:
+                    remote.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}"))
+    return pods, remote
+
+
+def pod_mac(ifname) -> str:
+    """The MAC of the pod's end of its veth."""
+    peer = hostcheck.veth_peer(ifname)
+    if peer is None or peer.netns is None:
+        raise InputError(f"{ifname}: its peer's namespace cannot be entered from here, so its pod's MAC is not known")
+    with netdev.ipr(peer.netns) as ip:
+        return ip.get_links(peer.ifindex)[0].get_attr("IFLA_ADDRESS")
+
+
+def mtu_of(ifname) -> int:
+    with netdev.ipr() as ip:
+        return ip.get_links(netdev.ifindex_of(ip, ifname))[0].get_attr("IFLA_MTU")
+
+
+def tunnel_mtu_problem(uplink, pods) -> str | None:
+    """A pod whose MTU leaves no room for VXLAN's 50 bytes on the uplink sends frames the
+    tunnel cannot carry whole (a CNI in tunnel mode gives its pods 50 bytes less)."""
+    room = mtu_of(uplink) - 50
+    big = [p for p in pods if mtu_of(p) > room]
+    if not big:
+        return None
+    return (
+        f"the pods behind {', '.join(big)} have an MTU above {room}, what {uplink} carries inside VXLAN: "
+        f"set it in each pod (ip link set dev eth0 mtu {room}) or raise {uplink}'s by 50"
+    )
+
+
+def host_problems(uplink, pods) -> list[str]:
+    """What this node lacks to carry its pods this way, each with the line that fixes it."""
+    out = []
+    off = [
+        f"net.ipv{v}.conf.{i}.forwarding"
+        for i in [uplink, *pods]
+        for v in (4, 6)
+        if _sysctl(f"net/ipv{v}/conf/{i}/forwarding") == "0"
+    ]
+    if off:
+        out.append(
+            f"forwarding is off ({', '.join(off[:4])}{' ...' if len(off) > 4 else ''}): the program finds other "
+            "nodes' pods with bpf_fib_lookup(), which needs it on; fix: sysctl -w "
+            "net.ipv4.conf.all.forwarding=1 net.ipv6.conf.all.forwarding=1"
+        )
+    strict = [i for i in pods if _sysctl(f"net/ipv4/conf/{i}/rp_filter") == "1"]
+    if strict and _sysctl("net/ipv4/conf/all/rp_filter") != "2":
+        out.append(
+            f"strict reverse-path filtering on {', '.join(strict)}: what a pod sends to the node itself "
+            "is checked against routes the datapath does not use; fix: sysctl -w net.ipv4.conf.all.rp_filter=2"
+        )
+    return out
+
+
+class PodsCommand(Command):
+    name, short = "python -m lab pods", "pods"
+    description = (
+        "Connect this node's pods as Cilium does: into a pod here through its veth's peer "
+        "(bpf_redirect_peer), to another node's pods by the FIB or a VXLAN tunnel, the rest to the kernel."
+    )
+    examples = EXAMPLES
+    cleans = "pod datapath filters, and the VXLAN device a tunnel run made"
+
+    def options(self, p):
+        p.add_argument("--uplink", metavar="IF", help="the node's interface towards the other nodes")
+        p.add_argument("--tunnel", choices=("vxlan",), help="reach other nodes' pods through a VXLAN tunnel")
+        p.add_argument(
+            "--peer",
+            metavar="NODE=PREFIX",
+            action="append",
+            default=[],
+            help="tunnel mode: another node's address and its pods' prefix (repeatable)",
+        )
+        p.add_argument("--vni", type=int, default=1, help="the tunnel's VXLAN network identifier (default %(default)s)")
+
+    def parse(self, args):
+        require(args, uplink="--uplink is required (the interface towards the other nodes)")
+        self.peers = [parse_peer(t) for t in args.peer]
+        if args.tunnel and not self.peers:
+            raise UsageError("--tunnel vxlan needs at least one --peer NODE_ADDR=POD_PREFIX")
+        if self.peers and not args.tunnel:
+            raise UsageError("--peer is for tunnel mode (--tunnel vxlan); native routing reads the routes")
+        if not 0 < args.vni < 2**24:
+            raise UsageError(f"--vni {args.vni} is outside 1..16777215")
+
+    def cleanup(self, all_runs=False):
+        removed, spared = tc.cleanup(OWNER, spare_live=not all_runs)
+        if not spared:
+            with netdev.ipr() as ip, contextlib.suppress(Exception):
+                idx = netdev.ifindex_of(ip, TUNNEL_DEV)
+                ip.link("del", index=idx)
+                removed.append(f"the VXLAN device {TUNNEL_DEV}")
+        return removed, [f"filter {f.entry.name} on {f.where} (pid {', '.join(map(str, f.pids))})" for f in spared]
+
+    def build(self):
+        a = self.args
+        with netdev.ipr() as ip:
+            netdev.ifindex_of(ip, a.uplink)  # an unknown interface first, in one line
+        pods, remote = find_pods(a.uplink)
+        self.remote = remote
+        if not a.ebpf:
+            problems = host_problems(a.uplink, pods)
+            if not pods:
+                warn("no pods on this node yet (no /32 or /128 route through a veth): they are taken as they come")
+            if not a.tunnel and not remote:
+                warn(f"no route via {a.uplink} to other nodes' pods: only pods on this node are connected")
+            if a.tunnel and (mtu := tunnel_mtu_problem(a.uplink, pods)):
+                warn(mtu)
+            if problems:
+                raise InputError("\n".join(problems))
+        # built here, the tunnel device made in start(): --ebpf prints the C text without it
+        self.prog = TcPods(netns=None)
+        self.prog.compile_in = "child"  # it runs for as long as the node: no compiler kept
+        self.found = pods
+        return self.prog
+
+    def start(self, stack):
+        a = self.args
+        if a.tunnel:
+            self._make_tunnel(stack)
+            self.prog = TcPods(mode="tunnel", tunnel=TUNNEL_DEV, vni=a.vni)
+            self.prog.compile_in = "child"
+            stack.callback(self.prog.close)
+            for node, prefix in self.peers:
+                self.prog.add_remote(prefix, node)
+        else:
+            for prefix in self.remote:
+                self.prog.add_remote(prefix)
+        self.prog.load_program()
+        self.lock = threading.Lock()
+        self.attached = {}  # host-side veth -> its TC filter
+        self.started = False  # the pods found at start are in the header, not said one by one
+        self.refresh(self.found)
+        self.started = True
+        self.prog.attach_node(a.uplink)
+        if a.tunnel:
+            self.prog.attach_node(TUNNEL_DEV)
+        self.stop = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, name="pods-watch", daemon=True)
+        self.watcher.start()
+        stack.callback(self._stop_watch)
+
+    def _make_tunnel(self, stack):
+        with netdev.ipr() as ip:
+            try:
+                netdev.ifindex_of(ip, TUNNEL_DEV)
+            except InputError:
+                pass
+            else:
+                raise InputError(
+                    f"{TUNNEL_DEV} exists already: another run's (python -m lab pods --cleanup removes a killed one's)"
+                )
+            try:
+                ip.link("add", ifname=TUNNEL_DEV, kind="vxlan", vxlan_collect_metadata=1, vxlan_port=VXLAN_PORT)
+            except NetlinkError as e:
+                raise BpfError(f"making the VXLAN device {TUNNEL_DEV}: {netdev.netlink_reason(e)}") from None
+            stack.callback(self._remove_tunnel)
+            ip.link("set", index=netdev.ifindex_of(ip, TUNNEL_DEV), state="up")
+
+    def _remove_tunnel(self):
+        with netdev.ipr() as ip, contextlib.suppress(Exception):
+            ip.link("del", index=netdev.ifindex_of(ip, TUNNEL_DEV))
+
+    def _stop_watch(self):
+        self.stop.set()
+        self.watcher.join()
+
+    def _watch(self):
+        while not self.stop.wait(WATCH_SECONDS):
+            try:
+                self.refresh(find_pods(self.args.uplink)[0])
+            except Exception as e:  # noqa: BLE001 -- a watch that fails says so and tries again
+                warn(f"watching for pods: {e}")
+
+    def refresh(self, found):
+        """Attach what is new, drop what is gone (its veth with it, or its route)."""
+        with self.lock:
+            for lxc in [x for x in self.attached if x not in found]:
+                f = self.attached.pop(lxc)
+                self.prog.remove_pod(lxc)  # first: no frame goes its way any more
+                self.prog.forget_tc(f)  # a veth that is gone took its filter with it
+                warn(f"pod behind {lxc} gone: dropped")
+            for lxc, addrs in found.items():
+                if lxc in self.attached and self.prog.pods.get(lxc) == addrs:
+                    continue
+                try:
+                    self.prog.add_pod(lxc, addrs, pod_mac(lxc))
+                    if lxc not in self.attached:
+                        self.attached[lxc] = self.prog.attach_pod(lxc)
+                        if self.started:
+                            warn(f"pod behind {lxc} ({', '.join(map(str, addrs))}): attached")
+                except (InputError, BpfError) as e:
+                    warn(f"pod behind {lxc}: not attached: {e}")
+
+    def table(self):
+        self.live = CounterTable(self.args.json, RATES, TOTALS, key="POD", rows_name="pods")
+        return self.live
+
+    def header(self):
+        a = self.args
+        mode = f"tunnel (VXLAN {TUNNEL_DEV}, VNI {a.vni})" if a.tunnel else "native routing"
+        pods = self.prog.pods
+        self.live.attached(
+            dict(
+                uplink=a.uplink,
+                mode="tunnel" if a.tunnel else "native",
+                pods={k: list(map(str, v)) for k, v in pods.items()},
+            ),
+            f"pods: {len(pods)} pods on this node, other nodes' by {mode} via {a.uplink}; Ctrl-C to stop",
+            names=list(pods) + ["node"],
+        )
+
+    def sample(self, final=False):
+        with self.lock:
+            rows = self.prog.counter_rows()
+        total = {k: sum(r[k] for r in rows.values()) for k in next(iter(rows.values()))}
+        self.live.sample(total, rows, final)
+
+    def tick(self):
+        with self.lock:
+            nodes = [f for f in self.prog.tc_filters if f.name.endswith("pods_from_node")]
+            gone = [f.ifname for f in nodes if tc.find(f) is None]
+        if gone:
+            raise BpfError(f"stopped: the program was removed from {', '.join(gone)} from outside")
+
+
+COMMAND = PodsCommand()

@@ -1,0 +1,217 @@
+"""python -m lab pods on two nodes built with plain `ip` commands and the kernel's
+defaults, as a user's CNI leaves them (not the lab's testbed): it finds the pods by
+their routes, carries their traffic (native routing and the VXLAN tunnel), takes pods
+as they come and go, says what a host lacks, and leaves nothing after a kill -9 and
+its --cleanup."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+from helpers import ECHO, PORT
+
+from ebpf import tc
+
+P = f"pc{os.getpid() % 100000}"
+N0, N1 = f"{P}n0", f"{P}n1"
+PODS = {  # pod namespace: (node, its veth in the node, IPv4, IPv6)
+    f"{P}a": (N0, "lxc0", "198.18.100.1", "2001:2:100::1"),
+    f"{P}b": (N0, "lxc1", "198.18.100.2", "2001:2:100::2"),
+    f"{P}c": (N1, "lxc0", "198.18.101.1", "2001:2:101::1"),
+}
+A, B, C = PODS
+
+
+def sh(*cmds):
+    for c in cmds:
+        subprocess.run(c, shell=True, check=True, capture_output=True)
+
+
+def add_pod(pod, node, lxc, v4, v6, mtu=1500):
+    sh(
+        f"ip netns add {pod}",
+        f"ip link add {lxc} netns {node} mtu {mtu} type veth peer name eth0 netns {pod} mtu {mtu}",
+        f"ip -n {pod} link set lo up && ip -n {pod} link set eth0 up && ip -n {node} link set {lxc} up",
+        f"ip -n {pod} addr add {v4}/32 dev eth0 && ip -n {pod} addr add {v6}/128 dev eth0 nodad",
+        f"ip -n {node} addr add 169.254.1.1/32 dev {lxc} && ip -n {node} addr add fe80::1/64 dev {lxc} nodad",
+        f"ip -n {node} route add {v4}/32 dev {lxc} && ip -n {node} -6 route add {v6}/128 dev {lxc}",
+        f"ip -n {pod} route add 169.254.1.1 dev eth0 scope link",
+        f"ip -n {pod} route add default via 169.254.1.1 dev eth0",
+        f"ip -n {pod} -6 route add default via fe80::1 dev eth0",
+    )
+
+
+@pytest.fixture
+def nodes(request):
+    """Two nodes (forwarding off, as a fresh namespace has it) and three pods; the
+    tunnel variant gives its pods VXLAN's 50 bytes less MTU, as a CNI in tunnel mode does."""
+    mtu = 1450 if getattr(request, "param", "") == "tunnel" else 1500
+    try:
+        sh(
+            f"ip netns add {N0} && ip netns add {N1}",
+            f"ip link add eth0 netns {N0} type veth peer name eth0 netns {N1}",
+            f"ip -n {N0} addr add 198.18.99.1/24 dev eth0 && ip -n {N1} addr add 198.18.99.2/24 dev eth0",
+            f"ip -n {N0} addr add 2001:2:99::1/64 dev eth0 nodad && ip -n {N1} addr add 2001:2:99::2/64 dev eth0 nodad",
+            f"ip -n {N0} link set eth0 up && ip -n {N1} link set eth0 up",
+        )
+        for pod, (node, lxc, v4, v6) in PODS.items():
+            add_pod(pod, node, lxc, v4, v6, mtu)
+        sh(
+            f"ip -n {N0} route add 198.18.101.0/24 via 198.18.99.2",
+            f"ip -n {N0} -6 route add 2001:2:101::/64 via 2001:2:99::2",
+            f"ip -n {N1} route add 198.18.100.0/24 via 198.18.99.1",
+            f"ip -n {N1} -6 route add 2001:2:100::/64 via 2001:2:99::1",
+        )
+        servers = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", p, sys.executable, ECHO, "serve", str(PORT)], stdout=subprocess.PIPE, text=True
+            )
+            for p in PODS
+        ]
+        for s in servers:
+            assert s.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        for s in locals().get("servers", []):
+            s.kill()
+            s.wait()
+        for ns in [*PODS, f"{P}d", N0, N1]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def forwarding_on():
+    for n in (N0, N1):
+        sh(f"ip netns exec {n} sysctl -qw net.ipv4.conf.all.forwarding=1 net.ipv6.conf.all.forwarding=1")
+
+
+def pods_cmd(node, *args, **kw):
+    return subprocess.Popen(
+        ["ip", "netns", "exec", node, sys.executable, "-m", "lab", "pods", "--uplink", "eth0", "--json", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
+
+
+def attached(p) -> dict:
+    line = p.stdout.readline()
+    assert line, p.stderr.read()
+    return json.loads(line)
+
+
+def exchange(pod, dst, n=6):
+    out = subprocess.run(
+        ["ip", "netns", "exec", pod, sys.executable, ECHO, "exchange", dst, str(PORT), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    return [json.loads(ln) for ln in out.splitlines()], err
+
+
+def test_forwarding_off_is_said_with_its_fix_and_nothing_attached(nodes):
+    r = subprocess.run(
+        ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--uplink", "eth0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2
+    assert "forwarding is off" in r.stderr and "sysctl -w net.ipv4.conf.all.forwarding=1" in r.stderr
+    assert tc.filters_of("pods", f"/run/netns/{N0}") == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tunnel", "vxlan"], "needs at least one --peer"),
+        (["--peer", "198.18.99.2=198.18.101.0/24"], "--peer is for tunnel mode"),
+        (["--tunnel", "vxlan", "--peer", "198.18.99.2"], "bad --peer"),
+        (["--vni", "0"], "--vni 0 is outside"),
+    ],
+)
+def test_bad_input_is_one_line(args, message):
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "pods", "--uplink", "eth0", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("nodes", ["native", "tunnel"], indirect=True)
+def test_it_carries_the_pods_traffic_takes_new_pods_and_drops_gone_ones(nodes, request):
+    forwarding_on()
+    tunnel = request.node.callspec.params["nodes"] == "tunnel"
+    extra = {
+        N0: ["--tunnel", "vxlan", "--peer", "198.18.99.2=198.18.101.0/24", "--peer", "198.18.99.2=2001:2:101::/64"],
+        N1: ["--tunnel", "vxlan", "--peer", "198.18.99.1=198.18.100.0/24", "--peer", "198.18.99.1=2001:2:100::/64"],
+    }
+    runs = {n: pods_cmd(n, *(extra[n] if tunnel else [])) for n in (N0, N1)}
+    try:
+        heads = {n: attached(p) for n, p in runs.items()}
+        assert heads[N0]["pods"] == {
+            "lxc0": ["198.18.100.1", "2001:2:100::1"],
+            "lxc1": ["198.18.100.2", "2001:2:100::2"],
+        }
+        assert heads[N0]["mode"] == ("tunnel" if tunnel else "native")
+        for src, dst in ((A, PODS[B][2]), (A, PODS[C][2]), (C, PODS[A][3]), (B, PODS[C][3])):
+            assert exchange(src, dst) == {"udp": 6, "tcp": 6, "n": 6}, (src, dst)
+        # a pod that comes while it runs is taken within a second; one that goes, dropped
+        add_pod(f"{P}d", N1, "lxc1", "198.18.101.2", "2001:2:101::2", 1450 if tunnel else 1500)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", f"{P}d", sys.executable, ECHO, "serve", str(PORT)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        assert exchange(A, "198.18.101.2") == {"udp": 6, "tcp": 6, "n": 6}
+        server.kill()  # a process in it would keep the namespace, and the veth, alive
+        server.wait()
+        subprocess.run(["ip", "netns", "del", f"{P}d"], check=True)  # its veth goes with it
+        time.sleep(1.0)  # within a second, as for a pod that comes
+        assert len(tc.filters_of("pods", f"/run/netns/{N1}")) == 2 + tunnel  # lxc0, the uplink (, the tunnel)
+    finally:
+        outs = {n: stop(p) for n, p in runs.items()}
+    lines, err = outs[N1]
+    assert "pod behind lxc1 (198.18.101.2, 2001:2:101::2): attached" in err and "pod behind lxc1 gone: dropped" in err
+    final = lines[-1]
+    assert final["event"] == "final" and final["pods"]["lxc0"]["local_pod"] > 0 and "lxc1" not in final["pods"]
+    way = "tunneled" if tunnel else "remote_pod"
+    assert json.loads(json.dumps(outs[N0][0][-1]))["pods"]["lxc0"][way] > 0
+    for n in (N0, N1):  # nothing left: no filter, no VXLAN device
+        assert tc.filters_of("pods", f"/run/netns/{n}") == []
+        assert subprocess.run(["ip", "-n", n, "link", "show", "pods_vxlan"], capture_output=True).returncode != 0
+
+
+@pytest.mark.parametrize("nodes", ["tunnel"], indirect=True)
+def test_a_killed_run_is_cleaned_up_and_says_what_it_removed(nodes):
+    forwarding_on()
+    p = pods_cmd(N0, "--tunnel", "vxlan", "--peer", "198.18.99.2=198.18.101.0/24")
+    attached(p)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert len(tc.filters_of("pods", f"/run/netns/{N0}")) == 4  # two pods, the uplink, the tunnel
+    r = subprocess.run(
+        ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--cleanup"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("removed filter pods") == 4 and "removed the VXLAN device pods_vxlan" in r.stdout
+    assert tc.filters_of("pods", f"/run/netns/{N0}") == []

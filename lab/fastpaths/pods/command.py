@@ -77,7 +77,9 @@ def find_pods(uplink) -> tuple[dict, list]:
                 if dst is None:  # a default route: outside the cluster
                     continue
                 dev = names.get(oif)
-                if r["dst_len"] == full and r.get_attr("RTA_GATEWAY") is None and dev and dev.kind == "veth":
+                # the uplink may be a veth too (nodes joined by one): a host route through it is no pod
+                pod_route = r["dst_len"] == full and r.get_attr("RTA_GATEWAY") is None and oif != up
+                if pod_route and dev and dev.kind == "veth":
                     pods.setdefault(dev.name, []).append(ipaddress.ip_address(dst))
                 elif oif == up and r.get_attr("RTA_GATEWAY") is not None:
                     remote.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}"))

@@ -121,11 +121,14 @@ def load_in_child(text: str, cflags, source_name: str, functions) -> ChildLoaded
         if not (isinstance(cls, type) and issubclass(cls, errors.BpfError)):
             cls = errors.BpfError
         raise cls(*reply["args"])
-    if len(fds) != reply["fds"]:
+    try:
+        if len(fds) != reply["fds"]:
+            raise errors.BpfError(f"compiling {source_name}: {len(fds)} of {reply['fds']} descriptors came back")
+        return _built(reply, fds)
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise errors.BpfError(f"compiling {source_name}: {len(fds)} of {reply['fds']} descriptors came back")
-    return _built(reply, fds)
+        raise
 
 
 def _receive_fds(sock) -> list:

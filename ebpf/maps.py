@@ -54,15 +54,20 @@ def array_slice(fd, start, count, value_type=ctypes.c_uint32) -> list:
 # process that holds maps without BCC (ebpf/loader.py). Keys and values are ctypes
 # objects of the map's Key and Leaf types, as BCC's are.
 
-HASHES = {1, 5, 9, 10}  # BPF_MAP_TYPE_HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH
+HASHES = {1, 5, 9, 10, 11}  # keyed, not indexed: HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH, LPM_TRIE
 PER_CPU = {5, 6, 10}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
 BPF_ANY = 0
 
 
 def possible_cpus() -> int:
-    """How many CPUs a per-CPU value has a slot for: the kernel's possible CPUs."""
+    """How many CPUs a per-CPU value has a slot for: the kernel's possible CPUs, counted
+    (num_possible_cpus(); "0-3,8-11" is 8, as BCC and libbpf count them)."""
     with open("/sys/devices/system/cpu/possible") as f:
-        return max(int(part.split("-")[-1]) for part in f.read().strip().split(",")) + 1
+        n = 0
+        for part in f.read().strip().split(","):
+            lo, _, hi = part.partition("-")
+            n += int(hi or lo) - int(lo) + 1
+        return n
 
 
 class Table:

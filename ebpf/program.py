@@ -251,8 +251,11 @@ class BpfProgram(Shown):
         """Off a hook whose interface may be gone (a pod's veth deleted took its filter
         with it): detached where it is still there, forgotten either way."""
         with interrupts.held():
-            with contextlib.suppress(Exception):
+            try:
                 tc.detach(f)
+            except Exception:
+                if tc.find(f) is not None:  # still there: a real failure, and still ours to detach
+                    raise
             if f in self._tc_filters:
                 self._tc_filters.remove(f)
 

@@ -395,27 +395,34 @@ def busy_ticks() -> tuple[int, int]:
 
 
 # --- where frames are lost: per run, read before and after ---------------------------------------
-# A veth loses a frame in three places: its peer's receive ring is full (rx_queue_N_drops:
-# the frame an skb sender or an XDP redirect/TX could not queue), an XDP_TX or redirect the
-# driver refused (rx_queue_N_xdp_tx_errors, tx_queue_N_xdp_xmit_errors), or the stack
-# dropped it (stats64 dropped). TCP says what a loss cost: its retransmitted segments.
+# A veth that cannot hand a frame to its peer counts it in its own tx_dropped: the peer's
+# NAPI ring or its CPU's backlog was full (an skb sender), or an XDP_TX or redirect into
+# it was refused (veth_get_stats64 adds those in). Its receiver counts what its NAPI
+# dropped in rx_queue_N_drops. ethtool says the XDP part apart (rx_queue_N_xdp_tx_errors,
+# tx_queue_N_xdp_xmit_errors: already in tx_dropped). Everything else a link dropped
+# (a bridge, a VXLAN device, a veth's rx_dropped) is if_dropped. One lost frame may show
+# at two counters (a refused XDP_TX: the sender's tx_dropped and the peer's rx_dropped),
+# so the sums say whether and where frames were lost, not exactly how many; TCP says
+# what a loss cost: its retransmitted segments.
 LOSSES = ("veth_ring_drops", "xdp_tx_errors", "if_dropped")
 
 
 def path_losses(namespaces) -> dict:
-    """{namespace: {"veth_ring_drops", "xdp_tx_errors", "if_dropped", "tcp_retrans"}}: the
-    kernel's counts now, summed over each namespace's interfaces (subtract two readings)."""
+    """{namespace: {"veth_ring_drops", "xdp_tx_errors", "if_dropped", "tcp_retrans", and
+    "IFNAME COUNTER" for each interface's own}}: the kernel's counts now (subtract two
+    readings, losses_between())."""
     out = {}
     for ns in namespaces:
         links = json.loads(netns.run(ns, ["ip", "-d", "-s", "-j", "link"], capture_output=True, text=True).stdout)
         got = dict.fromkeys(LOSSES, 0)
         for link in links:
             s, name = link.get("stats64", {}), link["ifname"]
+            veth = link.get("linkinfo", {}).get("info_kind") == "veth"
             for way in ("rx", "tx"):  # where, too: say which interface lost them
                 n = s.get(way, {}).get("dropped", 0)
-                got["if_dropped"] += n
+                got["veth_ring_drops" if veth and way == "tx" else "if_dropped"] += n
                 got[f"{name} {way}_dropped"] = n
-            if link.get("linkinfo", {}).get("info_kind") != "veth":
+            if not veth:
                 continue
             stats = netns.run(ns, ["ethtool", "-S", name], capture_output=True, text=True).stdout
             for line in stats.splitlines():

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import ROOT
-from helpers import ECHO, PORT
+from helpers import ECHO, PORT, wait_for
 
 from ebpf import tc
 
@@ -82,6 +82,10 @@ def nodes(request):
             s.wait()
         for ns in [*PODS, f"{P}d", N0, N1]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def lxc1_gone():
+    return subprocess.run(["ip", "-n", N1, "link", "show", "lxc1"], capture_output=True).returncode != 0
 
 
 def forwarding_on():
@@ -170,19 +174,23 @@ def test_it_carries_the_pods_traffic_takes_new_pods_and_drops_gone_ones(nodes, r
         assert heads[N0]["mode"] == ("tunnel" if tunnel else "native")
         for src, dst in ((A, PODS[B][2]), (A, PODS[C][2]), (C, PODS[A][3]), (B, PODS[C][3])):
             assert exchange(src, dst) == {"udp": 6, "tcp": 6, "n": 6}, (src, dst)
-        # a pod that comes while it runs is taken within a second; one that goes, dropped
-        add_pod(f"{P}d", N1, "lxc1", "198.18.101.2", "2001:2:101::2", 1450 if tunnel else 1500)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", f"{P}d", sys.executable, ECHO, "serve", str(PORT)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdout.readline().strip() == "ready"
-        time.sleep(1.0)
-        assert exchange(A, "198.18.101.2") == {"udp": 6, "tcp": 6, "n": 6}
-        server.kill()  # a process in it would keep the namespace, and the veth, alive
-        server.wait()
-        subprocess.run(["ip", "netns", "del", f"{P}d"], check=True)  # its veth goes with it
+        # a pod that comes while it runs is taken within a second; one made again behind the
+        # same veth name (a pod restarted: a new veth, a new MAC) is taken anew; one that goes, dropped
+        mtu = 1450 if tunnel else 1500
+        for _ in ("new", "restarted"):
+            add_pod(f"{P}d", N1, "lxc1", "198.18.101.2", "2001:2:101::2", mtu)
+            server = subprocess.Popen(
+                ["ip", "netns", "exec", f"{P}d", sys.executable, ECHO, "serve", str(PORT)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert server.stdout.readline().strip() == "ready"
+            time.sleep(1.0)
+            assert exchange(A, "198.18.101.2") == {"udp": 6, "tcp": 6, "n": 6}
+            server.kill()  # a process in it would keep the namespace, and the veth, alive
+            server.wait()
+            subprocess.run(["ip", "netns", "del", f"{P}d"], check=True)  # its veth goes with it...
+            wait_for(lxc1_gone, what="lxc1 gone")  # ...once the kernel has cleaned the namespace up
         time.sleep(1.0)  # within a second, as for a pod that comes
         assert len(tc.filters_of("pods", f"/run/netns/{N1}")) == 2 + tunnel  # lxc0, the uplink (, the tunnel)
     finally:

@@ -243,7 +243,10 @@ static __always_inline int tunnel(struct __sk_buff *skb, struct pod_stats *st, s
 	}
 	key.tunnel_id = cf->vni;
 	key.tunnel_ttl = PODS_TUNNEL_TTL;
-	if (ttl_down(skb, r) < 0 || bpf_skb_set_tunnel_key(skb, &key, sizeof(key), flags) < 0)
+	/* the size every kernel since 4.x takes: a larger struct (BCC's header may have
+	 * fields a newer kernel added) is refused by an older one, every frame dropped */
+	if (ttl_down(skb, r) < 0 ||
+	    bpf_skb_set_tunnel_key(skb, &key, offsetof(struct bpf_tunnel_key, tunnel_label), flags) < 0)
 		return tc_exit(&st->exits, TC_ACT_SHOT, R_TUNNELED);
 	st->bytes += skb->len;
 	return tc_exit(&st->exits, bpf_redirect(cf->tunnel_ifindex, 0), R_TUNNELED);

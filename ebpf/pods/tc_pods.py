@@ -72,7 +72,8 @@ class TcPods(BpfProgram):
         super().__init__(list(cflags), source)
         self.mode, self.netns, self.vni = mode, netns, int(vni)
         self.tunnel, self.tunnel_ifindex = tunnel, 0
-        self._pods = {}  # host-side veth name -> (slot, ifindex, [addresses], pod MAC)
+        self._pods = {}  # host-side veth name -> (slot, ifindex, [addresses], pod MAC, its veth's MAC)
+        self._retired = {}  # counters of pods removed, so that the totals never go back
         self._remote = {}  # prefix -> node address or None
         with netdev.ipr(netns) as ip:  # a namespace or tunnel device that is not there fails now, in one line
             if tunnel is not None:
@@ -83,6 +84,11 @@ class TcPods(BpfProgram):
     def pods(self) -> dict:
         """{host-side veth: [its pod's addresses]}"""
         return {name: list(p[2]) for name, p in self._pods.items()}
+
+    def pod_ifindex(self, ifname) -> int | None:
+        """The ifindex of the veth a pod was added behind (None: no such pod)."""
+        p = self._pods.get(ifname)
+        return p[1] if p else None
 
     def maps_created(self):
         c = self.table("conf")[ctypes.c_int(0)]
@@ -108,9 +114,11 @@ class TcPods(BpfProgram):
             ifindex = netdev.ifindex_of(ip, ifname, self.netns)
             link = ip.get_links(ifindex)[0]
             node_mac = _mac(link.get_attr("IFLA_ADDRESS"))
-        if ifname in self._pods:
+        if ifname in self._pods:  # again: new addresses, or a new veth of the same name
             slot = self._pods[ifname][0]
-            self._forget_addresses(ifname)
+            if self.bpf is not None:
+                self._forget_addresses(ifname)
+                self.table("lxc").pop(ctypes.c_uint32(self._pods[ifname][1]), None)
         else:
             used = {p[0] for p in self._pods.values()}
             free = [s for s in range(1, SLOTS) if s not in used]
@@ -131,6 +139,8 @@ class TcPods(BpfProgram):
         if self.bpf is not None:
             self._forget_addresses(ifname)
             self.table("lxc").pop(ctypes.c_uint32(self._pods[ifname][1]), None)
+            for k, v in self.percpu_totals("stats", slot).items():
+                self._retired[k] = self._retired.get(k, 0) + v
             self.zero_percpu("stats", slot)
         del self._pods[ifname]
 
@@ -210,8 +220,8 @@ class TcPods(BpfProgram):
 
     # --- counters -------------------------------------------------------------------------
     def counters(self) -> dict:
-        """Every row summed (a removed pod's row was zeroed with it)."""
-        total = {}
+        """Every row summed, the rows of pods since removed included."""
+        total = dict(self._retired)
         for slot in [0, *(p[0] for p in self._pods.values())]:
             for k, v in self.percpu_totals("stats", slot).items():
                 total[k] = total.get(k, 0) + v

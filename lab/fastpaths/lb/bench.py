@@ -488,8 +488,8 @@ def run(
 def print_summary(df, stream=sys.stdout):
     stream.write(
         "\nmedian over trials [min..max]; CPU in cores; memory in MB: the processes' (PSS) and the\n"
-        "BPF maps'; lost: frames veths dropped or refused, retx: TCP retransmissions (both summed\n"
-        "over trials)\n"
+        "BPF maps'; lost: frames veths or other links dropped (a frame may show at both ends),\n"
+        "retx: TCP retransmissions (both summed over trials)\n"
     )
     for loop, g in df.groupby("loop", sort=False):
         key = "connections" if loop == "closed" else "load_pct"
@@ -499,7 +499,7 @@ def print_summary(df, stream=sys.stdout):
         )
         for (k, lb), h in g.groupby([key, "lb"], sort=True):
             rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
-            lost = int((h["veth_ring_drops"] + h["xdp_tx_errors"]).sum())
+            lost = int((h["veth_ring_drops"] + h["if_dropped"]).sum())  # xdp_tx_errors: a part of the first
             retx = int((h["client_retrans"] + h["backend_retrans"] + h["lb_retrans"]).sum())
             stream.write(
                 f"  {lb:<11} {k:>5g} {rps:>22} {h['p50_ms'].median():7.2f} {h['p99_ms'].median():8.2f} "

@@ -10,7 +10,8 @@ It finds what a CNI leaves on a node:
   with --tunnel vxlan, --peer NODE_ADDR=POD_PREFIX names them and the node that holds
   each, and the command makes the collect-metadata VXLAN device (pods_vxlan) itself.
 Pods that come and go (a veth and its route added or removed) are attached or dropped
-within a second (a watch every 0.25 s); no frame goes to a veth that is gone.
+within a second (a watch every 0.25 s): once dropped, no frame goes to the veth (until
+then, the kernel drops what is sent to a veth that is gone).
 """
 
 import contextlib
@@ -66,7 +67,9 @@ def _sysctl(path):
 
 
 def find_pods(uplink) -> tuple[dict, list]:
-    """({host-side veth: [pod addresses]}, [other nodes' pod prefixes via the uplink])."""
+    """({host-side veth: (its ifindex, [pod addresses])}, [other nodes' pod prefixes via
+    the uplink]). The ifindex tells a veth made again under the same name (a pod
+    restarted) from the one before it."""
     pods, remote = {}, []
     with netdev.ipr() as ip:
         names = {d.index: d for d in netdev.devices(ip).values()}
@@ -80,7 +83,7 @@ def find_pods(uplink) -> tuple[dict, list]:
                 # the uplink may be a veth too (nodes joined by one): a host route through it is no pod
                 pod_route = r["dst_len"] == full and r.get_attr("RTA_GATEWAY") is None and oif != up
                 if pod_route and dev and dev.kind == "veth":
-                    pods.setdefault(dev.name, []).append(ipaddress.ip_address(dst))
+                    pods.setdefault(dev.name, (oif, []))[1].append(ipaddress.ip_address(dst))
                 elif oif == up and r.get_attr("RTA_GATEWAY") is not None:
                     remote.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}"))
     return pods, remote
@@ -100,16 +103,18 @@ def mtu_of(ifname) -> int:
         return ip.get_links(netdev.ifindex_of(ip, ifname))[0].get_attr("IFLA_MTU")
 
 
-def tunnel_mtu_problem(uplink, pods) -> str | None:
-    """A pod whose MTU leaves no room for VXLAN's 50 bytes on the uplink sends frames the
-    tunnel cannot carry whole (a CNI in tunnel mode gives its pods 50 bytes less)."""
-    room = mtu_of(uplink) - 50
+def tunnel_mtu_problem(uplink, pods, v6_underlay=False) -> str | None:
+    """A pod whose MTU leaves no room for VXLAN's headers on the uplink (50 bytes over
+    IPv4, 70 over IPv6) sends frames the tunnel cannot carry whole (a CNI in tunnel mode
+    gives its pods that much less). The program does not check it per frame."""
+    overhead = 70 if v6_underlay else 50
+    room = mtu_of(uplink) - overhead
     big = [p for p in pods if mtu_of(p) > room]
     if not big:
         return None
     return (
         f"the pods behind {', '.join(big)} have an MTU above {room}, what {uplink} carries inside VXLAN: "
-        f"set it in each pod (ip link set dev eth0 mtu {room}) or raise {uplink}'s by 50"
+        f"set it in each pod (ip link set dev eth0 mtu {room}) or raise {uplink}'s by {overhead}"
     )
 
 
@@ -170,11 +175,13 @@ class PodsCommand(Command):
 
     def cleanup(self, all_runs=False):
         removed, spared = tc.cleanup(OWNER, spare_live=not all_runs)
-        if not spared:
-            with netdev.ipr() as ip, contextlib.suppress(Exception):
+        if not spared:  # no live run here: a VXLAN device of ours that one left (external, by name)
+            with netdev.ipr() as ip, contextlib.suppress(InputError):
                 idx = netdev.ifindex_of(ip, TUNNEL_DEV)
-                ip.link("del", index=idx)
-                removed.append(f"the VXLAN device {TUNNEL_DEV}")
+                dev = netdev.device(ip, idx)
+                if dev.kind == "vxlan" and dev.data is not None and dev.data.get_attr("IFLA_VXLAN_COLLECT_METADATA"):
+                    ip.link("del", index=idx)
+                    removed.append(f"the VXLAN device {TUNNEL_DEV}")
         return removed, [f"filter {f.entry.name} on {f.where} (pid {', '.join(map(str, f.pids))})" for f in spared]
 
     def build(self):
@@ -189,7 +196,8 @@ class PodsCommand(Command):
                 warn("no pods on this node yet (no /32 or /128 route through a veth): they are taken as they come")
             if not a.tunnel and not remote:
                 warn(f"no route via {a.uplink} to other nodes' pods: only pods on this node are connected")
-            if a.tunnel and (mtu := tunnel_mtu_problem(a.uplink, pods)):
+            v6 = any(node.version == 6 for node, _ in self.peers)
+            if a.tunnel and (mtu := tunnel_mtu_problem(a.uplink, pods, v6)):
                 warn(mtu)
             if problems:
                 raise InputError("\n".join(problems))
@@ -257,16 +265,26 @@ class PodsCommand(Command):
             except Exception as e:  # noqa: BLE001 -- a watch that fails says so and tries again
                 warn(f"watching for pods: {e}")
 
+    def _drop(self, lxc, said=True):
+        f = self.attached.pop(lxc, None)
+        self.prog.remove_pod(lxc)  # first: no frame goes its way any more
+        if f is not None:
+            self.prog.forget_tc(f)  # a veth that is gone took its filter with it
+        if said:
+            warn(f"pod behind {lxc} gone: dropped")
+
     def refresh(self, found):
-        """Attach what is new, drop what is gone (its veth with it, or its route)."""
+        """Attach what is new, drop what is gone (its veth with it, or its route), and
+        take a veth made again under a known name (a pod restarted) as a new pod."""
         with self.lock:
-            for lxc in [x for x in self.attached if x not in found]:
-                f = self.attached.pop(lxc)
-                self.prog.remove_pod(lxc)  # first: no frame goes its way any more
-                self.prog.forget_tc(f)  # a veth that is gone took its filter with it
-                warn(f"pod behind {lxc} gone: dropped")
-            for lxc, addrs in found.items():
-                if lxc in self.attached and self.prog.pods.get(lxc) == addrs:
+            for lxc in [x for x in self.prog.pods if x not in found]:
+                self._drop(lxc)
+            for lxc, (ifindex, addrs) in found.items():
+                known = self.prog.pod_ifindex(lxc)
+                if known is not None and known != ifindex:
+                    self._drop(lxc, said=False)
+                    known = None
+                if known is not None and lxc in self.attached and self.prog.pods.get(lxc) == addrs:
                     continue
                 try:
                     self.prog.add_pod(lxc, addrs, pod_mac(lxc))
@@ -275,6 +293,7 @@ class PodsCommand(Command):
                         if self.started:
                             warn(f"pod behind {lxc} ({', '.join(map(str, addrs))}): attached")
                 except (InputError, BpfError) as e:
+                    self._drop(lxc, said=False)  # nothing of it left half-known
                     warn(f"pod behind {lxc}: not attached: {e}")
 
     def table(self):
@@ -284,7 +303,8 @@ class PodsCommand(Command):
     def header(self):
         a = self.args
         mode = f"tunnel (VXLAN {TUNNEL_DEV}, VNI {a.vni})" if a.tunnel else "native routing"
-        pods = self.prog.pods
+        with self.lock:
+            pods = self.prog.pods
         self.live.attached(
             dict(
                 uplink=a.uplink,
@@ -296,9 +316,8 @@ class PodsCommand(Command):
         )
 
     def sample(self, final=False):
-        with self.lock:
-            rows = self.prog.counter_rows()
-        total = {k: sum(r[k] for r in rows.values()) for k in next(iter(rows.values()))}
+        with self.lock:  # the totals keep the rows of pods gone: they never go back
+            rows, total = self.prog.counter_rows(), self.prog.counters()
         self.live.sample(total, rows, final)
 
     def tick(self):

@@ -6,19 +6,18 @@ lab.peer.Peer, each built on the testbed the bench hands it:
             Cilium's "legacy host routing"
     ebpf    ebpf.TcPods, native routing: into a pod by its veth's peer, to another
             node's pods by the FIB
-    ebpf-vxlan  ebpf.TcPods, tunnel mode: to another node's pods through a
-            collect-metadata VXLAN device it makes on each node (pods_vxlan)
+    ebpf-vxlan  ebpf.TcPods, tunnel mode: to another node's pods through the
+            testbed's collect-metadata VXLAN device (pods_testbed(tunnel=True), whose
+            pods' MTU leaves room for VXLAN's 50 bytes)
 
 Still to come: bridge-vxlan (pods on a Linux bridge, a kernel VXLAN
 device between the nodes: flannel's shape) and the services of each.
 """
 
-import contextlib
-
 from ebpf.pods.tc_pods import TcPods
+from lab.fastpaths.pods.testbed import TUNNEL_DEV
+from lab.netns import LabError
 from lab.peer import Peer
-
-TUNNEL_DEV = "pods_vxlan"
 
 
 class PodPeer(Peer):
@@ -44,6 +43,7 @@ class Ebpf(PodPeer):
     name = "ebpf"
     colour = "#0072B2"
     tunnel = False
+    tunnel_dev = None
 
     def attach(self):
         self.progs = {}
@@ -57,7 +57,7 @@ class Ebpf(PodPeer):
 
     def _datapath(self, node):
         tb = self.tb
-        kw = dict(mode="tunnel", tunnel=TUNNEL_DEV, vni=1) if self.tunnel else {}
+        kw = dict(mode="tunnel", tunnel=self.tunnel_dev, vni=1) if self.tunnel else {}
         p = TcPods(netns=tb.ns(node), **kw)
         for pod in tb.pods[node]:
             p.add_pod(tb.lxc[pod], [tb.pod4(pod), tb.pod6(pod)], mac=tb.topo.mac(pod, "eth0"))
@@ -70,7 +70,7 @@ class Ebpf(PodPeer):
             p.attach_pod(tb.lxc[pod])
         p.attach_node("eth0")
         if self.tunnel:
-            p.attach_node(TUNNEL_DEV)
+            p.attach_node(self.tunnel_dev)
         return p
 
     def counters(self):
@@ -91,18 +91,14 @@ class EbpfVxlan(Ebpf):
     name = "ebpf-vxlan"
     colour = "#56B4E9"
     tunnel = True
+    tunnel_dev = TUNNEL_DEV
 
-    def _datapath(self, node):
-        t = self.tb.topo
-        t.run(node, ["ip", "link", "add", TUNNEL_DEV, "type", "vxlan", "external", "dstport", "4789"])
-        t.run(node, ["ip", "link", "set", TUNNEL_DEV, "up"])
-        return super()._datapath(node)
-
-    def detach(self):
-        super().detach()
-        for node in self.tb.nodes:
-            with contextlib.suppress(Exception):
-                self.tb.topo.run(node, ["ip", "link", "del", TUNNEL_DEV], capture_output=True)
+    def attach(self):
+        if not self.tb.tunnel:
+            raise LabError(
+                "ebpf-vxlan runs on a testbed with a VXLAN device and room for its headers: pods_testbed(tunnel=True)"
+            )
+        super().attach()
 
 
 PEERS = {cls.name: cls for cls in (Host, Legacy, Ebpf, EbpfVxlan)}

@@ -22,6 +22,7 @@ from lab.testbeds import BuiltTestbed
 from lab.topology import Topology
 
 GATEWAY4, GATEWAY6 = "169.254.1.1", "fe80::1"
+TUNNEL_DEV = "vxlan0"  # tunnel=True: each node's collect-metadata VXLAN device
 VXLAN_PORT = 4789
 TUNNEL_MTU = 1450  # 1500 less VXLAN over IPv4's 50 bytes of headers
 
@@ -74,8 +75,8 @@ class PodsTestbed(BuiltTestbed):
                     t.run(node, ["ip", "route", "add", self.prefix4(other), "via", self.underlay4(other)])
                     t.run(node, ["ip", "-6", "route", "add", self.prefix6(other), "via", self.underlay6(other)])
             if self.tunnel:
-                t.run(node, ["ip", "link", "add", "vxlan0", "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
-                t.run(node, ["ip", "link", "set", "vxlan0", "up"])
+                t.run(node, ["ip", "link", "add", TUNNEL_DEV, "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
+                t.run(node, ["ip", "link", "set", TUNNEL_DEV, "up"])
 
 
 def pods_testbed(pods_per_node=2, tunnel=False, kernel_defaults=False) -> PodsTestbed:

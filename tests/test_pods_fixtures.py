@@ -215,6 +215,24 @@ def test_tunnel_mode_sends_another_nodes_pod_to_the_vxlan_device(net, tunnelled,
     assert row_delta(tunnelled, "lxc1", before) == {"seen": 1, "redirect": 1, "tunneled": 1}
 
 
+@pytest.mark.parametrize("compile_in", ["process", "child"])
+def test_a_removed_prefix_is_no_other_nodes_any_more(net, compile_in):
+    """remove_remote() deletes the prefix from the longest-prefix-match table (BCC's
+    tables and the child's alike): the frame is for no pod then, the kernel's."""
+    p = pods(net)
+    p.compile_in = compile_in
+    try:
+        p.load_program()
+        p.remove_remote("198.18.101.0/24")
+        frame = from_pod1(net, REMOTE)
+        r = run(net, p, frame, "lxc1")
+        assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+        assert p.counter_rows()["lxc1"]["unmatched"] == 1 and p.counter_rows()["lxc1"]["remote_pod"] == 0
+        assert len(p.table("remote").items()) == 3  # the other three prefixes, listed by key
+    finally:
+        p.close()
+
+
 def test_a_removed_pod_gets_no_frame(net):
     p = pods(net)
     try:

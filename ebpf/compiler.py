@@ -90,13 +90,20 @@ def bcc_compile(text, cflags, source_name):
         raise CompileError(f"compiling {source_name}: {first.strip()}", diag) from None
 
 
-def bcc_load(bpf, function, prog_type):
+def bcc_load(bpf, function, prog_type, attach_type=None):
     """Load one function of a compiled program through the verifier; a rejection raises
-    VerifierError with the verifier's reason (and the log's end as .log)."""
+    VerifierError with the verifier's reason (and the log's end as .log). attach_type
+    (BCC's BPFAttachType name, e.g. "CGROUP_INET4_CONNECT") is the expected attach
+    type, which the kernel needs at load for cgroup socket-address programs."""
     log = []
+    kw = {}
+    if attach_type is not None:
+        from bcc import BPFAttachType  # noqa: PLC0415 -- BCC is imported (bpf is its object)
+
+        kw["attach_type"] = getattr(BPFAttachType, attach_type)
     try:
         with _BCC_LOCK, stderr_to(log):
-            return bpf.load_func(function.encode(), getattr(type(bpf), prog_type))
+            return bpf.load_func(function.encode(), getattr(type(bpf), prog_type), **kw)
     except BpfError:
         raise
     except Exception as e:

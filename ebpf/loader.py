@@ -47,7 +47,11 @@ class ChildLoaded:
     """A compiled and loaded program held by descriptors: BCC's BPF object as far as
     BpfProgram uses it (tables by name, the loaded functions, cleanup())."""
 
-    XDP, SCHED_CLS = "XDP", "SCHED_CLS"  # load_func's prog_type, as BCC's class attributes are named
+    XDP, SCHED_CLS, CGROUP_SOCK_ADDR = (
+        "XDP",
+        "SCHED_CLS",
+        "CGROUP_SOCK_ADDR",
+    )  # load_func's prog_type, as BCC names them
 
     def __init__(self, tables: dict, functions: dict):
         self._tables = tables  # name -> maps.Table
@@ -57,7 +61,7 @@ class ChildLoaded:
         name = name.decode() if isinstance(name, bytes) else name
         return self._tables[name]  # KeyError, as BCC's, for a map the program has not
 
-    def load_func(self, name, prog_type):
+    def load_func(self, name, prog_type, attach_type=None):
         name = name.decode() if isinstance(name, bytes) else name
         try:
             return self._functions[name]
@@ -212,7 +216,7 @@ def _child(sock, out):
     request = json.load(sys.stdin)
     try:
         bpf = compiler.bcc_compile(request["text"], request["cflags"], request["source"])
-        loaded = {name: compiler.bcc_load(bpf, name, kind) for name, kind in request["functions"]}
+        loaded = {f[0]: compiler.bcc_load(bpf, *f) for f in request["functions"]}
         reply, fds = _describe(bpf, loaded)
         socket.send_fds(sock, [b"fds"], fds)
         reply["fds"] = len(fds)

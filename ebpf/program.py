@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ebpf import interrupts, loader, netdev, objinfo, privileges, tc, xdp
+from ebpf import cgroup, interrupts, loader, netdev, objinfo, privileges, tc, xdp
 from ebpf.abi import defines
 from ebpf.compiler import _BCC_LOCK, bcc_compile, bcc_load, import_bcc, stderr_to
 from ebpf.display import Shown
@@ -120,6 +120,7 @@ class BpfProgram(Shown):
         self._functions = {}
         self._tc_filters = []
         self._xdp = []
+        self._cgroups = []  # ebpf.cgroup attachments
         self._offloaded = {}  # ifname -> (BPF object loaded for that device, its function)
 
     # --- building -----------------------------------------------------------
@@ -173,12 +174,13 @@ class BpfProgram(Shown):
         needed them (a load, a counter read): subclasses write their initial
         configuration here, so no path can see the maps empty."""
 
-    def load(self, function: str, prog_type: str):
+    def load(self, function: str, prog_type: str, attach_type=None):
         """Load one function of the program ("SCHED_CLS", "XDP", ...) through the
-        verifier; a rejection raises VerifierError with the verifier's reason."""
+        verifier; a rejection raises VerifierError with the verifier's reason.
+        attach_type: see compiler.bcc_load (cgroup programs need it)."""
         if function in self._functions:
             return self._functions[function]
-        fn = bcc_load(self.compile(), function, prog_type)
+        fn = bcc_load(self.compile(), function, prog_type, attach_type)
         self._functions[function] = fn
         return fn
 
@@ -241,6 +243,15 @@ class BpfProgram(Shown):
                     self.detach_xdp(hook)
             raise
         return done
+
+    def attach_cgroup(self, function: str, path, attach_type: str):
+        """Attach a cgroup program (a socket-address hook: attach_type is one of
+        ebpf.cgroup.ATTACH_TYPES) to the cgroup v2 directory `path`, beside what is there."""
+        fn = self.load(function, "CGROUP_SOCK_ADDR", attach_type)
+        with interrupts.held():  # attached and recorded, or neither
+            a = cgroup.attach(fn.fd, path, attach_type, function)
+            self._cgroups.append(a)
+        return a
 
     def detach_tc(self, f):
         with interrupts.held():
@@ -405,6 +416,10 @@ class BpfProgram(Shown):
             self.detach_xdp(a)
         for f in reversed(self._tc_filters):
             self.detach_tc(f)
+        with interrupts.held():
+            for a in reversed(self._cgroups):
+                cgroup.detach(a)
+            self._cgroups.clear()
 
     def detach_xdp(self, a):
         with interrupts.held():
@@ -459,7 +474,7 @@ class BpfProgram(Shown):
     def hooks(self) -> list[str]:
         """Where this object is attached, one string per hook."""
         out = [f"{f.ifname} {f.direction} (tc){' in netns ' + f.netns if f.netns else ''}" for f in self._tc_filters]
-        return out + [a.where for a in self._xdp]
+        return out + [a.where for a in self._xdp] + [a.where for a in self._cgroups]
 
     # --- lifecycle ----------------------------------------------------------
     def close(self):
@@ -483,6 +498,12 @@ class BpfProgram(Shown):
             except Exception as e:
                 errors.append(f"{a.where}: {netdev.reason(e)}")
         self._xdp.clear()
+        for a in reversed(self._cgroups):
+            try:
+                cgroup.detach(a)
+            except Exception as e:
+                errors.append(f"{a.where}: {netdev.reason(e)}")
+        self._cgroups.clear()
         with _BCC_LOCK:
             for bpf, _ in self._offloaded.values():
                 bpf.cleanup()

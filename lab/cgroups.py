@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+from ebpf.cgroup import v2_mounts
 from lab.netns import LabError
 
 CGROUP_NAME = "vtap-lab"
@@ -69,6 +70,41 @@ class CpuCgroup:
     @property
     def procs_file(self) -> Path:
         return self.path / "cgroup.procs"
+
+    def remove(self):
+        remove_cgroup(self.path)
+
+
+class SocketCgroup:
+    """A cgroup v2 directory of our own with no controllers: a place for processes
+    whose sockets cgroup programs see (the pods' services at connect()). Made under
+    CGROUP_NAME in the cgroup v2 hierarchy (/sys/fs/cgroup, or .../unified on a
+    hybrid host), so that cleanup finds it."""
+
+    def __init__(self, name):
+        mounts = v2_mounts()
+        if not mounts:
+            raise LabError(
+                "no cgroup v2 hierarchy mounted: socket programs attach only there; fix: "
+                "mount -t cgroup2 none /sys/fs/cgroup/unified"
+            )
+        self.path = mounts[0] / CGROUP_NAME / name
+
+    def create(self):
+        self.path.parent.mkdir(exist_ok=True)
+        self.path.mkdir(exist_ok=True)
+        return self
+
+    def joiner(self):
+        """A preexec_fn for subprocess: the child joins this cgroup before it execs
+        `ip netns exec` (inside, /sys is the namespace's own, with no cgroup mounted)."""
+        procs = str(self.path / "cgroup.procs")
+
+        def join():
+            with open(procs, "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+        return join
 
     def remove(self):
         remove_cgroup(self.path)

@@ -330,11 +330,11 @@ def echo_servers(topo, hosts, count_dir=None):
     return procs
 
 
-def exchange(topo, host, dst, port, n=N, expect_none=False):
+def exchange(topo, host, dst, port, n=N, expect_none=False, **kw):
     """tests/echo.py exchange from `host`; expect_none: a test that expects no
-    answer tries once, with short timeouts."""
+    answer tries once, with short timeouts. kw: more for subprocess (preexec_fn)."""
     argv = [sys.executable, ECHO, "exchange", dst, str(port), str(n), *(["once"] if expect_none else [])]
-    out = topo.run(host, argv, capture_output=True, text=True, timeout=16 * n + 60).stdout
+    out = topo.run(host, argv, capture_output=True, text=True, timeout=16 * n + 60, **kw).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

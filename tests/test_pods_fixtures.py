@@ -271,3 +271,140 @@ def test_a_bad_address_prefix_or_mac_is_one_line(net):
         p.add_remote("198.18.101.1/24")
     with pytest.raises(InputError, match="no interface named 'lxc9'"):
         p.add_pod("lxc9", [POD1], mac="02:00:00:00:00:01")
+
+
+# --- services per packet: a pod's packet to a service gets a backend, its reply the service back
+VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
+
+
+@pytest.fixture(scope="module")
+def with_services(net):
+    """One backend per service (another node's pod), so the choice is known."""
+    p = pods(net)
+    for proto in ("tcp", "udp"):
+        p.add_service(VIP, 80, proto, [f"{REMOTE}:8080"])
+        p.add_service(VIP6, 80, proto, [f"[{REMOTE6}]:8080"])
+    p.add_service(VIP, 81, "tcp", [])  # a service without backends
+    p.load_program()
+    yield p
+    p.close()
+
+
+def l4_of(proto, sport, dport):
+    return (TCP(sport=sport, dport=dport, flags="S") if proto == "tcp" else UDP(sport=sport, dport=dport)) / Raw(
+        b"q" * 21
+    )
+
+
+def whole(frame):
+    """The frame with every checksum computed anew."""
+    f = frame.copy()
+    for layer in (IP, TCP, UDP):
+        if f.haslayer(layer):
+            del f[layer].chksum
+    return Ether(bytes(f))
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_packet_to_a_service_goes_to_its_backend_and_the_reply_comes_back_from_the_service(
+    net, with_services, proto, v6
+):
+    p, vip, backend = with_services, VIP6 if v6 else VIP, REMOTE6 if v6 else REMOTE
+    sport = 41000 + v6 * 10 + (proto == "udp")
+    before = p.counter_rows()
+    frame = whole(from_pod1(net, vip, v6, l4=l4_of(proto, sport, 80)))
+    r = run(net, p, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT
+    want = frame.copy()
+    (want[IPv6] if v6 else want[IP]).dst = backend
+    (want[TCP] if proto == "tcp" else want[UDP]).dport = 8080
+    assert r.data == bytes(hop(whole(want), net.mac("node", "eth0"), net.mac("peer", "eth0"), v6))
+    assert row_delta(p, "lxc1", before) == {"seen": 1, "redirect": 1, "remote_pod": 1, "to_backend": 1}
+
+    # the backend's reply, in from the uplink: into pod1, its source the service again
+    before = p.counter_rows()
+    ip = IPv6(src=backend, dst=POD1_6) if v6 else IP(src=backend, dst=POD1)
+    reply = whole(Ether(src=net.mac("peer", "eth0"), dst=net.mac("node", "eth0")) / ip / l4_of(proto, 8080, sport))
+    r = run(net, p, reply, "eth0", function="pods_from_node")
+    assert r.retval == TC_ACT_REDIRECT
+    want = reply.copy()
+    (want[IPv6] if v6 else want[IP]).src = vip
+    (want[TCP] if proto == "tcp" else want[UDP]).sport = 80
+    assert r.data == bytes(hop(whole(want), net.mac("node", "lxc1"), net.mac("pod1", "eth0"), v6))
+    assert row_delta(p, "lxc1", before) == {"seen": 1, "redirect": 1, "local_pod": 1, "to_client": 1}
+
+
+def test_a_udp_datagram_without_a_checksum_keeps_none(net, with_services):
+    """IPv4 UDP checksum 0 means none (RFC 768): the rewrite must not invent a wrong one."""
+    frame = whole(from_pod1(net, VIP, l4=UDP(sport=42000, dport=80) / Raw(b"z" * 9)))
+    frame[UDP].chksum = 0
+    frame = Ether(bytes(frame))
+    r = run(net, with_services, frame, "lxc1")
+    assert r.retval == TC_ACT_REDIRECT and Ether(r.data)[UDP].chksum == 0 and Ether(r.data)[UDP].dport == 8080
+
+
+def test_a_service_without_backends_drops_and_says_so(net, with_services):
+    before = with_services.counter_rows()
+    r = run(net, with_services, whole(from_pod1(net, VIP, l4=l4_of("tcp", 43000, 81))), "lxc1")
+    assert r.retval == 2  # TC_ACT_SHOT
+    assert row_delta(with_services, "lxc1", before) == {"seen": 1, "drop": 1, "no_backend": 1}
+
+
+def test_what_is_not_a_service_port_or_protocol_is_routed_as_it_is(net, with_services):
+    before = with_services.counter_rows()
+    frame = whole(from_pod1(net, VIP, l4=l4_of("udp", 43001, 81)))  # port 81 is a TCP service only
+    r = run(net, with_services, frame, "lxc1")
+    assert r.retval == TC_ACT_OK and r.data == bytes(frame)
+    assert row_delta(with_services, "lxc1", before) == {"seen": 1, "pass": 1, "unmatched": 1}
+
+
+@pytest.mark.parametrize("compile_in", ["process", "child"])
+def test_a_flow_keeps_its_backend_when_the_backends_change_and_a_new_flow_takes_the_new_ones(net, compile_in):
+    p = pods(net)
+    p.compile_in = compile_in
+    try:
+        p.add_service(VIP, 80, "tcp", [f"{REMOTE}:8080"])
+        p.load_program()
+        first = whole(from_pod1(net, VIP, l4=l4_of("tcp", 44000, 80)))
+        assert Ether(run(net, p, first, "lxc1").data)[IP].dst == REMOTE
+        p.add_service(VIP, 80, "tcp", [f"{POD2}:8080"])  # the one backend replaced
+        assert Ether(run(net, p, first, "lxc1").data)[IP].dst == REMOTE  # the flow's choice is kept
+        r = run(net, p, whole(from_pod1(net, VIP, l4=l4_of("tcp", 44001, 80))), "lxc1")
+        assert r.retval == TC_ACT_REDIRECT and Ether(r.data)[IP].dst == POD2  # a new flow: the pod here
+        assert p.counter_rows()["lxc1"]["local_pod"] == 1
+        p.remove_service(VIP, 80, "tcp")
+        frame = whole(from_pod1(net, VIP, l4=l4_of("tcp", 44002, 80)))
+        assert run(net, p, frame, "lxc1").data == bytes(frame)  # no service any more: routed as it is
+        assert p.services == {}
+    finally:
+        p.close()
+
+
+def test_maglev_spreads_flows_over_the_backends(net):
+    p = pods(net)
+    try:
+        p.add_service(VIP, 80, "udp", [f"{REMOTE}:8080", f"{POD2}:8080"])
+        p.load_program()
+        flows = [whole(from_pod1(net, VIP, l4=l4_of("udp", 45000 + i, 80))) for i in range(64)]
+        got = [Ether(run(net, p, f, "lxc1").data)[IP].dst for f in flows]
+        assert {REMOTE, POD2} == set(got) and 16 < got.count(POD2) < 48
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("198.18.200.1", 80, "sctp", []), "service protocol 'sctp'"),
+        (("198.18.200.1", 0, "tcp", []), "port 0 is outside"),
+        (("198.18.200.1", 80, "tcp", ["198.18.100.1"]), "want ADDR:PORT"),
+        (("198.18.200.1", 80, "tcp", ["[2001:2::1]:80"]), "backends of the other family"),
+        (("nope", 80, "tcp", []), "bad service"),
+    ],
+)
+def test_a_bad_service_is_one_line(net, args, message):
+    p = TcPods(netns=net.ns("node"))
+    with pytest.raises(InputError, match=message) as e:
+        p.add_service(*args)
+    assert "\n" not in str(e.value)

@@ -48,4 +48,59 @@ struct pods_conf {
 	__u32 pad;
 };
 
+/* Services (ClusterIP-like): an address, port and protocol that stand for a set
+ * of backends, chosen per connection through the service's Maglev table
+ * (ebpf/lb/maglev.py), at connect()/sendmsg() by the cgroup programs, or per
+ * packet at the pod's veth for sockets outside that cgroup. */
+#define PODS_SVC_MAX 256          /* services */
+#define PODS_BACKENDS_MAX 4096    /* backends of all services */
+#define PODS_RING 1021            /* each service's Maglev table: a prime, >= 100 x its backends */
+#define PODS_NAT_MAX 65536        /* per-packet translations remembered (LRU): replies find their service */
+#define PODS_SOCK_REV_MAX 65536   /* UDP sockets' translations (LRU): recvmsg() gives the service back */
+
+struct svc_key {
+	__u32 a[4];
+	__be16 port;
+	__u8 proto;               /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;              /* 4 or 6 */
+};
+
+struct svc_val {
+	__u32 id;                 /* its Maglev table: rings[id * PODS_RING ...] */
+	__u32 count;              /* backends; 0: the service refuses (connect: EPERM; a packet: dropped) */
+};
+
+struct svc_backend {
+	__u32 a[4];
+	__be16 port;
+	__u16 family;
+};
+
+/* A per-packet translation, keyed by what its replies carry (source: the
+ * backend; destination: the client). The value is the service to put back. */
+struct svc_nat_key {
+	__u32 saddr[4], daddr[4];
+	__be16 sport, dport;
+	__u8 proto, family;
+	__u8 reply;               /* 0: the flow's way to its backend; 1: its replies' way back */
+	__u8 pad;
+};
+
+/* A UDP socket's translation: its cookie and the backend it was sent to. */
+struct svc_sock_key {
+	__u64 cookie;
+	__u32 a[4];
+	__be16 port;
+	__u16 family;
+	__u32 pad;
+};
+
+/* The cgroup programs' counters (one row: a socket belongs to no pod slot). */
+struct svc_sock_stats {
+	__u64 connect;            /* connect() to a service, sent to a backend */
+	__u64 sendmsg;            /* sendmsg() to a service, sent to a backend */
+	__u64 recvmsg;            /* a reply's source given back as the service */
+	__u64 refused;            /* to a service without backends */
+};
+
 #endif /* TC_PODS_H */

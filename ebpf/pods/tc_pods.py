@@ -5,25 +5,70 @@
     >>> node.add_remote("198.18.101.0/24")      # another node's pods, routed by the FIB
     >>> node.attach_pod("lxc1"); node.attach_node("eth0")
     >>> node.counter_rows()                     # per pod: to pods here, to other nodes, to the host
+    >>> node.add_service("198.18.200.10", 80, "tcp", ["198.18.100.1:8080", "198.18.101.1:8080"])
+    >>> node.attach_services("/sys/fs/cgroup/unified/pods")   # connect()/sendmsg()/recvmsg() there
 
 A pod is a network namespace whose eth0 is a veth; its other end, in the node's
 namespace, is where pods_from_pod runs (TC ingress). pods_from_node runs on the
 uplink and, in tunnel mode, on the collect-metadata VXLAN device (tunnel=), whose
 frames for a pod here go into it. Each pod gets a row of counters (its slot);
 row 0 is the node's: frames for no pod of this node.
+
+Services: an address, port and protocol that stand for backends (any addresses:
+pods here, on other nodes, or anywhere routed), each service's backends spread
+over a Maglev table (ebpf/lb/maglev.py). A socket in a cgroup that
+attach_services() attached to gets a backend at connect() or sendmsg(), once; a
+packet from any other socket of a pod is translated on its way out of the pod's
+veth, and its replies translated back before they go into the pod.
 """
 
 import ctypes
 import ipaddress
+import socket
 
 from ebpf import netdev
 from ebpf.abi import defines
 from ebpf.errors import InputError
+from ebpf.lb.maglev import maglev_table
 from ebpf.program import BpfProgram
 
 ABI = defines("pods/tc_pods.h")
 MODES = {"native": ABI["PODS_MODE_NATIVE"], "tunnel": ABI["PODS_MODE_TUNNEL"]}
 SLOTS = ABI["PODS_SLOTS"]
+RING = ABI["PODS_RING"]
+SVC_MAX, BACKENDS_MAX = ABI["PODS_SVC_MAX"], ABI["PODS_BACKENDS_MAX"]
+PROTOS = {"tcp": 6, "udp": 17}
+# the cgroup programs: (function, its hook)
+SOCKET_HOOKS = (
+    ("pods_conn4", "CGROUP_INET4_CONNECT"),
+    ("pods_conn6", "CGROUP_INET6_CONNECT"),
+    ("pods_send4", "CGROUP_UDP4_SENDMSG"),
+    ("pods_send6", "CGROUP_UDP6_SENDMSG"),
+    ("pods_recv4", "CGROUP_UDP4_RECVMSG"),
+    ("pods_recv6", "CGROUP_UDP6_RECVMSG"),
+)
+
+
+def parse_endpoint(text, what="backend"):
+    """ "ADDR:PORT" or "[V6ADDR]:PORT" (or an (addr, port) pair) -> (ip_address, port)."""
+    if isinstance(text, (tuple, list)):
+        addr, port = text
+    else:
+        s = str(text).strip()
+        if s.startswith("["):
+            addr, sep, port = s[1:].partition("]:")
+        else:
+            addr, sep, port = s.rpartition(":")
+        if not sep:
+            raise InputError(f"bad {what} {text!r}: want ADDR:PORT or [IPV6]:PORT")
+    try:
+        a = ipaddress.ip_address(str(addr))
+        n = int(port)
+    except ValueError:
+        raise InputError(f"bad {what} {text!r}: want ADDR:PORT or [IPV6]:PORT") from None
+    if not 0 < n < 65536:
+        raise InputError(f"bad {what} {text!r}: port {n} is outside 1..65535")
+    return a, n
 
 
 def _words(addr) -> list[int]:
@@ -41,10 +86,19 @@ def _mac(text) -> bytes:
     return raw
 
 
+def _endpoint_text(b) -> str:
+    a, port = b
+    return f"[{a}]:{port}" if a.version == 6 else f"{a}:{port}"
+
+
 class TcPods(BpfProgram):
     SOURCE = "tc_pods.bpf.c"
     FUNCTION = "pods_from_pod"
-    LOADS = (("pods_from_pod", "SCHED_CLS"), ("pods_from_node", "SCHED_CLS"))
+    LOADS = (
+        ("pods_from_pod", "SCHED_CLS"),
+        ("pods_from_node", "SCHED_CLS"),
+        *((f, "CGROUP_SOCK_ADDR", hook) for f, hook in SOCKET_HOOKS),
+    )
     ROWS = "pod"
     MAIN_COUNTERS = ("seen", "local_pod", "remote_pod", "tunneled", "unmatched", "redirect", "pass")
     VERDICTS = ("redirect", "pass", "drop")
@@ -57,6 +111,7 @@ class TcPods(BpfProgram):
         "too_big",
         "no_route",
         "not_forwarded",
+        "no_backend",
         "vlan",
         "not_ip",
         "malformed",
@@ -75,6 +130,7 @@ class TcPods(BpfProgram):
         self._pods = {}  # host-side veth name -> (slot, ifindex, [addresses], pod MAC, its veth's MAC)
         self._retired = {}  # counters of pods removed, so that the totals never go back
         self._remote = {}  # prefix -> node address or None
+        self._services = {}  # (address, port, proto number) -> (id, [(backend address, port)])
         with netdev.ipr(netns) as ip:  # a namespace or tunnel device that is not there fails now, in one line
             if tunnel is not None:
                 self.tunnel_ifindex = netdev.ifindex_of(ip, tunnel, netns)
@@ -98,6 +154,7 @@ class TcPods(BpfProgram):
             self._write_pod(name)
         for prefix, node in self._remote.items():
             self._write_remote(prefix, node)
+        self._write_services()
 
     def add_pod(self, ifname, addrs, mac):
         """A pod behind its host-side veth `ifname` (in this object's namespace): its
@@ -202,6 +259,100 @@ class TcPods(BpfProgram):
             v.a = (ctypes.c_uint32 * 4)(*_words(node))
             v.family = node.version
         self.table("remote")[self._prefix_key(net)] = v
+
+    # --- services -------------------------------------------------------------------------
+    @property
+    def services(self) -> dict:
+        """{(address, port, "tcp"|"udp"): ["addr:port" of each backend]}"""
+        names = {v: k for k, v in PROTOS.items()}
+        return {
+            (str(a), port, names[proto]): [_endpoint_text(b) for b in backs]
+            for (a, port, proto), (_, backs) in self._services.items()
+        }
+
+    def add_service(self, address, port, proto="tcp", backends=()):
+        """A service (address, port, "tcp" or "udp") and its backends ("ADDR:PORT"
+        each, the service's family; none: the service refuses). Again with the same
+        service: its backends replaced (flows already translated keep theirs)."""
+        if proto not in PROTOS:
+            raise InputError(f"service protocol {proto!r}: tcp or udp")
+        addr, port = parse_endpoint((address, port), "service")
+        backs = sorted({parse_endpoint(b) for b in backends}, key=lambda b: (b[0].version, b[0], b[1]))
+        wrong = [_endpoint_text(b) for b in backs if b[0].version != addr.version]
+        if wrong:
+            raise InputError(
+                f"service {_endpoint_text((addr, port))}: backends of the other family ({', '.join(wrong)})"
+            )
+        key = (addr, port, PROTOS[proto])
+        if key in self._services:
+            sid = self._services[key][0]
+        else:
+            used = {s[0] for s in self._services.values()}
+            free = [i for i in range(SVC_MAX) if i not in used]
+            if not free:
+                raise InputError(f"more than {SVC_MAX} services")
+            sid = free[0]
+        if sum(len(b) for k, (_, b) in self._services.items() if k != key) + len(backs) > BACKENDS_MAX:
+            raise InputError(f"more than {BACKENDS_MAX} backends over all services")
+        self._services[key] = (sid, backs)
+        if self.bpf is not None:
+            self._write_services()
+
+    def remove_service(self, address, port, proto="tcp"):
+        addr, port = parse_endpoint((address, port), "service")
+        if self._services.pop((addr, port, PROTOS.get(proto)), None) is not None and self.bpf is not None:
+            self._write_services()
+
+    def _svc_key(self, addr, port, proto):
+        k = self.table("services").Key()
+        k.a = (ctypes.c_uint32 * 4)(*_words(addr))
+        k.port = socket.htons(port)
+        k.proto, k.family = proto, addr.version
+        return k
+
+    def _write_services(self):
+        """Backends first (rewritten in place: a slot names the same backend or a new
+        one, never a freed one), then each service's Maglev table, then the services;
+        services gone last out."""
+        index, backends = {}, self.table("backends")
+        for _, backs in self._services.values():
+            for b in backs:
+                if b not in index:
+                    index[b] = len(index)
+                    v = backends.Leaf()
+                    v.a = (ctypes.c_uint32 * 4)(*_words(b[0]))
+                    v.port, v.family = socket.htons(b[1]), b[0].version
+                    backends[ctypes.c_uint32(index[b])] = v
+        rings = self.table("rings")
+        for sid, backs in self._services.values():
+            table = maglev_table({_endpoint_text(b): 1 for b in backs}, RING)
+            by_name = {_endpoint_text(b): index[b] + 1 for b in backs}
+            for slot, name in enumerate(table):
+                rings[ctypes.c_uint32(sid * RING + slot)] = ctypes.c_uint32(by_name.get(name, 0))
+        services = self.table("services")
+        want = set()
+        for (addr, port, proto), (sid, backs) in self._services.items():
+            k = self._svc_key(addr, port, proto)
+            v = services.Leaf()
+            v.id, v.count = sid, len(backs)
+            services[k] = v
+            want.add(bytes(k))
+        for k in list(services.keys()):
+            if bytes(k) not in want:
+                services.pop(k, None)
+
+    def attach_services(self, cgroup_path):
+        """Services at connect(), sendmsg() and recvmsg() for the sockets of the
+        processes in the cgroup v2 directory `cgroup_path` (and its children)."""
+        return [self.attach_cgroup(f, cgroup_path, hook) for f, hook in SOCKET_HOOKS]
+
+    def service_counters(self) -> dict:
+        """connect, sendmsg, recvmsg, refused (the cgroup programs); to_backend,
+        to_client (per packet, all pods)."""
+        out = self.percpu_totals("sock_stats", 0)
+        total = self.counters()
+        out["to_backend"], out["to_client"] = total.get("to_backend", 0), total.get("to_client", 0)
+        return out
 
     # --- attach ---------------------------------------------------------------------------
     def load_program(self):

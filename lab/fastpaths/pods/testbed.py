@@ -13,11 +13,17 @@
   pod prefix (198.18.(100+i).0/24, 2001:2:(100+i)::/64) via that node's underlay address
   (native routing), forwarding on;
 - tunnel=True: each node also has a collect-metadata VXLAN device, vxlan0, and the
-  pods' MTU leaves room for its 50 bytes (1450).
+  pods' MTU leaves room for its 50 bytes (1450);
+- a cgroup v2 directory of its own (tb.cgroup, made on build, removed on close):
+  processes started with tb.in_cgroup() among their keywords (topo.run(pod, argv,
+  **tb.in_cgroup())) have their sockets seen by the services' cgroup programs (as
+  every process of a Kubernetes node is under the root Cilium attaches to); all
+  others are translated per packet.
 """
 
 from dataclasses import dataclass, field
 
+from lab.cgroups import SocketCgroup
 from lab.testbeds import BuiltTestbed
 from lab.topology import Topology
 
@@ -34,6 +40,12 @@ class PodsTestbed(BuiltTestbed):
     pods: dict  # node -> [pod hosts]
     tunnel: bool = False
     lxc: dict = field(default_factory=dict)  # pod host -> its host-side veth's name in its node
+    cgroup: SocketCgroup | None = None
+
+    def in_cgroup(self) -> dict:
+        """subprocess keywords that start a process in the testbed's cgroup (the
+        services' cgroup programs see its sockets)."""
+        return {"preexec_fn": self.cgroup.joiner()}
 
     def node_of(self, pod) -> str:
         return next(n for n, ps in self.pods.items() if pod in ps)
@@ -60,6 +72,8 @@ class PodsTestbed(BuiltTestbed):
 
     def prepare(self):
         t = self.topo
+        # named for a namespace of the run: lab cleanup removes it once that is gone
+        self.cgroup = SocketCgroup(f"{self.ns(self.nodes[0])}.pods").create()
         for node in self.nodes:
             for pod in self.pods[node]:
                 lxc = self.lxc[pod]
@@ -77,6 +91,10 @@ class PodsTestbed(BuiltTestbed):
             if self.tunnel:
                 t.run(node, ["ip", "link", "add", TUNNEL_DEV, "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
                 t.run(node, ["ip", "link", "set", TUNNEL_DEV, "up"])
+
+    def release(self):
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 def pods_testbed(pods_per_node=2, tunnel=False, kernel_defaults=False) -> PodsTestbed:

@@ -1,0 +1,159 @@
+"""Cgroup programs: attach a loaded program to a cgroup v2 directory, detach it, and
+find what a killed process left attached (through libbpf.so.1, as ebpf.maps does).
+
+    a = attach(fn.fd, "/sys/fs/cgroup/unified/pods", "CGROUP_INET4_CONNECT")
+    detach(a)
+    cleanup("pods_")        # programs named pods_* on any cgroup that no process holds
+
+Programs are attached with BPF_F_ALLOW_MULTI: beside whatever else is there (a
+Cilium or systemd program on the same cgroup), never in its place. An attachment
+outlives the process that made it (the kernel holds the program), so an orphan is
+told as tc's are (ebpf.holders): a program on a cgroup that no process holds an fd
+to any more.
+"""
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebpf.errors import AttachError, InputError
+from ebpf.holders import holders, prog_id, prog_name
+from ebpf.testrun import libbpf
+
+# enum bpf_attach_type (uapi bpf.h), the socket-address hooks the lab uses
+ATTACH_TYPES = {
+    "CGROUP_INET4_CONNECT": 10,
+    "CGROUP_INET6_CONNECT": 11,
+    "CGROUP_UDP4_SENDMSG": 14,
+    "CGROUP_UDP6_SENDMSG": 15,
+    "CGROUP_UDP4_RECVMSG": 19,
+    "CGROUP_UDP6_RECVMSG": 20,
+}
+BPF_F_ALLOW_MULTI = 2
+CGROUP2_MAGIC = 0x63677270
+
+
+@dataclass
+class Attachment:
+    path: str
+    attach_type: str
+    prog_fd: int  # our own duplicate: detaching needs the program, whatever closed its fd since
+    name: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.name} on cgroup {self.path} ({self.attach_type.lower()})"
+
+
+def v2_mounts() -> list[Path]:
+    """Where cgroup v2 is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host)."""
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                out.append(Path(parts[1].replace("\\040", " ")))
+    return out
+
+
+def _open_cgroup(path) -> int:
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"{path}: no such cgroup directory")
+    if not any(p.resolve() == m or m in p.resolve().parents for m in v2_mounts()):
+        mounts = ", ".join(map(str, v2_mounts())) or "none mounted"
+        raise InputError(f"{path} is not in a cgroup v2 hierarchy ({mounts}): socket programs attach only there")
+    return os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def attach(prog_fd: int, path, attach_type: str, name="") -> Attachment:
+    """Attach a loaded program (its fd) to the cgroup at `path`, beside what is there."""
+    kind = ATTACH_TYPES[attach_type]
+    cg = _open_cgroup(path)
+    try:
+        if libbpf().bpf_prog_attach(prog_fd, cg, kind, BPF_F_ALLOW_MULTI) != 0:
+            err = ctypes.get_errno()
+            raise AttachError(f"attaching {name or 'a program'} to cgroup {path}: {os.strerror(err)}")
+    finally:
+        os.close(cg)
+    return Attachment(str(path), attach_type, os.dup(prog_fd), name)
+
+
+def detach(a: Attachment):
+    """Off its cgroup (a cgroup removed since took the attachment with it: nothing to do)."""
+    if a.prog_fd < 0:
+        return
+    try:
+        try:
+            cg = _open_cgroup(a.path)
+        except InputError:
+            return
+        try:
+            if libbpf().bpf_prog_detach2(a.prog_fd, cg, ATTACH_TYPES[a.attach_type]) != 0:
+                err = ctypes.get_errno()
+                if err != errno.ENOENT:
+                    raise AttachError(f"detaching {a.where}: {os.strerror(err)}")
+        finally:
+            os.close(cg)
+    finally:
+        os.close(a.prog_fd)
+        a.prog_fd = -1
+
+
+def attached(path, attach_type: str) -> list[int]:
+    """The ids of the programs attached to one cgroup at one hook."""
+    cg = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ids = (ctypes.c_uint32 * 64)()
+        count = ctypes.c_uint32(len(ids))
+        flags = ctypes.c_uint32(0)
+        if libbpf().bpf_prog_query(cg, ATTACH_TYPES[attach_type], 0, ctypes.byref(flags), ids, ctypes.byref(count)):
+            return []
+        return list(ids[: count.value])
+    finally:
+        os.close(cg)
+
+
+def find(prefix: str) -> list[tuple[str, str, int, str]]:
+    """(cgroup path, attach type, program id, name) of every program whose name starts with
+    `prefix`, attached anywhere in the cgroup v2 hierarchies."""
+    out = []
+    for root in v2_mounts():
+        for d, _, _ in os.walk(root):
+            for kind in ATTACH_TYPES:
+                try:
+                    ids = attached(d, kind)
+                except OSError:
+                    continue
+                for i in ids:
+                    name = prog_name(i) or ""
+                    if name.startswith(prefix):
+                        out.append((d, kind, i, name))
+    return out
+
+
+def cleanup(prefix: str, spare_live=True) -> tuple[list[str], list[str]]:
+    """Detach the programs named `prefix`* that no process holds (a killed run's); with
+    spare_live=False, live ones too. Returns (what was removed, what was spared)."""
+    found = find(prefix)
+    held = holders([i for _, _, i, _ in found])
+    removed, spared = [], []
+    for path, kind, i, name in found:
+        if held[i] and spare_live:
+            spared.append(f"{name} on cgroup {path} (pid {', '.join(map(str, held[i]))})")
+            continue
+        fd = libbpf().bpf_prog_get_fd_by_id(ctypes.c_uint32(i))
+        if fd < 0:
+            continue
+        try:
+            detach(Attachment(path, kind, fd, name))
+        except AttachError as e:
+            spared.append(str(e))
+            continue
+        removed.append(f"{name} on cgroup {path} ({kind.lower()})")
+    return removed, spared
+
+
+__all__ = ["ATTACH_TYPES", "Attachment", "attach", "attached", "cleanup", "detach", "find", "prog_id"]

@@ -5,6 +5,12 @@ find what a killed process left attached (through libbpf.so.1, as ebpf.maps does
     detach(a)
     cleanup("pods_")        # programs named pods_* on any cgroup that no process holds
 
+A path is the host's: a process started by `ip netns exec` has a mount namespace and
+a /sys of its own, with no cgroup hierarchy mounted, so the hierarchy is reached
+through the nearest ancestor process that has it mounted (/proc/PID/root: the
+shell that ran `ip netns exec`). An attachment keeps its cgroup open, to detach
+whatever became of that process.
+
 Programs are attached with BPF_F_ALLOW_MULTI: beside whatever else is there (a
 Cilium or systemd program on the same cgroup), never in its place. An attachment
 outlives the process that made it (the kernel holds the program), so an orphan is
@@ -41,16 +47,17 @@ class Attachment:
     attach_type: str
     prog_fd: int  # our own duplicate: detaching needs the program, whatever closed its fd since
     name: str
+    cg_fd: int = -1  # the cgroup, kept open (see the top)
 
     @property
     def where(self) -> str:
         return f"{self.name} on cgroup {self.path} ({self.attach_type.lower()})"
 
 
-def v2_mounts() -> list[Path]:
+def v2_mounts(mounts="/proc/self/mounts") -> list[Path]:
     """Where cgroup v2 is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host)."""
     out = []
-    with open("/proc/self/mounts") as f:
+    with open(mounts) as f:
         for line in f:
             parts = line.split()
             if len(parts) > 2 and parts[2] == "cgroup2":
@@ -58,27 +65,65 @@ def v2_mounts() -> list[Path]:
     return out
 
 
+def _in(p: Path, mounts) -> bool:
+    return any(p == m or m in p.parents for m in mounts)
+
+
+def _ancestors():
+    pid = os.getppid()
+    while pid > 1:
+        yield pid
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return
+    yield 1
+
+
+def _roots() -> list[tuple[Path, list[Path]]]:
+    """[(how to reach a host path, the cgroup v2 mounts there)]: this mount namespace's,
+    else the nearest ancestor's that has one mounted and lets us in (see the top)."""
+    here = v2_mounts()
+    if here:
+        return [(Path("/"), here)]
+    for pid in _ancestors():
+        try:
+            mounts = v2_mounts(f"/proc/{pid}/mounts")
+            reach = Path(f"/proc/{pid}/root")
+            if mounts and os.listdir(reach / mounts[0].relative_to("/")) is not None:
+                return [(reach, mounts)]
+        except OSError:
+            continue
+    return [(Path("/"), [])]
+
+
 def _open_cgroup(path) -> int:
-    p = Path(path)
-    if not p.is_dir():
+    p = Path(os.path.abspath(path))
+    reach, mounts = _roots()[0]
+    real = reach / p.relative_to("/")
+    if not real.is_dir():
         raise InputError(f"{path}: no such cgroup directory")
-    if not any(p.resolve() == m or m in p.resolve().parents for m in v2_mounts()):
-        mounts = ", ".join(map(str, v2_mounts())) or "none mounted"
-        raise InputError(f"{path} is not in a cgroup v2 hierarchy ({mounts}): socket programs attach only there")
-    return os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    if not _in(p.resolve() if reach == Path("/") else p, mounts):
+        names = ", ".join(map(str, mounts)) or "none mounted"
+        raise InputError(f"{path} is not in a cgroup v2 hierarchy ({names}): socket programs attach only there")
+    return os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def check_dir(path):
+    """InputError, in one line, unless `path` is a cgroup v2 directory."""
+    os.close(_open_cgroup(path))
 
 
 def attach(prog_fd: int, path, attach_type: str, name="") -> Attachment:
     """Attach a loaded program (its fd) to the cgroup at `path`, beside what is there."""
     kind = ATTACH_TYPES[attach_type]
     cg = _open_cgroup(path)
-    try:
-        if libbpf().bpf_prog_attach(prog_fd, cg, kind, BPF_F_ALLOW_MULTI) != 0:
-            err = ctypes.get_errno()
-            raise AttachError(f"attaching {name or 'a program'} to cgroup {path}: {os.strerror(err)}")
-    finally:
+    if libbpf().bpf_prog_attach(prog_fd, cg, kind, BPF_F_ALLOW_MULTI) != 0:
+        err = ctypes.get_errno()
         os.close(cg)
-    return Attachment(str(path), attach_type, os.dup(prog_fd), name)
+        raise AttachError(f"attaching {name or 'a program'} to cgroup {path}: {os.strerror(err)}")
+    return Attachment(str(path), attach_type, os.dup(prog_fd), name, cg)
 
 
 def detach(a: Attachment):
@@ -86,20 +131,14 @@ def detach(a: Attachment):
     if a.prog_fd < 0:
         return
     try:
-        try:
-            cg = _open_cgroup(a.path)
-        except InputError:
-            return
-        try:
-            if libbpf().bpf_prog_detach2(a.prog_fd, cg, ATTACH_TYPES[a.attach_type]) != 0:
-                err = ctypes.get_errno()
-                if err != errno.ENOENT:
-                    raise AttachError(f"detaching {a.where}: {os.strerror(err)}")
-        finally:
-            os.close(cg)
+        if libbpf().bpf_prog_detach2(a.prog_fd, a.cg_fd, ATTACH_TYPES[a.attach_type]) != 0:
+            err = ctypes.get_errno()
+            if err != errno.ENOENT:  # the cgroup was removed since, the attachment with it
+                raise AttachError(f"detaching {a.where}: {os.strerror(err)}")
     finally:
         os.close(a.prog_fd)
-        a.prog_fd = -1
+        os.close(a.cg_fd)
+        a.prog_fd = a.cg_fd = -1
 
 
 def attached(path, attach_type: str) -> list[int]:
@@ -120,11 +159,13 @@ def find(prefix: str) -> list[tuple[str, str, int, str]]:
     """(cgroup path, attach type, program id, name) of every program whose name starts with
     `prefix`, attached anywhere in the cgroup v2 hierarchies."""
     out = []
-    for root in v2_mounts():
-        for d, _, _ in os.walk(root):
+    reach, mounts = _roots()[0]
+    for root in mounts:
+        for real, _, _ in os.walk(reach / root.relative_to("/")):
+            d = "/" + str(Path(real).relative_to(reach))
             for kind in ATTACH_TYPES:
                 try:
-                    ids = attached(d, kind)
+                    ids = attached(real, kind)
                 except OSError:
                     continue
                 for i in ids:
@@ -148,7 +189,12 @@ def cleanup(prefix: str, spare_live=True) -> tuple[list[str], list[str]]:
         if fd < 0:
             continue
         try:
-            detach(Attachment(path, kind, fd, name))
+            cg = _open_cgroup(path)
+        except (InputError, OSError):
+            os.close(fd)
+            continue
+        try:
+            detach(Attachment(path, kind, fd, name, cg))
         except AttachError as e:
             spared.append(str(e))
             continue
@@ -156,4 +202,4 @@ def cleanup(prefix: str, spare_live=True) -> tuple[list[str], list[str]]:
     return removed, spared
 
 
-__all__ = ["ATTACH_TYPES", "Attachment", "attach", "attached", "cleanup", "detach", "find", "prog_id"]
+__all__ = ["ATTACH_TYPES", "Attachment", "attach", "attached", "check_dir", "cleanup", "detach", "find", "prog_id"]

@@ -223,3 +223,153 @@ def test_a_killed_run_is_cleaned_up_and_says_what_it_removed(nodes):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("removed filter pods") == 4 and "removed the VXLAN device pods_vxlan" in r.stdout
     assert tc.filters_of("pods", f"/run/netns/{N0}") == []
+
+
+SERVICES = """
+[[service]]
+address = "198.18.200.10"
+port = 80
+protocol = "tcp"
+backends = ["198.18.100.2:{port}", "198.18.101.1:{port}"]
+
+[[service]]
+address = "198.18.200.10"
+port = 80
+protocol = "udp"
+backends = ["198.18.100.2:{port}", "198.18.101.1:{port}"]
+"""
+MORE = """
+[[service]]
+address = "2001:2:200::10"
+port = 80
+protocol = "{proto}"
+backends = ["[2001:2:101::1]:{port}"]
+"""
+
+
+@pytest.fixture
+def pod_cgroup():
+    """A cgroup v2 directory, as a user (or Kubernetes) makes one for the pods' processes."""
+    from ebpf.cgroup import v2_mounts  # noqa: PLC0415
+
+    path = v2_mounts()[0] / f"{P}-pods"
+    path.mkdir()
+    yield path
+    path.rmdir()
+
+
+def join(path):
+    def f():
+        (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+    return f
+
+
+def exchange_in(pod, dst, cg=None, n=6, port=80):
+    """tests/echo.py exchange with a service (port 80), from inside cgroup `cg` or not."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", pod, sys.executable, ECHO, "exchange", dst, str(port), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=join(cg) if cg else None,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_services_at_connect_and_per_packet_follow_the_file_and_a_kill_leaves_nothing_after_cleanup(
+    nodes, pod_cgroup, tmp_path
+):
+    forwarding_on()
+    f = tmp_path / "services.toml"
+    f.write_text(SERVICES.format(port=PORT))
+    p = pods_cmd(N0, "--services", str(f), "--cgroup", str(pod_cgroup))
+    other = pods_cmd(N1)
+    try:
+        head = attached(p)
+        attached(other)
+        assert head["services"] == 2 and head["cgroup"] == str(pod_cgroup)
+        assert exchange_in(A, "198.18.200.10", pod_cgroup) == {"udp": 6, "tcp": 6, "n": 6}  # at connect()
+        assert exchange_in(A, "198.18.200.10") == {"udp": 6, "tcp": 6, "n": 6}  # per packet
+        # a service added to the file is served within a second
+        f.write_text(
+            SERVICES.format(port=PORT) + MORE.format(proto="tcp", port=PORT) + MORE.format(proto="udp", port=PORT)
+        )
+        time.sleep(1.0)
+        assert exchange_in(A, "2001:2:200::10", pod_cgroup) == {"udp": 6, "tcp": 6, "n": 6}
+        f.write_text("[[service]]\naddress = 1\n")  # broken: said, and the services stay
+        time.sleep(1.0)
+        assert exchange_in(A, "2001:2:200::10") == {"udp": 6, "tcp": 6, "n": 6}
+    finally:
+        stop(other)
+    os.killpg(p.pid, signal.SIGKILL)
+    err = p.communicate()[1]
+    assert "services file" in err and "the services stay as they were" in err
+    from ebpf import cgroup  # noqa: PLC0415
+
+    assert len([x for x in cgroup.find("pods_") if x[0] == str(pod_cgroup)]) == 6  # left by the kill
+    r = subprocess.run(
+        ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--cleanup"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"on cgroup {pod_cgroup}") == 6, r.stdout
+    assert [x for x in cgroup.find("pods_") if x[0] == str(pod_cgroup)] == []
+    assert tc.filters_of("pods", f"/run/netns/{N0}") == []
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[[service]]\nport = 80\n", "needs address and port"),
+        ('[[service]]\naddress = "198.18.200.1"\nport = 80\nbackend = []\n', "unknown key 'backend'"),
+        ('[[service]]\naddress = "198.18.200.1"\nport = 80\nbackends = ["198.18.1.1"]\n', "want ADDR:PORT"),
+        ('[[service]]\naddress = "198.18.200.1"\nport = 80\nprotocol = "sctp"\n', "protocol 'sctp'"),
+        ("[[service]\n", "services file"),
+    ],
+)
+def test_a_bad_services_file_is_one_line_naming_it(tmp_path, text, message):
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "pods", "--uplink", "eth0", "--services", str(f)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and message in r.stderr and str(f) in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_cgroup_that_is_not_v2_or_without_services_is_refused(nodes, tmp_path):
+    forwarding_on()
+    f = tmp_path / "s.toml"
+    f.write_text(SERVICES.format(port=PORT))
+    for args, message in (
+        (["--cgroup", "/sys/fs/cgroup"], "needs --services"),
+        (["--services", str(f), "--cgroup", str(tmp_path)], "not in a cgroup v2 hierarchy"),
+        (["--services", str(f), "--cgroup", "/nonexistent"], "no such cgroup directory"),
+    ):
+        r = subprocess.run(
+            ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--uplink", "eth0", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert tc.filters_of("pods", f"/run/netns/{N0}") == []
+
+
+def test_a_pod_that_cannot_reach_its_gateway_and_a_veth_without_a_route_are_said_with_the_fix(nodes):
+    forwarding_on()
+    sh(
+        f"ip -n {A} route replace default via 169.254.1.254 dev eth0 onlink",
+        f"ip -n {N0} route del 198.18.100.2/32 dev lxc1 && ip -n {N0} -6 route del 2001:2:100::2/128 dev lxc1",
+    )
+    p = pods_cmd(N0, "--duration", "1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "pod behind lxc0: its default route goes via 169.254.1.254" in err
+    assert "fix: ip addr add 169.254.1.254/32 dev lxc0" in err
+    assert "lxc1 leads to another namespace but no /32 or /128 route goes through it" in err

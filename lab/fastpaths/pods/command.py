@@ -12,17 +12,31 @@ It finds what a CNI leaves on a node:
 Pods that come and go (a veth and its route added or removed) are attached or dropped
 within a second (a watch every 0.25 s): once dropped, no frame goes to the veth (until
 then, the kernel drops what is sent to a veth that is gone).
+
+Services (--services FILE, TOML; read again within a second of each change):
+
+    [[service]]
+    address = "198.18.200.10"        # the service's address (either family)
+    port = 80
+    protocol = "tcp"                 # tcp (default) or udp
+    backends = ["198.18.100.1:8080", "198.18.101.1:8080"]   # [V6]:PORT for IPv6
+
+With --cgroup DIR (a cgroup v2 directory, as Cilium attaches to its root), a socket of
+a process in it gets a backend at connect() or sendmsg(), once; every other pod's
+packets to a service are translated on their way out of its veth.
 """
 
 import contextlib
 import ipaddress
+import os
 import socket
 import threading
+import tomllib
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ebpf import BpfError, InputError, netdev, tc
-from ebpf.pods.tc_pods import TcPods
+from ebpf import BpfError, InputError, cgroup, netdev, tc
+from ebpf.pods.tc_pods import PROTOS, TcPods, parse_endpoint
 from lab import hostcheck
 from lab.console import CounterTable, UsageError, require, warn
 from lab.lifecycle import Command
@@ -37,6 +51,7 @@ examples:
   python -m lab pods --uplink eth0 --tunnel vxlan --peer 198.18.99.2=198.18.101.0/24 \\
                      --peer 198.18.99.2=2001:2:101::/64
   ip netns exec node0 python -m lab pods --uplink eth0 --json --duration 10
+  python -m lab pods --uplink eth0 --services services.toml --cgroup /sys/fs/cgroup/pods
   python -m lab pods --cleanup                      # what a killed run left
 
 exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
@@ -45,6 +60,51 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 """
 RATES = ("seen", "redirect")
 TOTALS = ("seen", "local_pod", "remote_pod", "tunneled", "unmatched", "pass", "drop")
+SERVICE_TOTALS = ("to_backend", "to_client", "connect", "sendmsg", "recvmsg", "refused")
+SERVICE_KEYS = {"address", "port", "protocol", "backends", "name"}
+
+
+def read_services(path) -> list[tuple]:
+    """[(address, port, protocol, [backend, ...])] from a services file; any fault is
+    one line that names the file (and the service)."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise InputError(f"services file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"services file {path}: {e}") from None
+    unknown = set(doc) - {"service"}
+    if unknown:
+        raise InputError(f"services file {path}: unknown table {sorted(unknown)[0]!r} (want [[service]] entries)")
+    out, seen = [], set()
+    for i, s in enumerate(doc.get("service", []), 1):
+        where = f"services file {path}, service {i}"
+        if not isinstance(s, dict):
+            raise InputError(f"{where}: want a [[service]] table")
+        if set(s) - SERVICE_KEYS:
+            raise InputError(
+                f"{where}: unknown key {sorted(set(s) - SERVICE_KEYS)[0]!r} (known: {', '.join(sorted(SERVICE_KEYS))})"
+            )
+        if "address" not in s or "port" not in s:
+            raise InputError(f"{where}: needs address and port")
+        proto = s.get("protocol", "tcp")
+        if proto not in PROTOS:
+            raise InputError(f"{where}: protocol {proto!r} (tcp or udp)")
+        backends = s.get("backends", [])
+        if not isinstance(backends, list):
+            raise InputError(f'{where}: backends is a list of "ADDR:PORT"')
+        try:
+            addr, port = parse_endpoint((s["address"], s["port"]), "service")
+            for b in backends:
+                parse_endpoint(b)
+        except InputError as e:
+            raise InputError(f"{where}: {e}") from None
+        if (addr, port, proto) in seen:
+            raise InputError(f"{where}: {addr} port {port}/{proto} is given twice")
+        seen.add((addr, port, proto))
+        out.append((str(addr), port, proto, [str(b) for b in backends]))
+    return out
 
 
 def parse_peer(text):
@@ -64,6 +124,46 @@ def _sysctl(path):
             return f.read().strip()
     except FileNotFoundError:
         return None
+
+
+def bare_veths(uplink, pods) -> list[str]:
+    """Veths whose peer is in another namespace but that no single-address route goes
+    through: a pod the node does not route to (so not taken as one)."""
+    out = []
+    with netdev.ipr() as ip:
+        for d in netdev.devices(ip).values():
+            if d.kind == "veth" and d.name != uplink and d.name not in pods:
+                link = ip.get_links(d.index)[0]
+                if link.get_attr("IFLA_LINK_NETNSID") is not None:
+                    out.append(d.name)
+    return sorted(out)
+
+
+def gateway_problem(lxc) -> str | None:
+    """A pod whose default route goes via an address its host-side veth neither has
+    nor answers for (proxy ARP) cannot reach its gateway: nothing it sends leaves it."""
+    peer = hostcheck.veth_peer(lxc)
+    if peer is None or peer.netns is None:
+        return None
+    with netdev.ipr() as ip:
+        mine = {ipaddress.ip_address(a.get_attr("IFA_ADDRESS")) for a in ip.get_addr(index=netdev.ifindex_of(ip, lxc))}
+    proxy = _sysctl(f"net/ipv4/conf/{lxc}/proxy_arp") == "1"
+    with netdev.ipr(peer.netns) as ip:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for r in ip.get_routes(family=family, table=254):
+                gw = r.get_attr("RTA_GATEWAY")
+                if r.get_attr("RTA_DST") is not None or gw is None:
+                    continue
+                g = ipaddress.ip_address(gw)
+                if g in mine or (g.version == 4 and proxy):
+                    continue
+                return (
+                    f"pod behind {lxc}: its default route goes via {g}, which {lxc} neither has nor answers "
+                    f"for, so the pod cannot reach its gateway; fix: ip addr add {g}/{g.max_prefixlen} dev {lxc}"
+                    + (" nodad" if g.version == 6 else "")
+                    + " (Cilium gives every pod's veth the node's router address)"
+                )
+    return None
 
 
 def find_pods(uplink) -> tuple[dict, list]:
@@ -149,7 +249,7 @@ class PodsCommand(Command):
         "(bpf_redirect_peer), to another node's pods by the FIB or a VXLAN tunnel, the rest to the kernel."
     )
     examples = EXAMPLES
-    cleans = "pod datapath filters, and the VXLAN device a tunnel run made"
+    cleans = "pod datapath filters, its cgroup programs, and the VXLAN device a tunnel run made"
 
     def options(self, p):
         p.add_argument("--uplink", metavar="IF", help="the node's interface towards the other nodes")
@@ -162,6 +262,17 @@ class PodsCommand(Command):
             help="tunnel mode: another node's address and its pods' prefix (repeatable)",
         )
         p.add_argument("--vni", type=int, default=1, help="the tunnel's VXLAN network identifier (default %(default)s)")
+        p.add_argument(
+            "--services",
+            metavar="FILE",
+            help="services and their backends (TOML, [[service]] entries; read again when it changes)",
+        )
+        p.add_argument(
+            "--cgroup",
+            metavar="DIR",
+            help="a cgroup v2 directory whose processes' sockets get a service's backend at connect()/sendmsg() "
+            "(others are translated per packet)",
+        )
 
     def parse(self, args):
         require(args, uplink="--uplink is required (the interface towards the other nodes)")
@@ -172,9 +283,14 @@ class PodsCommand(Command):
             raise UsageError("--peer is for tunnel mode (--tunnel vxlan); native routing reads the routes")
         if not 0 < args.vni < 2**24:
             raise UsageError(f"--vni {args.vni} is outside 1..16777215")
+        if args.cgroup and not args.services:
+            raise UsageError("--cgroup is where services are translated at connect(): it needs --services FILE")
+        self.services = read_services(args.services) if args.services else []
 
     def cleanup(self, all_runs=False):
         removed, spared = tc.cleanup(OWNER, spare_live=not all_runs)
+        gone, live = cgroup.cleanup("pods_", spare_live=not all_runs)
+        removed += gone
         if not spared:  # no live run here: a VXLAN device of ours that one left (external, by name)
             with netdev.ipr() as ip, contextlib.suppress(InputError):
                 idx = netdev.ifindex_of(ip, TUNNEL_DEV)
@@ -182,7 +298,9 @@ class PodsCommand(Command):
                 if dev.kind == "vxlan" and dev.data is not None and dev.data.get_attr("IFLA_VXLAN_COLLECT_METADATA"):
                     ip.link("del", index=idx)
                     removed.append(f"the VXLAN device {TUNNEL_DEV}")
-        return removed, [f"filter {f.entry.name} on {f.where} (pid {', '.join(map(str, f.pids))})" for f in spared]
+        return removed, [
+            f"filter {f.entry.name} on {f.where} (pid {', '.join(map(str, f.pids))})" for f in spared
+        ] + live
 
     def build(self):
         a = self.args
@@ -199,6 +317,13 @@ class PodsCommand(Command):
             v6 = any(node.version == 6 for node, _ in self.peers)
             if a.tunnel and (mtu := tunnel_mtu_problem(a.uplink, pods, v6)):
                 warn(mtu)
+            for v in bare_veths(a.uplink, pods):
+                warn(
+                    f"{v} leads to another namespace but no /32 or /128 route goes through it: not taken as a pod; "
+                    f"fix: ip route add POD_ADDRESS/32 dev {v}"
+                )
+            if a.cgroup:
+                cgroup.check_dir(a.cgroup)
             if problems:
                 raise InputError("\n".join(problems))
         # built here, the tunnel device made in start(): --ebpf prints the C text without it
@@ -219,7 +344,12 @@ class PodsCommand(Command):
         else:
             for prefix in self.remote:
                 self.prog.add_remote(prefix)
+        for svc in self.services:
+            self.prog.add_service(*svc)
         self.prog.load_program()
+        if a.cgroup:
+            self.prog.attach_services(a.cgroup)
+        self.services_stamp = self._services_stamp()
         self.lock = threading.Lock()
         self.attached = {}  # host-side veth -> its TC filter
         self.started = False  # the pods found at start are in the header, not said one by one
@@ -262,8 +392,38 @@ class PodsCommand(Command):
         while not self.stop.wait(WATCH_SECONDS):
             try:
                 self.refresh(find_pods(self.args.uplink)[0])
+                self._reload_services()
             except Exception as e:  # noqa: BLE001 -- a watch that fails says so and tries again
                 warn(f"watching for pods: {e}")
+
+    def _services_stamp(self):
+        try:
+            st = os.stat(self.args.services) if self.args.services else None
+        except OSError:
+            return None
+        return st and (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _reload_services(self):
+        """The services file again when it changed: the new set replaces the old at once
+        (flows already translated keep their backend); a file that does not read is said
+        once and the services stay as they were."""
+        stamp = self._services_stamp()
+        if stamp == self.services_stamp:
+            return
+        self.services_stamp = stamp
+        try:
+            new = read_services(self.args.services)
+        except InputError as e:
+            warn(f"{e}: the services stay as they were")
+            return
+        with self.lock:
+            want = {(addr, port, proto) for addr, port, proto, _ in new}
+            for addr, port, proto in list(self.prog.services):
+                if (addr, port, proto) not in want:
+                    self.prog.remove_service(addr, port, proto)
+            for svc in new:
+                self.prog.add_service(*svc)
+        warn(f"services file {self.args.services}: {len(new)} services")
 
     def _drop(self, lxc, said=True):
         f = self.attached.pop(lxc, None)
@@ -287,6 +447,8 @@ class PodsCommand(Command):
                 if known is not None and lxc in self.attached and self.prog.pods.get(lxc) == addrs:
                     continue
                 try:
+                    if known is None and (problem := gateway_problem(lxc)):
+                        warn(problem)
                     self.prog.add_pod(lxc, addrs, pod_mac(lxc))
                     if lxc not in self.attached:
                         self.attached[lxc] = self.prog.attach_pod(lxc)
@@ -297,7 +459,8 @@ class PodsCommand(Command):
                     warn(f"pod behind {lxc}: not attached: {e}")
 
     def table(self):
-        self.live = CounterTable(self.args.json, RATES, TOTALS, key="POD", rows_name="pods")
+        totals = TOTALS + (SERVICE_TOTALS if self.args.services else ())
+        self.live = CounterTable(self.args.json, RATES, totals, key="POD", rows_name="pods")
         return self.live
 
     def header(self):
@@ -305,19 +468,27 @@ class PodsCommand(Command):
         mode = f"tunnel (VXLAN {TUNNEL_DEV}, VNI {a.vni})" if a.tunnel else "native routing"
         with self.lock:
             pods = self.prog.pods
+            nsvc = len(self.prog.services)
+        svc = ""
+        if a.services:
+            svc = f"; {nsvc} services, " + (f"at connect() in {a.cgroup} and " if a.cgroup else "") + "per packet"
         self.live.attached(
             dict(
                 uplink=a.uplink,
                 mode="tunnel" if a.tunnel else "native",
                 pods={k: list(map(str, v)) for k, v in pods.items()},
+                services=nsvc,
+                cgroup=a.cgroup,
             ),
-            f"pods: {len(pods)} pods on this node, other nodes' by {mode} via {a.uplink}; Ctrl-C to stop",
+            f"pods: {len(pods)} pods on this node, other nodes' by {mode} via {a.uplink}{svc}; Ctrl-C to stop",
             names=list(pods) + ["node"],
         )
 
     def sample(self, final=False):
         with self.lock:  # the totals keep the rows of pods gone: they never go back
             rows, total = self.prog.counter_rows(), self.prog.counters()
+            if self.args.services:  # the cgroup programs' counts, in the totals (no pod row)
+                total.update({k: v for k, v in self.prog.service_counters().items() if k not in total})
         self.live.sample(total, rows, final)
 
     def tick(self):

@@ -108,9 +108,8 @@ BPF_TABLE("lru_hash", struct svc_sock_key, struct svc_nat_val, sock_rev, PODS_SO
 BPF_PERCPU_ARRAY(sock_stats, struct svc_sock_stats, 1);                 /* the cgroup programs */
 
 /* What the routing and a service need of a frame (struct pkt_fields,
- * skb_rewrite.h), read while the packet pointers are valid. An IP packet
- * without ports (ICMP, a fragment) is still routed; p->ports says whether a
- * whole TCP or UDP header was there. */
+ * skb_rewrite.h), read while the packet pointers are valid. p->ports says
+ * whether there was a TCP or UDP header (a service's packet has one). */
 static __always_inline int read_pkt(struct __sk_buff *skb, struct pkt_fields *p, int *reason)
 {
 	void *data, *data_end;
@@ -125,7 +124,9 @@ static __always_inline int read_pkt(struct __sk_buff *skb, struct pkt_fields *p,
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	parsed = parse_l4(data, data_end, &pk, PARSE_L4);
-	if (parsed == PARSE_NOT_IP || parsed == PARSE_MALFORMED) {
+	/* a header cut short or invalid goes to the kernel, as every program of the lab
+	 * hands it on; an IP packet without ports (ICMP, a fragment) is still routed */
+	if (parsed == PARSE_NOT_IP || parsed == PARSE_MALFORMED || parsed == PARSE_SHORT_L4) {
 		*reason = parse_reason(parsed);
 		return -1;
 	}

@@ -6,11 +6,12 @@ from lab.fastpath import ExitCheck
 from lab.mutants import M
 
 PROGRAM = "ebpf.pods.tc_pods:TcPods"
-# no pod and no remote prefix: every frame is for no pod of the node (unmatched), as far
-# as the programs look (the IP header's addresses)
+# no pod, remote prefix or service: every frame is for no pod of the node (unmatched), as
+# far as the programs look: a whole IP header (what is cut short or invalid, to the TCP or
+# UDP header, is the kernel's, as malformed)
 EXITS = [
-    ExitCheck(PROGRAM, hook="tc", function="pods_from_pod", sees="l3"),
-    ExitCheck(PROGRAM, hook="tc", function="pods_from_node", sees="l3"),
+    ExitCheck(PROGRAM, hook="tc", function="pods_from_pod", sees="ip"),
+    ExitCheck(PROGRAM, hook="tc", function="pods_from_node", sees="ip"),
 ]
 
 FIXTURES = (["tests/test_pods_fixtures.py"], [])

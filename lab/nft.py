@@ -33,6 +33,19 @@ def run(ns, commands) -> dict:
     return out
 
 
+def run_text(ns, text):
+    """Run nft's own syntax in namespace `ns` (a ruleset as `nft -f` takes it: for rules
+    written as their tools write them, kube-proxy's)."""
+    try:
+        import nftables  # noqa: PLC0415 -- optional (python3-nftables, Debian): its absence is said
+    except ImportError:
+        raise LabError("python3-nftables is missing (Debian package; run `make setup`)") from None
+    with netns.entered(ns):
+        rc, _, err = nftables.Nftables().cmd(text)
+    if rc != 0:
+        raise LabError(f"nft: {err.strip().splitlines()[0] if err.strip() else f'exit {rc}'}")
+
+
 def tables(ns, family) -> list[str]:
     out = run(ns, [{"list": {"tables": {"family": family}}}])
     return [i["table"]["name"] for i in out.get("nftables", []) if "table" in i]

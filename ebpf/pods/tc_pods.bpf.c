@@ -354,6 +354,11 @@ static __always_inline int deliver(struct __sk_buff *skb, struct pod_stats *st, 
 		return tc_exit(&st->exits, TC_ACT_SHOT, R_LOCAL_POD);
 	bpf_skb_change_type(skb, PACKET_HOST);
 	st->bytes += skb->len;
+#ifdef PODS_PLAIN_REDIRECT
+	/* the way before bpf_redirect_peer(): out of the pod's veth (its egress), into the pod
+	 * through the CPU's backlog queue (TcPods(redirect="plain"): the helper's commit's baseline) */
+	return tc_exit(&st->exits, bpf_redirect(to.ifindex, 0), R_LOCAL_POD);
+#endif
 	return tc_exit(&st->exits, redirect_peer(to.ifindex, 0), R_LOCAL_POD);
 }
 

@@ -117,9 +117,16 @@ class TcPods(BpfProgram):
         "malformed",
     )
 
-    def __init__(self, mode="native", tunnel=None, vni=1, netns=None, source=None, cflags=()):
+    def __init__(self, mode="native", tunnel=None, vni=1, netns=None, redirect="peer", source=None, cflags=()):
+        """redirect: "peer" (bpf_redirect_peer(), Cilium's with BPF host routing) or
+        "plain" (bpf_redirect() out of the pod's veth: the baseline of the commit that
+        added the peer redirect)."""
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (native or tunnel)")
+        if redirect not in ("peer", "plain"):
+            raise InputError(f"redirect is peer or plain, not {redirect!r}")
+        if redirect == "plain":
+            cflags = [*cflags, "-DPODS_PLAIN_REDIRECT"]
         if (mode == "tunnel") != (tunnel is not None):
             raise InputError("tunnel mode needs the VXLAN device (tunnel=), and only it")
         if not 0 < int(vni) < 2**24:

@@ -18,13 +18,11 @@ loop's numbers include the wait. openloop.c is built with cc on first use and
 cached by the hash of its source.
 """
 
-import hashlib
 import json
 import os
 import selectors
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,12 +33,14 @@ import numpy as np
 
 from .. import netns
 from ..netns import LabError
+from . import ctools
+from .ctools import built
 from .report import MAX_LOAD_SECONDS
 
 # percent points of the latency distribution kept per run: every percent, then the tail
 QUANTILES = [float(q) for q in range(1, 100)] + [99.5, 99.9, 99.95, 99.99]
 SOURCE = Path(__file__).with_name("openloop.c")
-CACHE = Path("/var/cache/vtap-lab")
+CACHE = ctools.CACHE
 
 # wrk's Lua hook at the end of a run: its own latency histogram, as JSON on stdout
 WRK_SCRIPT = """
@@ -126,26 +126,7 @@ def closed_loop(ns, addr, port, connections=100, seconds=10.0, threads=2, timeou
 
 def openloop_binary() -> Path:
     """openloop.c compiled once per version of its source."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    binary = CACHE / f"openloop-{digest}"
-    if binary.exists():
-        return binary
-    cc = shutil.which("cc")
-    if not cc:
-        raise LabError("cc not found: the open-loop generator is built from C (Debian package gcc; run `make setup`)")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=CACHE, prefix=f"{binary.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, str(SOURCE)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise LabError(f"building {SOURCE.name} failed: {(r.stderr.strip().splitlines() or ['?'])[0]}")
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, binary)  # atomic: two builds at once both end with a whole binary
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return binary
+    return built(SOURCE, "the open-loop generator")
 
 
 def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, path="/") -> HttpResult:

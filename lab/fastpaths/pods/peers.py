@@ -1,33 +1,50 @@
 """Ways to connect pods on the two-node testbed (lab.fastpaths.pods.testbed), behind
 lab.peer.Peer, each built on the testbed the bench hands it:
 
-    host    node to node, no pods between: the limit
-    legacy  the kernel routes the pods' traffic (the testbed's routes, forwarding on):
-            Cilium's "legacy host routing"
-    ebpf    ebpf.TcPods, native routing: into a pod by its veth's peer, to another
-            node's pods by the FIB
-    ebpf-vxlan  ebpf.TcPods, tunnel mode: to another node's pods through the
-            testbed's collect-metadata VXLAN device (pods_testbed(tunnel=True), whose
-            pods' MTU leaves room for VXLAN's 50 bytes)
+    host          node to node, no pods between: the limit
+    legacy        the kernel routes the pods' traffic (the testbed's routes, forwarding
+                  on): Cilium's "legacy host routing"; services by nftables DNAT as
+                  kube-proxy's nftables mode writes them
+    bridge-vxlan  pods on a Linux bridge (cni0), a kernel VXLAN device (flannel.1)
+                  between the nodes: flannel's shape (needs pods_testbed(tunnel=True),
+                  whose pods' MTU leaves room for VXLAN's 50 bytes)
+    ebpf          ebpf.TcPods, native routing: into a pod by its veth's peer, to another
+                  node's pods by the FIB; services at connect() (a client in the
+                  testbed's cgroup) or per packet (any other)
+    ebpf-redirect ebpf with bpf_redirect() into a pod instead of bpf_redirect_peer():
+                  the baseline of the commit that added the peer redirect
+    ebpf-vxlan    ebpf.TcPods, tunnel mode: to another node's pods through the
+                  testbed's collect-metadata VXLAN device (pods_testbed(tunnel=True))
 
-Still to come: bridge-vxlan (pods on a Linux bridge, a kernel VXLAN
-device between the nodes: flannel's shape) and the services of each.
+Services: set_services([(address, port, protocol, [backend "ADDR:PORT", ...]), ...])
+on legacy and the ebpf peers, on every node (kube-proxy and Cilium run on each).
 """
 
-from ebpf.pods.tc_pods import TcPods
-from lab.fastpaths.pods.testbed import TUNNEL_DEV
+import ipaddress
+import json
+
+from ebpf.pods.tc_pods import TcPods, parse_endpoint
+from lab import nft
+from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6, TUNNEL_DEV
 from lab.netns import LabError
 from lab.peer import Peer
+
+FLANNEL_DEV, FLANNEL_PORT, BRIDGE = "flannel.1", 8472, "cni0"
 
 
 class PodPeer(Peer):
     name = "legacy"
     kind = "pods"
     colour = "#E69F00"
+    serves = False  # has services (set_services)
 
     def __init__(self, tb, mode=None):
         super().__init__(mode)
         self.tb = tb
+
+    def client_kw(self, way) -> dict:
+        """subprocess keywords for a client of a service (`connect`: in the cgroup)."""
+        return self.tb.in_cgroup() if way == "connect" else {}
 
 
 class Host(PodPeer):
@@ -36,7 +53,168 @@ class Host(PodPeer):
 
 
 class Legacy(PodPeer):
-    """Nothing to attach: the testbed's routes are how the kernel carries pod traffic."""
+    """Nothing to attach: the testbed's routes are how the kernel carries pod traffic.
+    Services: kube-proxy's nftables mode, one table per family on every node:
+
+        table ip kube-proxy {
+          map service-ips { type ipv4_addr . inet_proto . inet_service : verdict }
+          chain nat-prerouting { type nat hook prerouting priority dstnat (-100); jump services }
+          chain nat-output     { type nat hook output priority dstnat (-100); jump services }
+          chain services { ip daddr . meta l4proto . th dport vmap @service-ips }
+          chain service-N  { numgen random mod B vmap { 0 : goto endpoint-N-0, ... } }
+          chain endpoint-N-I { ip saddr BACKEND jump mark-for-masquerade
+                               meta l4proto tcp dnat to BACKEND:PORT }
+          chain mark-for-masquerade { meta mark set meta mark | 0x4000 }
+          chain nat-postrouting { type nat hook postrouting priority srcnat;
+                                  meta mark & 0x4000 == 0x4000 masquerade fully-random }
+        }
+    (a pod that is its own service's backend, hairpin, is masqueraded as kube-proxy does)."""
+
+    serves = True
+    TABLE = "kube-proxy"
+
+    def set_services(self, services):
+        self.remove_services()
+        for node in self.tb.nodes:
+            for family in ("ip", "ip6"):
+                text = ruleset(family, [s for s in services if _family(s[0]) == family])
+                if text:
+                    nft.run_text(self.tb.ns(node), text)
+
+    def remove_services(self):
+        for node in self.tb.nodes:
+            for family in ("ip", "ip6"):
+                nft.delete_table(self.tb.ns(node), family, self.TABLE)
+
+    def detach(self):
+        self.remove_services()
+        super().detach()
+
+
+def _mac(tb, node, dev) -> str:
+    out = tb.topo.run(node, ["ip", "-j", "link", "show", dev], capture_output=True, text=True).stdout
+    return json.loads(out)[0]["address"]
+
+
+def _family(addr) -> str:
+    return "ip6" if ipaddress.ip_address(addr).version == 6 else "ip"
+
+
+def ruleset(family, services) -> str:
+    """kube-proxy's nftables-mode table for `services` of one family (see Legacy)."""
+    if not services:
+        return ""
+    addr_type = "ipv6_addr" if family == "ip6" else "ipv4_addr"
+    t = [f"table {family} {Legacy.TABLE} {{"]
+    t.append(f"  map service-ips {{ type {addr_type} . inet_proto . inet_service : verdict ; }}")
+    t.append("  chain mark-for-masquerade { meta mark set meta mark | 0x4000 ; }")
+    t.append("  chain nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; jump services ; }")
+    t.append("  chain nat-output { type nat hook output priority -100 ; policy accept ; jump services ; }")
+    t.append(
+        "  chain nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; "
+        "meta mark & 0x4000 == 0x4000 masquerade fully-random ; }"
+    )
+    t.append(f"  chain services {{ {family} daddr . meta l4proto . th dport vmap @service-ips ; }}")
+    elements = []
+    for n, (addr, port, proto, backends) in enumerate(services):
+        ends = [parse_endpoint(b) for b in backends]
+        for i, (a, bport) in enumerate(ends):
+            to = f"[{a}]:{bport}" if a.version == 6 else f"{a}:{bport}"
+            t.append(
+                f"  chain endpoint-{n}-{i} {{ {family} saddr {a} jump mark-for-masquerade ; "
+                f"meta l4proto {proto} dnat to {to} ; }}"
+            )
+        if ends:
+            picks = ", ".join(f"{i} : goto endpoint-{n}-{i}" for i in range(len(ends)))
+            t.append(f"  chain service-{n} {{ numgen random mod {len(ends)} vmap {{ {picks} }} ; }}")
+            elements.append(f"{addr} . {proto} . {port} : goto service-{n}")
+        else:  # no endpoints: kube-proxy rejects (its no-endpoint-services map)
+            t.append(f"  chain service-{n} {{ reject ; }}")
+            elements.append(f"{addr} . {proto} . {port} : goto service-{n}")
+    t.append("}")
+    if elements:
+        t.append(f"add element {family} {Legacy.TABLE} service-ips {{ {', '.join(elements)} }}")
+    return "\n".join(t) + "\n"
+
+
+class BridgeVxlan(PodPeer):
+    """flannel's vxlan backend on the testbed: each node's pods on a bridge (cni0) that
+    holds the gateway addresses, a VXLAN device (flannel.1, VNI 1, port 8472, no
+    learning) whose neighbour and FDB entries name the other node, and a route to the
+    other node's pod prefix through it. Undone on detach: the testbed's routed veths."""
+
+    name = "bridge-vxlan"
+    colour = "#CC79A7"
+
+    def attach(self):
+        tb = self.tb
+        if not tb.tunnel:
+            raise LabError("bridge-vxlan needs room for VXLAN's headers: pods_testbed(tunnel=True)")
+        self.attached = True  # so that a failure half-way is undone by detach()
+        try:
+            macs = {}
+            for node in tb.nodes:
+                r = tb.topo.run
+                r(node, ["ip", "link", "add", BRIDGE, "type", "bridge"])
+                r(node, ["ip", "link", "set", BRIDGE, "up"])
+                r(node, ["ip", "addr", "add", f"{GATEWAY4}/32", "dev", BRIDGE])
+                r(node, ["ip", "addr", "add", f"{GATEWAY6}/64", "dev", BRIDGE, "nodad"])
+                for pod in tb.pods[node]:
+                    lxc = tb.lxc[pod]
+                    r(node, ["ip", "addr", "flush", "dev", lxc])
+                    r(node, ["ip", "link", "set", lxc, "master", BRIDGE])
+                    r(node, ["ip", "route", "replace", f"{tb.pod4(pod)}/32", "dev", BRIDGE])
+                    r(node, ["ip", "-6", "route", "replace", f"{tb.pod6(pod)}/128", "dev", BRIDGE])
+                    r(pod, ["ip", "neigh", "flush", "dev", "eth0"])
+                    # flannel's pods share their node's subnet on the bridge: to each other at
+                    # layer 2, not through the node (which would send them ICMP redirects)
+                    r(pod, ["ip", "route", "add", tb.prefix4(node), "dev", "eth0"])
+                    r(pod, ["ip", "-6", "route", "add", tb.prefix6(node), "dev", "eth0"])
+                r(
+                    node,
+                    ["ip", "link", "add", FLANNEL_DEV, "type", "vxlan", "id", "1", "local", tb.underlay4(node)]
+                    + ["dstport", str(FLANNEL_PORT), "nolearning"],
+                )
+                r(node, ["ip", "link", "set", FLANNEL_DEV, "up"])
+                macs[node] = _mac(tb, node, FLANNEL_DEV)
+            for node in tb.nodes:
+                for other in tb.nodes:
+                    if other == node:
+                        continue
+                    # flannel: the other node's .0 as the gateway on flannel.1, its MAC known,
+                    # and where that MAC lives in the underlay
+                    gw4 = tb.prefix4(other).split("/")[0]
+                    gw6 = f"fe80::1:{tb.nodes.index(other) + 1:x}"  # IPv6: a link-local next hop
+                    r = tb.topo.run
+                    r(
+                        node,
+                        ["ip", "neigh", "replace", gw4, "lladdr", macs[other], "dev", FLANNEL_DEV, "nud", "permanent"],
+                    )
+                    r(
+                        node,
+                        ["ip", "neigh", "replace", gw6, "lladdr", macs[other], "dev", FLANNEL_DEV, "nud", "permanent"],
+                    )
+                    r(node, ["bridge", "fdb", "append", macs[other], "dev", FLANNEL_DEV, "dst", tb.underlay4(other)])
+                    r(node, ["ip", "route", "replace", tb.prefix4(other), "via", gw4, "dev", FLANNEL_DEV, "onlink"])
+                    r(
+                        node,
+                        ["ip", "-6", "route", "replace", tb.prefix6(other), "via", gw6, "dev", FLANNEL_DEV, "onlink"],
+                    )
+        except BaseException:
+            self.detach()
+            raise
+
+    def detach(self):
+        tb = self.tb
+        for node in tb.nodes:
+            r = tb.topo.run
+            for pod in tb.pods[node]:
+                r(pod, ["ip", "route", "del", tb.prefix4(node), "dev", "eth0"], check=False, capture_output=True)
+                r(pod, ["ip", "-6", "route", "del", tb.prefix6(node), "dev", "eth0"], check=False, capture_output=True)
+            r(node, ["ip", "link", "del", FLANNEL_DEV], check=False, capture_output=True)
+            r(node, ["ip", "link", "del", BRIDGE], check=False, capture_output=True)  # its routes go with it
+            tb.route_pods(node)  # the testbed's routed veths back, and the routes to the other node
+        super().detach()
 
 
 class Ebpf(PodPeer):
@@ -44,6 +222,8 @@ class Ebpf(PodPeer):
     colour = "#0072B2"
     tunnel = False
     tunnel_dev = None
+    redirect = "peer"
+    serves = True
 
     def attach(self):
         self.progs = {}
@@ -58,7 +238,7 @@ class Ebpf(PodPeer):
     def _datapath(self, node):
         tb = self.tb
         kw = dict(mode="tunnel", tunnel=self.tunnel_dev, vni=1) if self.tunnel else {}
-        p = TcPods(netns=tb.ns(node), **kw)
+        p = TcPods(netns=tb.ns(node), redirect=self.redirect, **kw)
         for pod in tb.pods[node]:
             p.add_pod(tb.lxc[pod], [tb.pod4(pod), tb.pod6(pod)], mac=tb.topo.mac(pod, "eth0"))
         for other in tb.nodes:
@@ -71,12 +251,20 @@ class Ebpf(PodPeer):
         p.attach_node("eth0")
         if self.tunnel:
             p.attach_node(self.tunnel_dev)
+        p.attach_services(tb.cgroup.path)
         return p
+
+    def set_services(self, services):
+        for p in self.progs.values():
+            for s in list(p.services):
+                p.remove_service(*s)
+            for s in services:
+                p.add_service(*s)
 
     def counters(self):
         out = {}
         for p in getattr(self, "progs", {}).values():
-            for k, v in p.counters().items():
+            for k, v in {**p.counters(), **p.service_counters()}.items():
                 out[k] = out.get(k, 0) + v
         return out
 
@@ -85,6 +273,12 @@ class Ebpf(PodPeer):
             p.close()
         self.progs = {}
         self.attached = False
+
+
+class EbpfRedirect(Ebpf):
+    name = "ebpf-redirect"
+    colour = "#009E73"
+    redirect = "plain"
 
 
 class EbpfVxlan(Ebpf):
@@ -101,4 +295,4 @@ class EbpfVxlan(Ebpf):
         super().attach()
 
 
-PEERS = {cls.name: cls for cls in (Host, Legacy, Ebpf, EbpfVxlan)}
+PEERS = {cls.name: cls for cls in (Host, Legacy, BridgeVxlan, Ebpf, EbpfRedirect, EbpfVxlan)}

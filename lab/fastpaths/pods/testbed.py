@@ -76,21 +76,34 @@ class PodsTestbed(BuiltTestbed):
         self.cgroup = SocketCgroup(f"{self.ns(self.nodes[0])}.pods").create()
         for node in self.nodes:
             for pod in self.pods[node]:
-                lxc = self.lxc[pod]
-                t.run(node, ["ip", "addr", "add", f"{GATEWAY4}/32", "dev", lxc])
-                t.run(node, ["ip", "addr", "add", f"{GATEWAY6}/64", "dev", lxc, "nodad"])
-                t.run(node, ["ip", "route", "add", f"{self.pod4(pod)}/32", "dev", lxc])
-                t.run(node, ["ip", "-6", "route", "add", f"{self.pod6(pod)}/128", "dev", lxc])
                 t.run(pod, ["ip", "route", "add", GATEWAY4, "dev", "eth0", "scope", "link"])
                 t.run(pod, ["ip", "route", "add", "default", "via", GATEWAY4, "dev", "eth0"])
                 t.run(pod, ["ip", "-6", "route", "add", "default", "via", GATEWAY6, "dev", "eth0"])
-            for other in self.nodes:
-                if other != node:
-                    t.run(node, ["ip", "route", "add", self.prefix4(other), "via", self.underlay4(other)])
-                    t.run(node, ["ip", "-6", "route", "add", self.prefix6(other), "via", self.underlay6(other)])
+            self.route_pods(node)
             if self.tunnel:
                 t.run(node, ["ip", "link", "add", TUNNEL_DEV, "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
                 t.run(node, ["ip", "link", "set", TUNNEL_DEV, "up"])
+
+    def route_pods(self, node):
+        """A node's side as a CNI leaves it: each pod's veth holds the gateway addresses
+        and the route to the pod; the other node's prefixes via its underlay address.
+        Again on a node that has them: each is put back as it was (a peer that rebuilt
+        the node, bridge-vxlan, restores the testbed with it)."""
+        t = self.topo
+        for pod in self.pods[node]:
+            lxc = self.lxc[pod]
+            t.run(node, ["ip", "addr", "replace", f"{GATEWAY4}/32", "dev", lxc])
+            t.run(node, ["ip", "addr", "replace", f"{GATEWAY6}/64", "dev", lxc, "nodad"])
+            t.run(node, ["ip", "route", "replace", f"{self.pod4(pod)}/32", "dev", lxc])
+            t.run(node, ["ip", "-6", "route", "replace", f"{self.pod6(pod)}/128", "dev", lxc])
+            # a gateway's MAC from before (a bridge's), and what redirects taught the pod
+            t.run(pod, ["ip", "neigh", "flush", "dev", "eth0"])
+            t.run(pod, ["ip", "route", "flush", "cache"])
+            t.run(pod, ["ip", "-6", "route", "flush", "cache"])
+        for other in self.nodes:
+            if other != node:
+                t.run(node, ["ip", "route", "replace", self.prefix4(other), "via", self.underlay4(other)])
+                t.run(node, ["ip", "-6", "route", "replace", self.prefix6(other), "via", self.underlay6(other)])
 
     def release(self):
         if self.cgroup is not None:

@@ -183,6 +183,9 @@ class Iperf3(Generator):
             packets = after["tx_packets"] - before["tx_packets"]
             nbytes = after["tx_bytes"] - before["tx_bytes"]
             extra.update(
-                sent_bytes=sent["bytes"], received_bytes=received["bytes"], retransmits=sent.get("retransmits")
+                sent_bytes=sent["bytes"],
+                received_bytes=received["bytes"],
+                received_seconds=received.get("seconds"),
+                retransmits=sent.get("retransmits"),
             )
         return packets, nbytes, elapsed, extra

@@ -1,6 +1,6 @@
 """Pods the way Cilium connects them (the Cilium/SmartNIC note's first experiment):
 ebpf.TcPods on a node built as a CNI builds one, against the kernel's ways. This
-folder: the command line, the two-node testbed, the peers; its bench is to come."""
+folder: the command line, the two-node testbed, the peers, the bench."""
 
 from lab.fastpath import FastPath
 
@@ -13,6 +13,8 @@ FASTPATH = FastPath(
     example="python -m lab pods --uplink eth0",
     compared_with="the kernel's routing of pod traffic (Cilium's legacy host routing)",
     peers="lab.fastpaths.pods.peers",
+    benches=("lab.fastpaths.pods.bench",),
+    plots=("lab.fastpaths.pods.plots",),
     checks="lab.fastpaths.pods.checks",
     doc="docs/pods.md",
     order=5,

@@ -1,0 +1,266 @@
+"""python -m lab bench pods: the Cilium/SmartNIC note's first experiment (pods on two
+nodes sending to each other, CPU against traffic) on two nodes of namespaces, with
+the ways of connecting pods the lab compares (lab.fastpaths.pods.peers), and the
+request/response and service measurements a pod datapath is judged by."""
+
+import argparse
+import sys
+
+from lab.bench import common
+from lab.fastpaths.pods.peers import PEERS
+from lab.fastpaths.pods.testbed import pods_testbed
+from lab.metrics import CpuSampler, write_results
+from lab.traffic.iperf import Iperf3
+from lab.traffic.rr import RrServer, request_response
+
+NAME = "pods"
+SUMMARY = "pod to pod: Gbit/s and CPU per Gbit/s, TCP_RR latency, service connections/s"
+DESCRIPTION = """\
+Two nodes of pods (network namespaces on veths, a host route each, the nodes joined
+by a veth underlay), connected each way the lab compares, in interleaved trials:
+  stream    iperf3 TCP from a pod to a pod, 1 stream and 10 in parallel (the note ran 10
+            netperf instances), same node and across, IPv4 and IPv6: Gbit/s, and the
+            machine's CPU (%usr, %sys, %soft, over both nodes: they share one kernel)
+            per Gbit/s. `host` runs node to node with no pods: the limit
+  rr        TCP_RR across nodes: one byte each way on one connection (rr.c): transactions
+            per second and latency percentiles, beside the peer redirect's commit
+            (bpf_redirect() 122 us, bpf_redirect_peer() 44 us)
+  services  TCP_CRR (a new connection per transaction) from a pod to a service with
+            backends on both nodes, with 1 and 100 services: translated at connect()
+            (the eBPF datapath's cgroup programs), per packet at the pod's veth (eBPF),
+            and by kube-proxy's nftables rules (legacy)
+Every pod runs on the tunnel-ready testbed (pods' MTU 1450) so that all ways see the
+same pods; `host` is the underlay's 1500."""
+EXAMPLES = """\
+examples:
+  python -m lab bench pods                                  # everything, 3 trials (about 20 minutes)
+  python -m lab bench pods --experiments rr --peers legacy,ebpf,ebpf-redirect
+  python -m lab bench pods --experiments stream --parallel 1 --families 4 --trials 1 --duration 1   # a smoke test
+"""
+EXPERIMENTS = ("stream", "rr", "services")
+STREAM_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf", "ebpf-vxlan")
+RR_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf-redirect", "ebpf", "ebpf-vxlan")
+WAYS = {"connect": "ebpf", "per-packet": "ebpf", "nft": "legacy"}  # a service's translation -> its peer
+RR_PORT, IPERF_PORT = 7100, 5201
+VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
+COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
+
+
+def add_arguments(p):
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
+    common.add_options(p, trials=3, duration=3.0, peers=tuple(PEERS))
+    p.add_argument("--experiments", default=",".join(EXPERIMENTS), help="any of %(default)s")
+    p.add_argument("--parallel", default="1,10", help="stream: parallel TCP streams (default %(default)s)")
+    p.add_argument("--families", default="4,6", help="stream: IP versions (default %(default)s)")
+    p.add_argument("--paths", default="same-node,across", help="stream: where the receiving pod is")
+    p.add_argument("--services", default="1,100", help="services: how many services exist (default %(default)s)")
+    p.add_argument("--ways", default=",".join(WAYS), help="services: how a service is translated (default: all)")
+
+
+def main(a):
+    peers, _ = common.checked_options(a, tuple(PEERS))
+    experiments = common.parse_list(a.experiments, str, EXPERIMENTS, "experiment")
+    parallel = common.parse_list(a.parallel, int, what="stream count")
+    families = common.parse_list(a.families, int, (4, 6), "family")
+    paths = common.parse_list(a.paths, str, ("same-node", "across"), "path")
+    counts = common.parse_list(a.services, int, what="service count")
+    ways = common.parse_list(a.ways, str, tuple(WAYS), "way")
+    if any(not 1 <= n <= 64 for n in parallel):
+        raise ValueError("--parallel: 1..64 streams")
+    if any(not 1 <= n <= 200 for n in counts):
+        raise ValueError("--services: 1..200 services")
+    df, path = run(peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out)
+    print_summary(df)
+    print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+    return 0
+
+
+def _cpu(sampler, gbps) -> dict:
+    s = sampler.summary().loc["all"]
+    busy_cores = s["busy_ns"] / 1e9 / sampler.seconds if sampler.seconds else 0.0
+    return {
+        "usr_pct": round(s["usr"], 2),
+        "sys_pct": round(s["sys"], 2),
+        "soft_pct": round(s["soft"], 2),
+        "busy_cores": round(busy_cores, 3),
+        "gbps_per_core": round(gbps / busy_cores, 3) if busy_cores else None,
+    }
+
+
+def _services(tb, n):
+    """n services, the measured one (VIP) last; the others' addresses are decoys, as a
+    cluster's other services are to this one's lookup."""
+    backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in ("p01", "p10")]
+    out = [(f"198.18.{201 + i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1)]
+    return out + [(VIP, 80, "tcp", backends)]
+
+
+def run(peers, experiments, parallel, families, paths, counts, ways, trials, duration, out=None, progress=True):
+    tb = pods_testbed(tunnel=True)
+    variants = []
+    if "stream" in experiments:
+        variants += [
+            ("stream", p, None, path, fam, par, None)
+            for p in peers
+            if p in STREAM_PEERS
+            for path in paths
+            if not (p == "host" and path == "same-node")  # no pods: node to node only
+            for fam in families
+            for par in parallel
+        ]
+    if "rr" in experiments:
+        variants += [("rr", p, None, "across", 4, 1, None) for p in peers if p in RR_PEERS]
+    if "services" in experiments:
+        variants += [("services", WAYS[w], w, "mixed", 4, 1, n) for w in ways if WAYS[w] in peers for n in counts]
+    if not variants:
+        raise ValueError("nothing to run: no peer of --peers takes part in --experiments")
+    bar = common.Progress(trials * len(variants)) if progress else None
+    rows = []
+    with tb:
+        servers = [RrServer(tb.ns(p), RR_PORT).__enter__() for p in ("p01", "p10")]
+        servers.append(RrServer(tb.ns(tb.nodes[1]), RR_PORT + 1).__enter__())  # host: node to node
+        try:
+            for trial, _, v in common.interleaved(trials, [0], variants):
+                experiment, name, way, path, fam, par, n = v
+                peer = PEERS[name](tb)
+                peer.attach()
+                try:
+                    row = {
+                        "experiment": experiment,
+                        "peer": name,
+                        "way": way,
+                        "path": path,
+                        "family": fam,
+                        "parallel": par,
+                        "services": n,
+                        "trial": trial,
+                    }
+                    if experiment == "stream":
+                        row.update(_stream(tb, name, path, fam, par, duration))
+                    elif experiment == "rr":
+                        row.update(_rr(tb, name, duration))
+                    else:
+                        peer.set_services(_services(tb, n))
+                        row.update(_crr(tb, peer, way, duration))
+                    rows.append(row)
+                finally:
+                    peer.detach()
+                if bar:
+                    bar.step(f"{experiment} {name} {way or ''} {path} v{fam} x{par} t{trial}")
+        finally:
+            for s in servers:
+                s.close()
+    df = common.columns_first(rows, COLUMNS)
+    params = {
+        "peers": peers,
+        "experiments": experiments,
+        "parallel": parallel,
+        "families": families,
+        "paths": paths,
+        "services": counts,
+        "ways": ways,
+        "trials": trials,
+        "duration_s": duration,
+        "pod_mtu": 1450,
+        "cpu": "the whole machine's /proc/stat over the run: both nodes and every pod share one kernel",
+    }
+    return df, write_results(df, "pods", params, out)
+
+
+def _stream(tb, name, path, fam, par, duration) -> dict:
+    if name == "host":
+        client, server = tb.nodes
+        addr = tb.underlay4(server) if fam == 4 else tb.underlay6(server)
+    else:
+        client, server = "p00", "p01" if path == "same-node" else "p10"
+        addr = tb.pod4(server) if fam == 4 else tb.pod6(server)
+    with Iperf3(tb.ns(client), "eth0", tb.ns(server), addr, port=IPERF_PORT, parallel=par) as gen:
+        with CpuSampler(0.5) as cpu:
+            rep = gen.send(seconds=duration)
+    secs = rep.extra.get("received_seconds") or rep.seconds
+    gbps = rep.extra["received_bytes"] * 8 / secs / 1e9
+    return {"gbps": round(gbps, 3), "retransmits": rep.extra.get("retransmits"), **_cpu(cpu, gbps)}
+
+
+def _rr(tb, name, duration) -> dict:
+    if name == "host":
+        r = request_response(tb.ns(tb.nodes[0]), tb.underlay4(tb.nodes[1]), RR_PORT + 1, duration)
+    else:
+        r = request_response(tb.ns("p00"), tb.pod4("p10"), RR_PORT, duration)
+    return _latency(r)
+
+
+def _crr(tb, peer, way, duration) -> dict:
+    r = request_response(tb.ns("p00"), VIP, 80, duration, mode="crr", **peer.client_kw(way))
+    return _latency(r)
+
+
+def _latency(r) -> dict:
+    return {
+        "tps": round(r.tps, 1),
+        "transactions": r.transactions,
+        "errors": r.errors,
+        "p50_us": r.percentile(50),
+        "p90_us": r.percentile(90),
+        "p99_us": r.percentile(99),
+    }
+
+
+def print_summary(df, stream=sys.stdout):
+    """Medians [min..max] per setting, then the issue's targets, met or not."""
+    for exp, values in (
+        ("stream", ["gbps", "gbps_per_core"]),
+        ("rr", ["tps", "p50_us"]),
+        ("services", ["tps", "p50_us"]),
+    ):
+        d = df[df["experiment"] == exp]
+        if d.empty:
+            continue
+        keys = ["peer", "way", "path", "family", "parallel", "services"]
+        s = common.summarize(d.fillna({"way": "", "services": 0}), keys, values)
+        stream.write(f"\n{exp}: median [min..max]\n")
+        for _, r in s.iterrows():
+            label = " ".join(str(r[k]) for k in keys if r[k] not in ("", 0) or k == "peer")
+            cells = "  ".join(f"{v} {common.span(r, v, fmt='{:.2f}' if 'gbps' in v else '{:.0f}')}" for v in values)
+            stream.write(f"  {label:<42} {cells}\n")
+    for line in targets(df):
+        stream.write(line + "\n")
+
+
+def targets(df) -> list[str]:
+    """The issue's targets, each number with whether it was met."""
+    out = ["\ntargets (medians):"]
+
+    def med(col, **where):
+        d = df
+        for k, v in where.items():
+            d = d[d[k] == v]
+        return None if d.empty or d[col].isna().all() else float(d[col].median())
+
+    def line(what, got, want, ok_if_ge=True):
+        if got is None or want is None:
+            return f"  {what}: not measured in this run"
+        ok = got >= want if ok_if_ge else got <= want
+        return f"  {what}: {got:.2f} (target {'>=' if ok_if_ge else '<='} {want:.2f}) {'met' if ok else 'MISSED'}"
+
+    e, h = (
+        med("gbps", experiment="stream", peer="ebpf", path="across", family=4, parallel=1),
+        med("gbps", experiment="stream", peer="host", path="across", family=4, parallel=1),
+    )
+    out.append(line("ebpf / host Gbit/s across nodes, 1 stream", e / h if e and h else None, 0.9))
+    e = med("gbps_per_core", experiment="stream", peer="ebpf", path="across", family=4, parallel=1)
+    lg = med("gbps_per_core", experiment="stream", peer="legacy", path="across", family=4, parallel=1)
+    out.append(line("ebpf / legacy Gbit/s per CPU core across nodes", e / lg if e and lg else None, 1.2))
+    e, lg = med("p50_us", experiment="rr", peer="ebpf"), med("p50_us", experiment="rr", peer="legacy")
+    out.append(line("ebpf / legacy request/response latency (p50)", e / lg if e and lg else None, 0.6, False))
+    n = df[df["experiment"] == "services"]["services"].max() if "services" in df else None
+    c = med("tps", experiment="services", way="connect", services=n) if n == n else None
+    f = med("tps", experiment="services", way="nft", services=n) if n == n else None
+    out.append(line(f"connect() / nftables DNAT connections/s at {n} services", c / f if c and f else None, 1.3))
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="python -m lab bench pods")
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))

@@ -1,0 +1,181 @@
+"""Figures and tables for the pods notebook (06), from the CSV of `python -m lab bench
+pods` (one row per run: stream, rr or services), beside the Cilium/SmartNIC note and the
+peer redirect's commit.
+
+    >>> df, meta = metrics.read_results(csv)          # doctest: +SKIP
+    >>> fig = stream_bars(df)          # Gbit/s per way, same node and across, 1 and 10 streams
+    >>> fig = cpu_per_gbit(df)         # %usr/%sys/%soft of the machine per Gbit/s
+    >>> fig = rr_bars(df)              # TCP_RR latency per way, beside the commit's 122 / 44 us
+    >>> fig = services_bars(df)        # connections/s through a service, 1 and 100 services
+    >>> targets(df)                    # the issue's targets, met or missed
+
+Like the other bundles' plots: each way has one colour in every figure (its peer's); rates
+and costs start at zero; bars are medians, whiskers min..max.
+"""
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from lab import palette
+from lab.fastpaths.pods.bench import targets as target_lines
+from lab.metrics import PAPER_DIR
+
+WAYS_COLOURS = {"connect": "#0072B2", "per-packet": "#56B4E9", "nft": "#E69F00"}
+
+
+def commit_rr() -> pd.DataFrame:
+    """The TCP_RR table of the commit that added bpf_redirect_peer()."""
+    return pd.read_csv(PAPER_DIR / "pods_redirect_peer_commit.csv")
+
+
+def _peers(d):
+    return palette.in_order(d["peer"], "pods")
+
+
+def _bar_group(ax, d, names, value, levels, key, scale=1.0):
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        g = d[d["peer"] == name].groupby(key)[value]
+        if g.ngroups == 0:
+            continue
+        med, lo, hi = g.median() / scale, g.min() / scale, g.max() / scale
+        x = np.array([levels.index(k) for k in med.index]) + (i - (len(names) - 1) / 2) * width
+        ax.bar(
+            x,
+            med.values,
+            width,
+            color=palette.colour(name, "pods"),
+            label=name,
+            yerr=[med.values - lo.values, hi.values - med.values],
+            capsize=2,
+            ecolor="#333333",
+        )
+    ax.set_xticks(range(len(levels)), [str(k) for k in levels])
+    ax.set_ylim(bottom=0)
+
+
+def stream_bars(df, family=4):
+    """Gbit/s per way: one panel per path (same node, across), streams on the x axis."""
+    d = df[(df["experiment"] == "stream") & (df["family"] == family)]
+    paths = [p for p in ("same-node", "across") if p in set(d["path"])]
+    fig, axes = plt.subplots(1, len(paths), figsize=(5.5 * len(paths), 4), squeeze=False)
+    levels = sorted(d["parallel"].unique())
+    for ax, path in zip(axes[0], paths, strict=True):
+        p = d[d["path"] == path]
+        _bar_group(ax, p, _peers(p), "gbps", levels, "parallel")
+        ax.set_xlabel("parallel TCP streams (iperf3 -P)")
+        ax.set_ylabel("Gbit/s")
+        ax.set_title(f"pod to pod, {path} (IPv{family})")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def cpu_per_gbit(df, path="across", parallel=1, family=4):
+    """The machine's CPU (both nodes: one kernel) per Gbit/s carried, stacked %usr, %sys,
+    %soft in core-seconds per Gbit: the note's 'CPU against traffic'."""
+    d = df[
+        (df["experiment"] == "stream") & (df["path"] == path) & (df["parallel"] == parallel) & (df["family"] == family)
+    ].copy()
+    names = _peers(d)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    ncores = 100.0 * d["busy_cores"] / (d["usr_pct"] + d["sys_pct"] + d["soft_pct"]).replace(0, np.nan)
+    bottom = np.zeros(len(names))
+    for col in ("usr", "sys", "soft"):
+        # a column's share of the busy cores, per Gbit/s
+        d[f"{col}_per_gbit"] = d[f"{col}_pct"] / 100.0 * ncores / d["gbps"]
+        vals = np.array([d[d["peer"] == n][f"{col}_per_gbit"].median() for n in names])
+        ax.bar(range(len(names)), vals, 0.6, bottom=bottom, color=palette.CPU[col], label=f"%{col}")
+        bottom += np.nan_to_num(vals)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("CPU cores per Gbit/s (median)")
+    ax.set_title(f"CPU per Gbit/s, {path}, {parallel} stream{'s' if parallel > 1 else ''} (IPv{family})")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def rr_table(df) -> pd.DataFrame:
+    d = df[df["experiment"] == "rr"]
+    t = d.groupby("peer")[["tps", "p50_us", "p90_us", "p99_us"]].median()
+    return t.reindex(_peers(d)).round(1)
+
+
+def rr_bars(df):
+    """TCP_RR across nodes: median latency (p50, whiskers to p99) per way, beside the commit's
+    bpf_redirect() and bpf_redirect_peer() (hollow markers)."""
+    d = df[df["experiment"] == "rr"]
+    names = _peers(d)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    med = [d[d["peer"] == n]["p50_us"].median() for n in names]
+    p99 = [d[d["peer"] == n]["p99_us"].median() for n in names]
+    ax.bar(
+        range(len(names)),
+        med,
+        0.6,
+        color=[palette.colour(n, "pods") for n in names],
+        yerr=[np.zeros(len(names)), np.array(p99) - np.array(med)],
+        capsize=3,
+        ecolor="#333333",
+    )
+    c = commit_rr().set_index("helper")
+    for helper, ours in (("bpf_redirect", "ebpf-redirect"), ("bpf_redirect_peer", "ebpf")):
+        if ours in names:
+            ax.plot(
+                names.index(ours),
+                c.loc[helper, "p50_us"],
+                "o",
+                mfc="none",
+                mec="black",
+                ms=8,
+                label="the peer redirect's commit (p50)" if helper == "bpf_redirect" else None,
+            )
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("microseconds per transaction (p50, whisker to p99)")
+    ax.set_title("TCP_RR across nodes: 1 byte each way")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def services_bars(df):
+    """Connections per second through a service (TCP_CRR), by translation and number of services."""
+    d = df[df["experiment"] == "services"]
+    ways = [w for w in WAYS_COLOURS if w in set(d["way"])]
+    levels = sorted(int(n) for n in d["services"].unique())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(ways), 1)
+    for i, w in enumerate(ways):
+        g = d[d["way"] == w].groupby("services")["tps"]
+        med, lo, hi = g.median() / 1000, g.min() / 1000, g.max() / 1000
+        x = np.array([levels.index(int(k)) for k in med.index]) + (i - (len(ways) - 1) / 2) * width
+        ax.bar(
+            x,
+            med.values,
+            width,
+            color=WAYS_COLOURS[w],
+            label=w,
+            yerr=[med.values - lo.values, hi.values - med.values],
+            capsize=2,
+            ecolor="#333333",
+        )
+    ax.set_xticks(range(len(levels)), [str(n) for n in levels])
+    ax.set_xlabel("services on the nodes")
+    ax.set_ylabel("connections per second (thousands)")
+    ax.set_title("A service's connections per second (TCP_CRR)")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def targets(df) -> pd.DataFrame:
+    """The issue's targets: one row each, the ratio measured and whether it was met."""
+    rows = []
+    for line in target_lines(df)[1:]:
+        what, _, rest = line.strip().partition(": ")
+        rows.append({"target": what, "result": rest})
+    return pd.DataFrame(rows)

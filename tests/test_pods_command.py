@@ -373,3 +373,37 @@ def test_a_pod_that_cannot_reach_its_gateway_and_a_veth_without_a_route_are_said
     assert "pod behind lxc0: its default route goes via 169.254.1.254" in err
     assert "fix: ip addr add 169.254.1.254/32 dev lxc0" in err
     assert "lxc1 leads to another namespace but no /32 or /128 route goes through it" in err
+
+
+def test_pods_that_come_and_go_do_not_disturb_the_traffic_of_the_others(nodes):
+    """Pod churn while traffic runs: long-lived connections from one pod to the pods of
+    both nodes (a line every 100 ms each, echoed in order) stay whole while a fourth pod
+    is made and removed three times behind a veth the watch attaches and drops."""
+    forwarding_on()
+    runs = {n: pods_cmd(n) for n in (N0, N1)}
+    try:
+        for p in runs.values():
+            attached(p)
+        held = subprocess.Popen(
+            ["ip", "netns", "exec", A, sys.executable, ECHO, "hold", f"{PODS[B][2]},{PODS[C][2]},{PODS[C][3]}"]
+            + [str(PORT), "3"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert held.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            add_pod(f"{P}d", N1, "lxc1", "198.18.101.2", "2001:2:101::2")
+            time.sleep(0.6)
+            subprocess.run(["ip", "netns", "del", f"{P}d"], check=True)
+            wait_for(lxc1_gone, what="lxc1 gone")
+            time.sleep(0.6)
+        out, _ = held.communicate("", timeout=60)
+        got = json.loads(out)
+        assert got["connections"] == 9 and got["broken"] == 0 and got["wrong"] == 0, got
+        assert got["echoed"] == got["sent"] > 9 * 20, got
+    finally:
+        outs = {n: stop(p) for n, p in runs.items()}
+    err = outs[N1][1]
+    assert err.count("pod behind lxc1 (198.18.101.2, 2001:2:101::2): attached") == 3, err
+    assert err.count("pod behind lxc1 gone: dropped") == 3, err

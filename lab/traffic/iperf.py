@@ -100,7 +100,9 @@ class Iperf3(Generator):
         done = {"TIME-WAIT", "LISTEN"}
         client = netns.run(
             self.ns,
-            ["ss", "-Htan", "dst", str(self.addr), "dport", "=", f":{self.port}"],
+            # ss reads an IPv6 address only in brackets (bare, its colons are taken for a port)
+            ["ss", "-Htan", "dst", f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)]
+            + ["dport", "=", f":{self.port}"],
             capture_output=True,
             text=True,
         ).stdout

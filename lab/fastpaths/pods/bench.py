@@ -217,7 +217,8 @@ def print_summary(df, stream=sys.stdout):
         if d.empty:
             continue
         keys = ["peer", "way", "path", "family", "parallel", "services"]
-        s = common.summarize(d.fillna({"way": "", "services": 0}), keys, values)
+        d = d.fillna({"way": "", "services": 0}).astype({"services": int})
+        s = common.summarize(d, keys, values)
         stream.write(f"\n{exp}: median [min..max]\n")
         for _, r in s.iterrows():
             label = " ".join(str(r[k]) for k in keys if r[k] not in ("", 0) or k == "peer")
@@ -254,8 +255,9 @@ def targets(df) -> list[str]:
     e, lg = med("p50_us", experiment="rr", peer="ebpf"), med("p50_us", experiment="rr", peer="legacy")
     out.append(line("ebpf / legacy request/response latency (p50)", e / lg if e and lg else None, 0.6, False))
     n = df[df["experiment"] == "services"]["services"].max() if "services" in df else None
-    c = med("tps", experiment="services", way="connect", services=n) if n == n else None
-    f = med("tps", experiment="services", way="nft", services=n) if n == n else None
+    n = None if n is None or n != n else int(n)
+    c = med("tps", experiment="services", way="connect", services=n) if n else None
+    f = med("tps", experiment="services", way="nft", services=n) if n else None
     out.append(line(f"connect() / nftables DNAT connections/s at {n} services", c / f if c and f else None, 1.3))
     return out
 

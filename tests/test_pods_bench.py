@@ -1,0 +1,93 @@
+"""python -m lab bench pods and notebook 06: a small run of every experiment gives a row
+per setting, each carried whole (Gbit/s and transactions measured, no errors), with the
+targets said; the notebook runs headless as typed, and on the reference run."""
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pandas as pd
+from conftest import ROOT
+from helpers import assert_every_figure_shown_once, execute_notebook
+
+from lab.fastpaths.pods import plots
+
+NOTEBOOK = ROOT / "notebooks" / "06_pods.ipynb"
+REFERENCE_CSV = ROOT / "datasets" / "reference" / "pods-20261127T110431Z.csv"  # every experiment and setting
+FIGURES = [
+    "pods_cpu_per_gbit.png",
+    "pods_rr.png",
+    "pods_services.png",
+    "pods_stream_ipv4.png",
+    "pods_stream_ipv6.png",
+    "pods_xdp_modes.png",
+]
+SMALL = ["--peers", "legacy,ebpf", "--parallel", "1", "--families", "4,6", "--paths", "across"]
+SMALL += ["--services", "2", "--trials", "1", "--duration", "0.5"]
+
+
+def test_a_small_run_of_every_experiment_gives_each_setting_its_row(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "pods", *SMALL, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    csv = next(tmp_path.glob("pods-*.csv"))
+    df = pd.read_csv(csv)
+    got = sorted(zip(df["experiment"], df["peer"], df["way"].fillna(""), df["family"], strict=True))
+    assert got == sorted(
+        [("stream", p, "", f) for p in ("legacy", "ebpf") for f in (4, 6)]
+        + [("rr", p, "", 4) for p in ("legacy", "ebpf")]
+        + [("services", "ebpf", "connect", 4), ("services", "ebpf", "per-packet", 4), ("services", "legacy", "nft", 4)]
+    )
+    stream, rest = df[df["experiment"] == "stream"], df[df["experiment"] != "stream"]
+    assert (stream["gbps"] > 0).all() and (stream["busy_cores"] > 0).all()
+    assert (rest["tps"] > 0).all() and (rest["errors"] == 0).all() and (rest["p50_us"] > 0).all()
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert meta["parameters"]["services"] == [2] and meta["commit"]
+    assert "targets (medians):" in r.stdout and "connect() / nftables DNAT connections/s at 2" in r.stdout
+
+
+def test_bad_options_are_one_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "pods", "--services", "0"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "--services: 1..200" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_notebook_executes_and_writes_figures(tmp_path):
+    env = {
+        "VTL_PEERS": "host,legacy,ebpf,ebpf-redirect",
+        "VTL_PARALLEL": "1",
+        "VTL_FAMILIES": "4,6",
+        "VTL_PATHS": "across",
+        "VTL_SERVICES": "2",
+        "VTL_TRIALS": "1",
+        "VTL_DURATION": "0.5",
+        "VTL_OUT": str(tmp_path / "results"),
+        "VTL_FIGURES": str(tmp_path / "figures"),
+    }
+    nb = execute_notebook(NOTEBOOK, env)
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES
+    assert_every_figure_shown_once(nb, FIGURES)
+
+
+def test_notebook_on_the_reference_csv_shows_every_figure(tmp_path):
+    nb = execute_notebook(NOTEBOOK, {"VTL_CSV": str(REFERENCE_CSV), "VTL_FIGURES": str(tmp_path)})
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == FIGURES
+    assert_every_figure_shown_once(nb, FIGURES)
+
+
+def test_committed_notebook_holds_its_figures():
+    assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4), FIGURES)
+
+
+def test_the_targets_table_says_each_target_met_or_not():
+    df = pd.read_csv(REFERENCE_CSV)
+    t = plots.targets(df)
+    assert len(t) == 4 and t["result"].str.contains(r"\((?:target) [<>]=").all()
+    assert t["result"].str.endswith(("met", "MISSED")).all()

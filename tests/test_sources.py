@@ -196,3 +196,12 @@ def test_lab_cleanup_removes_the_spool_file_of_a_killed_server(tb1):
         r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 0, r.stderr
         assert f"file-transfer spool file {spool[0]}" in r.stdout and not spool[0].exists()
+
+
+def test_iperf3_runs_a_fraction_of_a_second_as_a_whole_one(tb1):
+    """iperf3 reads -t with atoi: 0.5 s was 0, and the run carried nothing (found by
+    bench pods' smoke run)."""
+    require_tool("iperf3")
+    with Iperf3(tb1.ns("sender"), "eth0", tb1.ns("receiver"), RX4, proto="tcp") as ip3:
+        r = ip3.send(seconds=0.5)
+    assert r.extra["received_bytes"] > 0 and 0.9 < r.seconds < 3

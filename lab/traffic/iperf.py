@@ -6,7 +6,8 @@
 
 The server (`iperf3 -s`) runs in its namespace for the object's life; each send()
 is one client run (`iperf3 -c ... -J`) bounded like every load in the lab: with a
-count, `-k count` and at most `seconds` (then SIGINT); without, `-t seconds`.
+count, `-k count` and at most `seconds` (then SIGINT); without, `-t seconds`, in whole
+seconds as iperf3 counts them (a run of 0.5 s lasts 1).
 
 What is reported as sent:
   UDP  packets: the datagrams the client's JSON says it sent (exactly `count` when
@@ -22,6 +23,7 @@ jitter, retransmits, and both ends' CPU use.
 """
 
 import ipaddress
+import math
 import json
 import shutil
 import subprocess
@@ -150,7 +152,9 @@ class Iperf3(Generator):
         counted = limit < MAX_LOAD_PACKETS
         # iperf3 takes one end condition: a count (then `seconds` is enforced by
         # SIGINT, after which iperf3 still prints its JSON) or a duration.
-        argv += ["-k", str(limit)] if counted else ["-t", f"{seconds:g}"]
+        if not counted:  # iperf3 reads -t as whole seconds (atoi: 0.5 is 0, and then it sends nothing)
+            seconds = max(1, math.ceil(seconds))
+        argv += ["-k", str(limit)] if counted else ["-t", str(seconds)]
         before = iface_counters(self.ns, self.ifname)
         rc, out, elapsed = run_bounded(self.ns, argv, seconds + 2 if not counted else seconds)
         after = self._settled_counters()

@@ -31,7 +31,7 @@ MUTANTS = [
         "key.remote_ipv4 = bpf_ntohl(node->a[0]);",
         "key.remote_ipv4 = node->a[0];",
         "the tunnel's remote node in the wrong byte order: the frames go to no node",
-        (["tests/test_pods_traffic.py::test_a_ping_across_nodes_is_answered_at_once"], []),
+        (["tests/test_pods_traffic.py", "-k", "test_a_ping_across_nodes_is_answered_at_once"], []),
     ),
     M(
         "pods-macs-swapped",

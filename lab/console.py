@@ -394,7 +394,9 @@ class CounterTable(LiveTable):
                 f"{label:8} {name:{w}} "
                 + " ".join(f"{r[k]:>10.0f}" for k in self.rate_keys)
                 + " | "
-                + " ".join(f"{c[k]:>10}" for k in self.totals)
+                # "-": a counter no row of this kind has (a pod's row, for what the cgroup
+                # programs count: a socket belongs to no pod)
+                + " ".join(f"{c.get(k, '-'):>10}" for k in self.totals)
             )
 
 

@@ -407,3 +407,37 @@ def test_pods_that_come_and_go_do_not_disturb_the_traffic_of_the_others(nodes):
     err = outs[N1][1]
     assert err.count("pod behind lxc1 (198.18.101.2, 2001:2:101::2): attached") == 3, err
     assert err.count("pod behind lxc1 gone: dropped") == 3, err
+
+
+def test_one_datapath_per_node_and_the_table_shows_services_with_a_dash_for_pods(nodes, tmp_path):
+    """A second run on a node is refused with the first's pid (it would sit behind the
+    first's filters); the plain table (not --json) with services shows the cgroup
+    programs' counters in the totals and '-' in the pods' rows (it once died on a
+    KeyError there)."""
+    forwarding_on()
+    f = tmp_path / "s.toml"
+    f.write_text(SERVICES.format(port=PORT))
+    first = subprocess.Popen(
+        ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--uplink", "eth0", "--services", str(f)]
+        + ["--duration", "4", "--interval", "0.5"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert first.stdout.readline().startswith("pods: 2 pods on this node")
+    second = subprocess.run(
+        ["ip", "netns", "exec", N0, sys.executable, "-m", "lab", "pods", "--uplink", "eth0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert second.returncode == 2 and "carried already" in second.stderr and "one datapath per node" in second.stderr
+    # read through the text wrapper that readline() filled (communicate() would skip its buffer)
+    out, err = first.stdout.read(), first.stderr.read()
+    assert first.wait(timeout=60) == 0, err
+    head = next(ln for ln in out.splitlines() if ln.startswith("TIME"))
+    assert head.split()[-4:] == ["CONNECT", "SENDMSG", "RECVMSG", "REFUSED"]
+    pod_row = next(ln for ln in out.splitlines() if ln.split()[1:2] == ["lxc0"])
+    assert pod_row.split()[-4:] == ["-", "-", "-", "-"]
+    assert tc.filters_of("pods", f"/run/netns/{N0}") == []

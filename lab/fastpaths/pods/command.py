@@ -306,6 +306,15 @@ class PodsCommand(Command):
         a = self.args
         with netdev.ipr() as ip:
             netdev.ifindex_of(ip, a.uplink)  # an unknown interface first, in one line
+        # one datapath per node, as one CNI: a second would sit behind the first's filters
+        # and see nothing, or take over pods the first carries
+        live = [f for f in tc.filters_of(OWNER) if f.live and f.entry.name.endswith("pods_from_node")]
+        if live and not a.ebpf:
+            pids = sorted({p for f in live for p in f.pids})
+            raise InputError(
+                f"this node's pods are carried already (python -m lab pods, pid {', '.join(map(str, pids))}, "
+                f"on {', '.join(sorted({f.ifname for f in live}))}): one datapath per node; stop that one first"
+            )
         pods, remote = find_pods(a.uplink)
         self.remote = remote
         if not a.ebpf:

@@ -23,8 +23,8 @@ jitter, retransmits, and both ends' CPU use.
 """
 
 import ipaddress
-import math
 import json
+import math
 import shutil
 import subprocess
 import time

@@ -13,7 +13,8 @@ Pods that come and go (a veth and its route added or removed) are attached or dr
 within a second (a watch every 0.25 s): once dropped, no frame goes to the veth (until
 then, the kernel drops what is sent to a veth that is gone).
 
-Services (--services FILE, TOML; read again within a second of each change):
+Services (--services FILE, TOML; read again within a second of each change, once it
+has stood still for a quarter of a second):
 
     [[service]]
     address = "198.18.200.10"        # the service's address (either family)
@@ -358,7 +359,7 @@ class PodsCommand(Command):
         self.prog.load_program()
         if a.cgroup:
             self.prog.attach_services(a.cgroup)
-        self.services_stamp = self._services_stamp()
+        self.services_stamp = self.services_pending = self._services_stamp()
         self.lock = threading.Lock()
         self.attached = {}  # host-side veth -> its TC filter
         self.started = False  # the pods found at start are in the header, not said one by one
@@ -418,6 +419,12 @@ class PodsCommand(Command):
         once and the services stay as they were."""
         stamp = self._services_stamp()
         if stamp == self.services_stamp:
+            return
+        # read once it has stood still for a tick: a file written in place is empty
+        # between its truncation and its write (`echo ... > FILE`), and an empty file
+        # is a valid one with no services
+        if stamp != self.services_pending:
+            self.services_pending = stamp
             return
         self.services_stamp = stamp
         try:

@@ -243,6 +243,14 @@ class Topology:
             for h in self.hosts.values():
                 with netdev.entered(h.ns):  # /proc/thread-self/net: this thread's namespace
                     rows = Path("/proc/thread-self/net/igmp6").read_text().split("\n")
+                    inet6 = Path("/proc/thread-self/net/if_inet6").read_text().split("\n")
+                # An interface whose link came up gets its link-local address from a kernel
+                # work item, and joins its groups (and starts their report timers) only then:
+                # on a loaded machine that came after this wait had found no timer running,
+                # and its reports went into a test's count (the suite, in parallel). So an
+                # interface that is up without its link-local address is pending too.
+                linked = {r.split()[5] for r in inet6 if len(r.split()) >= 6 and r.split()[3] == "20"}
+                pending += [f"{h.name} {i}: no link-local address yet" for i in self._up_v6(h) if i not in linked]
                 pending += [
                     f"{h.name} {r.split()[1]} {r.split()[2]}"
                     for r in rows
@@ -253,6 +261,25 @@ class Topology:
             if time.monotonic() > deadline:
                 raise LabError(f"MLD reports still pending after {seconds:.0f} s: {', '.join(pending[:4])}")
             time.sleep(0.002)
+
+    @staticmethod
+    def _up_v6(h) -> list[str]:
+        """The host's interfaces that are up with a carrier and make IPv6 link-local
+        addresses (not loopback, IPv6 not disabled, an address generation mode)."""
+        out = []
+        with netns.ipr(h.ns) as ip:
+            for link in ip.get_links():
+                name = link.get_attr("IFLA_IFNAME")
+                if name == "lo" or not link["flags"] & 0x10000:  # IFF_LOWER_UP
+                    continue
+                af = link.get_attr("IFLA_AF_SPEC")
+                inet6 = af.get_attr("AF_INET6") if af else None
+                mode = inet6.get_attr("IFLA_INET6_ADDR_GEN_MODE") if inet6 else None
+                conf = inet6.get_attr("IFLA_INET6_CONF") if inet6 else None
+                disabled = conf.get("disable_ipv6") if isinstance(conf, dict) else 0
+                if inet6 is not None and mode != 1 and not disabled:  # IN6_ADDR_GEN_MODE_NONE
+                    out.append(name)
+        return out
 
     def _wait_for_dad(self, seconds=10.0):
         """Until no IPv6 address is tentative (a route via one cannot be added

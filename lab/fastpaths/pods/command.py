@@ -462,6 +462,8 @@ class PodsCommand(Command):
                     known = None
                 if known is not None and lxc in self.attached and self.prog.pods.get(lxc) == addrs:
                     continue
+                if known is not None and lxc in self.attached:  # a route added or removed since
+                    warn(f"pod behind {lxc}: addresses now {', '.join(map(str, addrs))}")
                 try:
                     if known is None and (problem := gateway_problem(lxc)):
                         warn(problem)

@@ -88,3 +88,30 @@ def test_a_file_not_there_yet_is_read_from_its_start_once_it_appears(tmp_path):
     assert f.poll() == []
     eve.write_text(alert("198.18.0.7", "198.18.0.8", 9))
     assert [a.sid for a in f.poll()] == [9]
+
+
+def _alert(src, dst):
+    from ebpf.vtap.alerts import Alert, _addr  # noqa: PLC0415
+
+    return Alert(_addr(src), _addr(dst), 1, "t", "", 0.0)
+
+
+def test_holds_renew_expire_and_stop_at_the_cap():
+    from ebpf.vtap.alerts import Holds  # noqa: PLC0415
+
+    h = Holds(hold=10, cap=3)
+    assert [str(a) for a in h.take(_alert("198.18.0.1", "198.18.0.2"), now=0)] == ["198.18.0.1", "198.18.0.2"]
+    assert [str(a) for a in h.take(_alert("198.18.0.1", "2001:2::9"), now=5)] == ["2001:2::9"]  # .1 renewed
+    assert h.take(_alert("198.18.0.3", "198.18.0.2"), now=6) == []  # .3 past the cap; .2 renewed
+    assert h.counters == {"added": 3, "renewed": 2, "expired": 0, "capped": 1}
+    assert [str(a) for a in h.expire(now=10)] == []  # .2 renewed at 6, .1 at 5: none ends at 10
+    assert sorted(str(a) for a in h.expire(now=15)) == ["198.18.0.1", "2001:2::9"]
+    assert [str(n) for n in h.networks()] == ["198.18.0.2/32"]
+    assert [str(a) for a in h.expire(now=16)] == ["198.18.0.2"] and h.networks() == []
+
+
+def test_holds_take_only_the_side_asked():
+    from ebpf.vtap.alerts import Holds  # noqa: PLC0415
+
+    assert [str(a) for a in Holds(which="src").take(_alert("198.18.0.1", "198.18.0.2"), now=0)] == ["198.18.0.1"]
+    assert [str(a) for a in Holds(which="dst").take(_alert("198.18.0.1", "198.18.0.2"), now=0)] == ["198.18.0.2"]

@@ -26,6 +26,7 @@ alert's own `timestamp` is the packet's time).
 import ipaddress
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 MAX_LINE = 1 << 20  # a line longer than this without a newline is dropped (counted malformed)
@@ -134,3 +135,58 @@ class EveFollower:
             str(ev.get("timestamp", "")),
             written,
         )
+
+
+class Holds:
+    """The hosts alerts put on a watch-list: each for `hold` seconds from its latest
+    alert (a later alert renews it), at most `cap` of them at once (an alert for a new
+    host past the cap is counted in `capped` and changes nothing); `which` says which
+    of an alert's addresses (src, dst or both). expire() takes off the hosts whose hold
+    has ended. Time is the caller's clock (monotonic seconds by default).
+
+        >>> h = Holds(hold=300, cap=1024)
+        >>> h.take(alert)            # the hosts it added (new ones; renewed ones are not news)
+        >>> h.networks()             # [IPv4Network('198.18.0.5/32'), ...] for set_watch()
+        >>> h.expire()               # the hosts whose hold ended
+    """
+
+    def __init__(self, hold=300.0, cap=1024, which="both", clock=None):
+        if hold <= 0:
+            raise ValueError(f"an alert's hold is more than 0 s, not {hold}")
+        if cap < 1:
+            raise ValueError(f"the cap on hosts from alerts is at least 1, not {cap}")
+        if which not in ("src", "dst", "both"):
+            raise ValueError(f"which of an alert's hosts: src, dst or both, not {which!r}")
+        self.hold, self.cap, self.which = float(hold), int(cap), which
+        self.clock = clock or time.monotonic
+        self.until = {}  # address -> when its hold ends
+        self.counters = dict.fromkeys(("added", "renewed", "expired", "capped"), 0)
+
+    def take(self, alert: Alert, now=None) -> list:
+        now = self.clock() if now is None else now
+        hosts = [alert.src, alert.dst] if self.which == "both" else [getattr(alert, self.which)]
+        added = []
+        for a in hosts:
+            if a is None or a in added:
+                continue
+            if a in self.until:
+                self.until[a] = now + self.hold
+                self.counters["renewed"] += 1
+            elif len(self.until) >= self.cap:
+                self.counters["capped"] += 1
+            else:
+                self.until[a] = now + self.hold
+                self.counters["added"] += 1
+                added.append(a)
+        return added
+
+    def expire(self, now=None) -> list:
+        now = self.clock() if now is None else now
+        gone = [a for a, t in self.until.items() if t <= now]
+        for a in gone:
+            del self.until[a]
+        self.counters["expired"] += len(gone)
+        return gone
+
+    def networks(self) -> list:
+        return [ipaddress.ip_network(a) for a in sorted(self.until, key=lambda a: (a.version, a))]

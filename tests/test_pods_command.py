@@ -311,6 +311,17 @@ def test_services_at_connect_and_per_packet_follow_the_file_and_a_kill_leaves_no
         f.write_text("[[service]]\naddress = 1\n")
         time.sleep(1.0)
         assert exchange_in(A, "2001:2:200::10") == {"udp": 6, "tcp": 6, "n": 6}
+        # a cleanup while it runs (from the other node) leaves its socket programs alone
+        from ebpf import cgroup  # noqa: PLC0415
+
+        r = subprocess.run(
+            ["ip", "netns", "exec", N1, sys.executable, "-m", "lab", "pods", "--cleanup"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0 and r.stdout.count(f"on cgroup {pod_cgroup} (pid {p.pid}") == 6, r.stdout
+        assert len([x for x in cgroup.find("pods_") if x[0] == str(pod_cgroup)]) == 6
     finally:
         stop(other)
     os.killpg(p.pid, signal.SIGKILL)

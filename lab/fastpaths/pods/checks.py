@@ -89,4 +89,20 @@ MUTANTS = [
         "an unconnected UDP socket's reply shows the backend, not the service it sent to",
         TRAFFIC,
     ),
+    M(
+        "skb-rewrite-udp-zero-checksum",
+        "ebpf/include/skb_rewrite.h",
+        "return p->udp ? BPF_F_MARK_MANGLED_0 : 0;",
+        "return 0;",
+        "a UDP datagram sent without a checksum (0) gets one computed from nothing",
+        (["tests/test_pods_fixtures.py", "-k", "without_a_checksum"], []),
+    ),
+    M(
+        "cgroup-cleanup-takes-live-programs",
+        "ebpf/cgroup.py",
+        "if held[i] and spare_live:",
+        "if False:",
+        "a cleanup detaches a running datapath's socket programs",
+        (["tests/test_pods_command.py", "-k", "services_at or one_datapath"], []),
+    ),
 ]

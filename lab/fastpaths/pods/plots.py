@@ -33,10 +33,12 @@ def _peers(d):
     return palette.in_order(d["peer"], "pods")
 
 
-def _bar_group(ax, d, names, value, levels, key, scale=1.0):
+def _bar_group(ax, d, names, value, levels, key, scale=1.0, by="peer", colour=None):
+    """Bars of `value` (median, whiskers min..max) per `key` level, one per name of column `by`."""
+    colour = colour or (lambda name: palette.colour(name, "pods"))
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
-        g = d[d["peer"] == name].groupby(key)[value]
+        g = d[d[by] == name].groupby(key)[value]
         if g.ngroups == 0:
             continue
         med, lo, hi = g.median() / scale, g.min() / scale, g.max() / scale
@@ -45,7 +47,7 @@ def _bar_group(ax, d, names, value, levels, key, scale=1.0):
             x,
             med.values,
             width,
-            color=palette.colour(name, "pods"),
+            color=colour(name),
             label=name,
             yerr=[med.values - lo.values, hi.values - med.values],
             capsize=2,
@@ -147,26 +149,11 @@ def services_bars(df):
     ways = [w for w in WAYS_COLOURS if w in set(d["way"])]
     levels = sorted(int(n) for n in d["services"].unique())
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(len(ways), 1)
-    for i, w in enumerate(ways):
-        g = d[d["way"] == w].groupby("services")["tps"]
-        med, lo, hi = g.median() / 1000, g.min() / 1000, g.max() / 1000
-        x = np.array([levels.index(int(k)) for k in med.index]) + (i - (len(ways) - 1) / 2) * width
-        ax.bar(
-            x,
-            med.values,
-            width,
-            color=WAYS_COLOURS[w],
-            label=w,
-            yerr=[med.values - lo.values, hi.values - med.values],
-            capsize=2,
-            ecolor="#333333",
-        )
-    ax.set_xticks(range(len(levels)), [str(n) for n in levels])
+    d = d.astype({"services": int})
+    _bar_group(ax, d, ways, "tps", levels, "services", scale=1000, by="way", colour=WAYS_COLOURS.get)
     ax.set_xlabel("services on the nodes")
     ax.set_ylabel("connections per second (thousands)")
     ax.set_title("A service's connections per second (TCP_CRR)")
-    ax.set_ylim(bottom=0)
     ax.legend(frameon=False)
     fig.tight_layout()
     return fig

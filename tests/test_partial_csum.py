@@ -268,12 +268,18 @@ def test_the_cost_bench_counts_every_frame_each_program_ran_on(tmp_path):
         progress=False,
     )
     assert len(df) == 7 and set(df["sender_csum"]) == {"whole", "partial"}  # nft-nat: whole only
-    assert (df["runs"] == df["sent_packets"]).all() and (df["sent_packets"] > 0).all()
+    # Every frame sent is one the program ran on, or one the kernel counted lost on the
+    # way to it: a veth ring full while the LB's NAPI thread waited for a CPU (a suite on
+    # two cores lost 28 of 10000 there). Exact either way, and most frames ran.
+    cols = ["program", "sender_csum", "sent_packets", "runs", "returned", "lost_before", "lost_after", "lost_at"]
+    assert (df["runs"] + df["lost_before"] == df["sent_packets"]).all(), df[cols]
+    assert (df["sent_packets"] > 0).all() and (df["runs"] > df["sent_packets"] / 2).all(), df[cols]
     # every program sends every frame back out of the LB's interface (the floor too: a
-    # floor that passed frames up the stack would be no floor), and none is lost on the way;
-    # the kernel's NAT (no program: its runs are the frames it sent on) forwards them all
-    assert (df["returned"] == df["runs"]).all(), df[["program", "runs", "returned"]]
-    assert (df[["veth_ring_drops", "xdp_tx_errors", "if_dropped"]] == 0).all().all()
+    # floor that passed frames up the stack would be no floor), but what the kernel
+    # counted lost on the way back; the kernel's NAT (no program: its runs are the frames
+    # it sent on) forwards them all
+    assert (df["returned"] + df["lost_after"] == df["runs"]).all(), df[cols]
+    assert ((df["lost_before"] + df["lost_after"] > 0) == (df["lost_at"] != "")).all(), df[cols]
     programs = df[df["program"] != "nft-nat"]
     assert (programs["ns_per_run"] > 0).all() and (programs["node_ns_per_packet"] > programs["ns_per_run"]).all()
     # the interface's NAPI thread did the kernel's forwarding too (else its time would be elsewhere)

@@ -228,6 +228,28 @@ def lb_napi(tb) -> int:
     return got[0]
 
 
+def before_and_after(lost: dict, lb_ns: str, switch_ns: str, lb_port: str) -> tuple[int, int]:
+    """Frames lost on the way to the LB's interface (before a program ran on them) and
+    on their way back out (after), each counted once: from the interfaces' own rx/tx
+    drop counts (what path_losses() keys "IFNAME rx_dropped"), not the sums beside
+    them, where veth counts one loss on both ends of a pair. veth counts a frame its
+    peer could not take on the sender's tx (a ring full: the LB's NAPI thread held
+    up by the machine's other work), one XDP_TX or xdp_xmit could not pass on both
+    the sender's tx and the peer's rx: so the switch's port to the LB has its rx
+    left out (it is the LB's tx again), and the LB's eth0 tx is what was lost after."""
+    before = after = 0
+    for ns, counts in lost.items():
+        for key, n in counts.items():
+            ifname, _, field = key.partition(" ")
+            if field not in ("rx_dropped", "tx_dropped"):
+                continue
+            if ns == lb_ns and ifname == "eth0" and field == "tx_dropped":
+                after += n
+            elif not (ns == switch_ns and ifname == lb_port and field == "rx_dropped"):
+                before += n
+    return before, after
+
+
 def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True):
     """rate: frames per second, or None for the generator's ceiling."""
     rows = []
@@ -279,7 +301,8 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                     returned = back.counters()["packets"] - b0
                 finally:
                     prog.detach() if kernel else prog.detach_xdp(a)
-                runs = returned if kernel else n1 - n0  # the kernel's: the frames it sent on
+                before, after = before_and_after(lost, tb.ns(tb.lb), tb.ns(tb.switch), tb.lb)
+                runs = returned + after if kernel else n1 - n0  # the kernel's: the frames it sent on
                 rows.append(
                     {
                         "program": name,
@@ -293,6 +316,10 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                         "duration_s": round(rep.seconds, 3),
                         "sent_packets": rep.packets,
                         "returned": returned,  # what came back out of the LB's interface: each program's every frame
+                        # sent = runs + lost_before, returned = runs - lost_after, exactly; a
+                        # loaded machine loses some (where: lost_at)
+                        "lost_before": before,
+                        "lost_after": after,
                         **{k: sum(c[k] for c in lost.values()) for k in LOSSES},
                         "lost_at": where_lost(lost, {v: k for k, v in zip(("lb", "switch"), spaces, strict=True)}),
                     }

@@ -100,11 +100,12 @@ def load_in_child(text: str, cflags, source_name: str, functions) -> ChildLoaded
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,  # what it says when it dies (LLVM's last words): into the error
             )
         finally:
             theirs.close()
         try:
-            data, _ = child.communicate(json.dumps(request).encode())
+            data, said = child.communicate(json.dumps(request).encode())
             fds = _receive_fds(ours) if data else []
         except BaseException:
             child.kill()
@@ -116,9 +117,16 @@ def load_in_child(text: str, cflags, source_name: str, functions) -> ChildLoaded
                 f"compiling {source_name}: BCC crashed ({signal.Signals(-child.returncode).name}); one known cause "
                 "is a map whose key or value is a struct the C text never defines (a missing #include)"
             )
+        last = [ln.strip() for ln in said.decode(errors="replace").splitlines() if ln.strip()]
+        if last:
+            raise errors.CompileError(
+                f"compiling {source_name}: {last[-1].removeprefix('error: ').replace('/virtual/main.c', source_name)}"
+            )
         raise errors.BpfError(
             f"compiling {source_name}: the compiling process ended with status {child.returncode}, saying nothing"
         )
+    if said:  # warnings of a compile that worked: said here, as in-process
+        sys.stderr.write(said.decode(errors="replace"))
     reply = json.loads(data)
     if "error" in reply:
         cls = getattr(errors, reply["error"], errors.BpfError)

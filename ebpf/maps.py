@@ -49,6 +49,35 @@ def array_slice(fd, start, count, value_type=ctypes.c_uint32) -> list:
     return values[:got]  # a simple type's array slices to Python ints
 
 
+def count_hash(fd, key_size, value_size, chunk=4096) -> int:
+    """How many entries a hash map (an LRU's too) holds now, read in batches of `chunk`
+    (BPF_MAP_LOOKUP_BATCH: a few syscalls for a table of 64k flows, where BCC's len()
+    makes one per key). The batch token of a hash map is a bucket index (u32). A map
+    that changes while it is read is counted as the batches met it."""
+    keys = ctypes.create_string_buffer(key_size * chunk)
+    values = ctypes.create_string_buffer(value_size * chunk)
+    token_in, token_out = ctypes.c_uint32(), ctypes.c_uint32()
+    opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+    total, first = 0, True
+    while True:
+        n = ctypes.c_uint32(chunk)
+        err = libbpf().bpf_map_lookup_batch(
+            fd,
+            None if first else ctypes.byref(token_in),
+            ctypes.byref(token_out),
+            keys,
+            values,
+            ctypes.byref(n),
+            ctypes.byref(opts),
+        )
+        total += n.value
+        if err == -2:  # ENOENT: the map's end (n says what this last batch held)
+            return total
+        if err:
+            raise BpfError(f"counting map fd {fd} in batches: {os.strerror(-err)}")
+        token_in.value, first = token_out.value, False
+
+
 # --- tables on a map's descriptor -----------------------------------------------------------
 # BCC's table API (bcc/table.py), the part the lab uses, on libbpf's map calls: for a
 # process that holds maps without BCC (ebpf/loader.py). Keys and values are ctypes

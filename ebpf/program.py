@@ -11,6 +11,7 @@ and detaches everything on close() or at the end of a `with` block.
 """
 
 import contextlib
+import ctypes
 import inspect
 import os
 import sys
@@ -445,7 +446,12 @@ class BpfProgram(Shown):
                 out.update({r: e["reason"][r] for r in self.REASONS})
                 out.update({f"dropped_{r}": e["dropped"][r] for r in self.DROPS})
             else:
-                out[name] = sum(getattr(v, name) for v in per_cpu)
+                first = getattr(per_cpu[0], name)
+                if isinstance(first, ctypes.Structure):  # a group of counters (struct cut_counts): its fields
+                    for sub, _ in first._fields_:
+                        out[sub] = sum(getattr(getattr(v, name), sub) for v in per_cpu)
+                else:
+                    out[name] = sum(getattr(v, name) for v in per_cpu)
         return out
 
     def exits(self, map_name: str = "stats", index: int = 0) -> dict:

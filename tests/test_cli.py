@@ -46,6 +46,22 @@ def test_mirrors_and_reports_json_until_sigint(tb1):
     assert tc.hook_snapshot(tb1.ns("receiver"))["eth0"] == (False, [])
 
 
+def test_the_cutoff_in_the_json_and_the_summary(tb1):
+    """--cutoff: said in the "attached" object and line, its counters in every JSON object
+    (the table's too, and evicted works out from the kernel's), a line in the summary."""
+    r = vtap(tb1, "--monitor", "mon0", "--cutoff", "64K", "--flows", "128", "--duration", "0.6", "--json")
+    assert r.returncode == 0, r.stderr
+    attached, *samples = map(json.loads, r.stdout.splitlines())
+    assert (attached["cutoff"], attached["flows_max"], attached["flow_timeout"]) == (65536, 128, 300.0)
+    for k in ("cut", "cut_bytes", "ends_copied", "flows_new", "flows", "evicted", "uncut_fragment"):
+        assert samples[-1][k] == 0, k
+    r = vtap(tb1, "--monitor", "mon0", "--cutoff", "1MiB", "--duration", "0.6")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "cutoff 1048576 bytes per flow and direction (65536 flows, idle 300 s)" in lines[0]
+    assert lines[1].split()[-1] == "CUT" and lines[-1].split()[0] == "cutoff:" and "0 evicted" in lines[-1]
+
+
 def test_table_output_and_duration_exit(tb1):
     before = tc.hook_snapshot(tb1.ns("receiver"))
     r = vtap(tb1, "--monitor", "mon0", "--duration", "1.2", "--interval", "0.5")
@@ -111,6 +127,11 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tb1):
         (["--monitor", "mon0", "--watch-max", "0"], "--watch-max must be at least 1"),
         (["--all"], "--all goes with --cleanup"),
         (["--monitor", "mon0", "--sample", "x"], "argument --sample: invalid int value: 'x'"),
+        (["--monitor", "mon0", "--cutoff", "1.5M"], "--cutoff must be bytes (65536, 64K, 1MiB), not '1.5M'"),
+        (["--monitor", "mon0", "--flows", "64"], "--flows goes with --cutoff BYTES"),
+        (["--monitor", "mon0", "--cutoff", "1K", "--flows", "0"], "--flows must be from 1 to 16777216, not 0"),
+        (["--monitor", "mon0", "--cutoff", "1K", "--flow-timeout", "-1"], "--flow-timeout must be a positive"),
+        (["--hook", "xdp", "--monitor", "mon0", "--cutoff", "x"], "--cutoff must be bytes"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_attaches_nothing(tb1, args, message):

@@ -1,5 +1,9 @@
 """Attaching never disturbs what was there; build failures are one clear line."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from helpers import RX4, WATCHED_SRC4, frames_in, invariant
 from pyroute2 import IPRoute
@@ -7,6 +11,8 @@ from pyroute2 import IPRoute
 from ebpf import BpfError, BpfProgram, CompileError, TcMirror, VerifierError, tc
 from lab import netns
 from lab.traffic import Capture, Flow, Marker, build, send_frames
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SIZE = 333  # a frame length nothing else on the link has, so the other filter counts exactly ours
 
@@ -178,3 +184,43 @@ def test_lab_refuses_foreign_namespaces():
         netns.remove("not-a-lab-namespace")
     with pytest.raises(netns.LabError, match="refusing"):
         netns.ipr("default")
+
+
+STACK_HOG = r"""
+#include <uapi/linux/bpf.h>
+int hog(struct xdp_md *ctx)
+{
+    volatile char buf[1024];   /* more than BPF's 512 bytes of stack: LLVM's backend ends the process */
+    for (int i = 0; i < 1024; i++)
+        buf[i] = i;
+    return buf[ctx->ingress_ifindex & 1023];
+}
+"""
+
+
+def test_a_program_whose_stack_outgrows_bpfs_says_so_in_one_line(tmp_path):
+    """LLVM ends the process (exit 1) on a stack over 512 bytes, in the middle of a
+    compile whose fd 2 is a temporary file: a command died saying nothing. In this
+    process: the compiler's last words on stderr, one line; compiled in a child: a
+    CompileError with them, and this process lives."""
+    hog = tmp_path / "hog.bpf.c"
+    hog.write_text(STACK_HOG)
+    code = f"from ebpf.program import BpfProgram; BpfProgram(source={str(hog)!r}).compile(); print('survived')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "survived" not in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ended the process" in lines[0] and "stack limit of 512 bytes" in lines[0], r.stderr
+    assert "hog.bpf.c" in lines[0]
+    # and a process that compiled well ends well: the handler that says those last words
+    # is a Python function, which the C library must not call once Python is gone (it did:
+    # every such process ended on SIGSEGV)
+    ok = tmp_path / "ok.bpf.c"
+    ok.write_text("#include <uapi/linux/bpf.h>\nint fine(struct xdp_md *ctx) { return XDP_PASS; }\n")
+    code = f"from ebpf.program import BpfProgram; BpfProgram(source={str(ok)!r}).compile(); print('done')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "done\n", "")
+    prog = BpfProgram(source=hog)
+    prog.compile_in, prog.LOADS = "child", (("hog", "XDP"),)
+    with pytest.raises(CompileError, match=r"compiling hog.bpf.c: .*stack limit of 512 bytes") as e:
+        prog.compile()
+    assert "\n" not in str(e.value)

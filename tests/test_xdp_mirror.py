@@ -9,6 +9,7 @@ import threading
 from collections import Counter
 
 import pytest
+from fixtures import cutoff as cut_fx
 from fixtures import mirror as fx
 from helpers import frames_in, run_flows, wait_for
 from scapy.layers.l2 import Ether
@@ -401,3 +402,30 @@ def test_the_api_inside_a_running_asyncio_loop():
 
     state, egresses, mon, cloned = asyncio.run(cell())
     assert (state, egresses, mon, cloned) == ("up", ["eth1"], {"w": 100}, 100)
+
+
+def test_the_cutoff_at_xdp_cuts_each_boundary_exactly(node):
+    """The per-flow cutoff (cutoff.h, the TC vTAP's too: tests/test_vtap_cutoff.py) at
+    the XDP hook: every scenario of one direction (the way back is routed out of an
+    interface the fast path cannot send from) copied or cut as at TC; a cut frame goes
+    to the kernel untouched, counted `cut`."""
+    scenarios = [sc for sc in cut_fx.SCENARIOS if not any(seg.back for seg, _ in sc.steps)]
+    ends = cut_fx.Ends(fx.SRC4, fx.DST4, fx.SRC6, fx.DST6)
+    verdicts = Counter()
+
+    def send(frame):
+        r = run(node, tap, frame)
+        verdicts[r.verdict] += 1
+        assert r.verdict in ("XDP_REDIRECT", "XDP_PASS")
+        return r.verdict == "XDP_REDIRECT"
+
+    with mirror(node, cutoff=cut_fx.CUT) as tap:
+        got = cut_fx.run(scenarios, send, ends)
+        c = tap.counters()
+        e = tap.exits()
+    assert got == cut_fx.want(scenarios)
+    cut = sum(sc.cut for sc in scenarios)
+    assert c["cut"] == e["reason"]["cut"] == verdicts["XDP_PASS"] == cut
+    assert e["reason"]["mirrored"] == verdicts["XDP_REDIRECT"]  # (a test run's queue reports no copy sent)
+    assert c["ends_copied"] == sum(sc.ends_copied for sc in scenarios) and c["flows_restarted"] == 1
+    assert c["flows_new"] == len(scenarios) and c["flows_ended"] == 1 and c["flows"] == len(scenarios) - 1

@@ -63,7 +63,9 @@
 #define R_LOCAL_POD 22   /* to a pod on this node: into it through its veth (bpf_redirect_peer) */
 #define R_REMOTE_POD 23  /* to a pod on another node, routed by the FIB (native routing) */
 #define R_TUNNELED 24    /* to a pod on another node, through the tunnel to that node */
-#define R_COUNT 25
+/* The vTAP's per-flow cutoff (ebpf/vtap/cutoff.h) */
+#define R_CUT 25         /* watched, but its flow is past the cutoff in this direction: not copied */
+#define R_COUNT 26
 #define R_SLOTS 32 /* the arrays' room: a power of two, for the mask in fp_exit() */
 
 /* fp_exit() masks its indexes so the verifier can bound them: the masks must

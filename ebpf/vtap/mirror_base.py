@@ -4,7 +4,9 @@ told and how they count, so that a watch-list means the same at either hook.
     the watch-list   LPM tries per family (watch_v4, watch_v6), changed live in
                      an order that never unwatches what stays watched
     sampling         1 in N matched frames, decided per frame
-    the config entry monitor, sampling, flags and the monitor's MTU (vtap.h)
+    the cutoff       per flow, payload bytes copied in each direction (cutoff.h),
+                     in an LRU flow table made only when asked for (cutoff=, flows=)
+    the config entry monitor, sampling, flags, the monitor's MTU, the cutoff (vtap.h)
     counters         per interface slot (ifindex & (VTAP_IF_SLOTS - 1)), rows
                      named after the interfaces that share a slot
 
@@ -18,6 +20,7 @@ from collections import defaultdict
 from ebpf.abi import defines
 from ebpf.errors import BpfError, InputError
 from ebpf.program import BpfProgram
+from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX, parse_size
 from ebpf.vtap.watchlist import parse_watch_list, per_family, trie_key
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
@@ -35,11 +38,33 @@ def slot_of(ifindex):
 class MirrorBase(BpfProgram):
     """The watch-list, sampling and config entry of a vTAP program."""
 
-    INLINE = ("watch.h",)  # the watch-list and its match, the same at both hooks
+    INLINE = ("watch.h", "cutoff.h")  # the watch-list, its match and the cutoff, the same at both hooks
 
     ROWS = "interface"
 
-    def __init__(self, watch=None, match="any", sample=1, watch_max=None, source=None, cflags=()):
+    def __init__(
+        self,
+        watch=None,
+        match="any",
+        sample=1,
+        watch_max=None,
+        source=None,
+        cflags=(),
+        cutoff=None,
+        flows=None,
+        flow_timeout=FLOW_TIMEOUT_DEFAULT,
+    ):
+        # the cutoff: None and no flows, no flow table (a tap without one pays nothing); else
+        # a table of `flows` entries, and the cutoff (0: off, set_cutoff() turns it on live)
+        self._cutoff = parse_size(cutoff) if cutoff is not None else 0
+        if flows is None and cutoff is not None:
+            flows = FLOWS_DEFAULT
+        if flows is not None and (isinstance(flows, bool) or not isinstance(flows, int) or not 1 <= flows <= FLOWS_MAX):
+            raise InputError(f"flows must be a number of flows from 1 to {FLOWS_MAX}, not {flows!r}")
+        if isinstance(flow_timeout, bool) or not isinstance(flow_timeout, int | float) or not flow_timeout > 0:
+            raise InputError(f"flow_timeout must be a positive number of seconds, not {flow_timeout!r}")
+        self.flows = flows
+        self.flow_timeout = float(flow_timeout)
         if match not in MATCH_MODES:
             raise InputError(f"unknown match mode {match!r} (src, dst or any)")
         self._check_sample(sample)
@@ -52,8 +77,10 @@ class MirrorBase(BpfProgram):
         self.watch_max = watch_max
         self._check_watch_size(counts)
         src, dst = MATCH_MODES[match]
+        table = [f"-DVTAP_FLOWS={flows}"] if flows else []
         super().__init__(
-            [f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}", f"-DVTAP_WATCH_MAX={watch_max}", *cflags], source
+            [f"-DVTAP_MATCH_SRC={src}", f"-DVTAP_MATCH_DST={dst}", f"-DVTAP_WATCH_MAX={watch_max}", *table, *cflags],
+            source,
         )
         self.match = match
         self._watch = nets
@@ -137,6 +164,38 @@ class MirrorBase(BpfProgram):
                 raise BpfError(f"writing the watch-list: {e}") from None
         self._watch = nets
 
+    def set_cutoff(self, cutoff):
+        """Copy each flow until `cutoff` bytes of its L4 payload have been copied in a
+        direction, then only its SYN, FIN and RST segments (cutoff.h); 0 turns it off.
+        Live: the flow table and what it counted stay (the watch-list's edits leave it too).
+        Bytes, or "64K", "1MiB"."""
+        n = parse_size(cutoff)
+        if not self.flows:
+            raise InputError("this tap has no flow table: make it with cutoff= (or flows=) to cut flows")
+        self._cutoff = n
+        if self.bpf is not None:
+            self._write_config()
+
+    @property
+    def cutoff(self):
+        """Payload bytes per flow and direction (0: no cutoff)."""
+        return self._cutoff
+
+    def flows_now(self) -> int:
+        """Flows the table holds now (0 without a table)."""
+        if not self.flows or self.bpf is None:
+            return 0
+        from ebpf.maps import count_hash  # noqa: PLC0415 -- libbpf through ctypes, only for a table
+
+        t = self.table("flows")
+        return count_hash(t.map_fd, ctypes.sizeof(t.Key), ctypes.sizeof(t.Leaf))
+
+    def flow_counters(self, totals) -> dict:
+        """What the cutoff's table holds and lost: `flows` now, and `evicted`, the flows
+        the full table let go (made, less ended, less those it holds)."""
+        now = self.flows_now()
+        return {"flows": now, "evicted": max(0, totals["flows_new"] - totals["flows_ended"] - now)}
+
     @property
     def watch(self):
         return None if self._watch is None else [str(n) for n in self._watch]
@@ -175,6 +234,8 @@ class MirrorBase(BpfProgram):
         value.sample_threshold = (1 << 32) // n if n > 1 else 0xFFFFFFFF
         value.flags = self.config_flags()
         value.monitor_mtu = self._monitor_mtu
+        value.cutoff = self._cutoff
+        value.flow_idle_ns = int(self.flow_timeout * 1e9)
         table[table.Key(0)] = value
 
     def maps_created(self):
@@ -196,6 +257,13 @@ class MirrorBase(BpfProgram):
             d["watch"] = f"{n[4]} IPv4 + {n[6]} IPv6 entries ({shown or 'none: mirrors nothing'})"
         d["match"] = self.match
         d["sample"] = f"1 in {self._sample}" if self._sample > 1 else "every matched frame"
+        if self.flows:
+            d["cutoff"] = (
+                f"{self._cutoff} payload bytes per flow and direction, then SYN/FIN/RST only"
+                if self._cutoff
+                else "off (set_cutoff() turns it on)"
+            )
+            d["flows"] = f"{self.flows} in an LRU table, idle {self.flow_timeout:g} s"
         if self.netns:
             d["netns"] = self.netns
         return d

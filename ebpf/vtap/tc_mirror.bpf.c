@@ -7,6 +7,7 @@
  *   VTAP_MATCH_SRC, VTAP_MATCH_DST  0/1: which address(es) to look up
  *   VTAP_WATCH_MAX                  watch-list capacity per address family
  *   VTAP_CLONE_BY_ACTION            1: who makes the copy (below)
+ *   VTAP_FLOWS                      the per-flow cutoff's table (cutoff.h); not defined: no cutoff
  *
  * Who makes the copy:
  *  - VTAP_CLONE_BY_ACTION=1 (default): this program is the filter's classifier
@@ -36,6 +37,9 @@
 #include "skb_helpers.h"
 #include "vtap.h"
 #include "watch.h"   /* the watch-list and its match, shared by both hooks */
+#ifdef VTAP_FLOWS
+#include "cutoff.h"  /* the per-flow cutoff, shared by both hooks */
+#endif
 
 #ifndef VTAP_CLONE_BY_ACTION
 #define VTAP_CLONE_BY_ACTION 1
@@ -51,6 +55,18 @@
 /* Deepest header we read: Ethernet, two VLAN tags, and an IPv4 header with all
  * its options (60 bytes; IPv6's fixed header is 40). */
 #define PARSE_DEPTH (ETH_HLEN + VLAN_MAX_DEPTH * sizeof(struct vlan_hdr) + 60)
+/* With a cutoff, on to the TCP header with its options, past IPv6's extension headers. */
+#define CUT_DEPTH 256
+
+/* Pull the first `depth` bytes of the frame into its linear data when a driver
+ * or GSO left headers in pages. Rare, so one compare is all the common case pays. */
+static __always_inline void pull(struct __sk_buff *skb, __u32 depth)
+{
+	__u32 linear = skb->data_end - skb->data;
+
+	if (linear < depth && skb->len > linear)
+		bpf_skb_pull_data(skb, skb->len < depth ? skb->len : depth);
+}
 
 BPF_ARRAY(config, struct vtap_config, 1);                              /* monitor, sampling, flags */
 BPF_PERCPU_ARRAY(stats, struct vtap_stats, VTAP_IF_SLOTS);             /* counters per interface slot */
@@ -115,11 +131,8 @@ int tc_mirror(struct __sk_buff *skb)
 			bpf_get_prandom_u32();
 #endif
 		/* Headers split across pages (GSO, some drivers) are not in the linear
-		 * data the parser reads: pull just enough of them. Rare, so one compare
-		 * is all the common case pays. */
-		__u32 linear = skb->data_end - skb->data;
-		if (linear < PARSE_DEPTH && skb->len > linear)
-			bpf_skb_pull_data(skb, skb->len < PARSE_DEPTH ? skb->len : PARSE_DEPTH);
+		 * data the parser reads: pull just enough of them. */
+		pull(skb, PARSE_DEPTH);
 
 		/* User space switches mirror-all on before it empties the watch-list,
 		 * and fills the list before it switches mirror-all off. A frame that
@@ -132,6 +145,18 @@ int tc_mirror(struct __sk_buff *skb)
 			return fp_exit(&st->exits, V_PASS, why, VERDICT_PASS);
 	}
 
+#ifdef VTAP_FLOWS
+	/* Watched: past its flow's cutoff, only the segments that open or end it are
+	 * copied (cutoff.h). Before sampling, so that a flow is cut at the same place
+	 * in its stream whatever the sampling. */
+	__u64 cutoff = *(volatile __u64 *)&cfg->cutoff;
+	if (cutoff) {
+		pull(skb, CUT_DEPTH);
+		if (cut_frame((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, cutoff,
+			      cfg->flow_idle_ns, &st->cut) == CUT_CUT)
+			return fp_exit(&st->exits, V_PASS, R_CUT, VERDICT_PASS);
+	}
+#endif
 	if (cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
 		return fp_exit(&st->exits, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
 

@@ -32,12 +32,13 @@ from pyroute2.netlink.exceptions import NetlinkError
 from ebpf import interrupts, netdev, tc
 from ebpf.errors import AttachError, InputError
 from ebpf.vtap import mirror_health, mirror_loops
+from ebpf.vtap.cutoff import CUT_COUNTERS, FLOW_TIMEOUT_DEFAULT
 from ebpf.vtap.mirror_base import MirrorBase, slot_of
 from ebpf.vtap.mirror_ledger import FailureLedger, action_failures
 
 CLONE_MODES = ("action", "helper")
 FILTER_OWNER = "vtap"  # TC filter names start with this; `vtap --cleanup` looks for it
-# What counters() says; from the program's: matched = sampled_out + mirrored + clone_failed,
+# What counters() says; from the program's: matched = sampled_out + mirrored + clone_failed + cut,
 # cloned = mirrored less the mirred action's refusals, failed = those and clone_failed.
 COUNTERS = (
     "seen",
@@ -63,7 +64,7 @@ class TcMirror(MirrorBase):
     FUNCTION = "tc_mirror"
     MAIN_COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed")
     VERDICTS = ("pass", "mirror")
-    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed")
+    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed", "cut")
 
     def __init__(
         self,
@@ -76,11 +77,22 @@ class TcMirror(MirrorBase):
         clone="action",
         source=None,
         cflags=(),
+        cutoff=None,
+        flows=None,
+        flow_timeout=FLOW_TIMEOUT_DEFAULT,
     ):
         if clone not in CLONE_MODES:
             raise InputError(f"unknown clone mode {clone!r} (action or helper)")
         super().__init__(
-            watch, match, sample, watch_max, source, [f"-DVTAP_CLONE_BY_ACTION={int(clone == 'action')}", *cflags]
+            watch,
+            match,
+            sample,
+            watch_max,
+            source,
+            [f"-DVTAP_CLONE_BY_ACTION={int(clone == 'action')}", *cflags],
+            cutoff,
+            flows,
+            flow_timeout,
         )
         self.netns = netns
         self.clone = clone
@@ -224,13 +236,19 @@ class TcMirror(MirrorBase):
         rows = {}
         for slot, names in self._slot_names.items():
             c = self.percpu_totals("stats", slot)
-            c["matched"] = c["sampled_out"] + c["mirrored"] + c["clone_failed"]
+            c["matched"] = c["sampled_out"] + c["mirrored"] + c["clone_failed"] + c["cut"]
             c["cloned"], c["failed"] = c.pop("mirrored"), c.pop("clone_failed")
             if self.clone == "action":
                 self._ledger.move(slot, c, failed[slot])
-            rows["+".join(names)] = {k: c[k] for k in COUNTERS}
-        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+            rows["+".join(names)] = {k: c[k] for k in self.counter_names()}
+        totals = {k: sum(r[k] for r in rows.values()) for k in self.counter_names()}
+        if self.flows:
+            totals.update(self.flow_counters(totals))  # the table's: one for every interface
         return totals, rows
+
+    def counter_names(self):
+        """counters()' names: the cutoff's too when the tap has a flow table."""
+        return COUNTERS + CUT_COUNTERS if self.flows else COUNTERS
 
     def reset_counters(self):
         if self.bpf is not None:  # before the first compile, the maps are zero anyway

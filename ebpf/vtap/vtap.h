@@ -29,6 +29,23 @@ struct vtap_config {
 	                         * computed in user space so the packet path never divides */
 	__u32 flags;            /* VTAP_F_* */
 	__u32 monitor_mtu;      /* the monitor's MTU, kept current by user space; 0: unknown */
+	__u32 pad;
+	__u64 cutoff;           /* payload bytes copied per flow and direction (cutoff.h); 0: no cutoff */
+	__u64 flow_idle_ns;     /* a flow idle this long starts again from zero */
+};
+
+/* The per-flow cutoff's counters (cutoff.h), beside the frames it cut (reason
+ * `cut`). Flows evicted from the full table user space works out: made, less
+ * ended, less those in the table. */
+struct cut_counts {
+	__u64 cut_bytes;        /* bytes of the frames cut (what their copies would have been) */
+	__u64 ends_copied;      /* SYN, FIN or RST segments copied after their flow's cut */
+	__u64 flows_new;        /* entries made */
+	__u64 flows_ended;      /* TCP flows forgotten after FINs from both sides or a RST */
+	__u64 flows_restarted;  /* flows that started again from zero: idle past the timeout, or a new SYN */
+	__u64 uncut_fragment;   /* copied without a flow: IP fragments */
+	__u64 uncut_no_ports;   /* ... IP carrying neither TCP nor UDP */
+	__u64 uncut_malformed;  /* ... a TCP/UDP header cut short */
 };
 
 /* Per-CPU counters, one entry per interface slot. Every frame is counted in
@@ -45,6 +62,7 @@ struct vtap_stats {
 	                     * gso_segs, any other frame 1 */
 	__u64 oversize;     /* copies whose IP packet (a GSO frame: each segment's) is longer
 	                     * than the monitor's MTU: the kernel fragments or drops those */
+	struct cut_counts cut;
 };
 
 /* Watch-list keys. LPM trie keys start with the prefix length in bits. */

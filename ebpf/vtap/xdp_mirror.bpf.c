@@ -6,6 +6,7 @@
  * Loaded by ebpf/vtap/xdp_mirror.py (class XdpMirror), which passes these -D macros:
  *   VTAP_MATCH_SRC, VTAP_MATCH_DST  0/1: which address(es) to look up
  *   VTAP_WATCH_MAX                  watch-list capacity per address family
+ *   VTAP_FLOWS                      the per-flow cutoff's table (cutoff.h); not defined: no cutoff
  *   TP_*                            where the tracepoints' fields are (below)
  *
  * How a watched frame leaves: bpf_fib_lookup() finds its egress and the MACs,
@@ -38,6 +39,9 @@
 #include "rewrite_helpers.h"
 #include "xdp_mirror.h"
 #include "watch.h"   /* the watch-list and its match, shared by both hooks */
+#ifdef VTAP_FLOWS
+#include "cutoff.h"  /* the per-flow cutoff, shared by both hooks */
+#endif
 
 #define PAIRS_MAX 256 /* egresses a node can have on the fast path */
 
@@ -58,6 +62,16 @@ BPF_PERCPU_ARRAY(csum_scratch, struct csum_block, 1); /* where a partial checksu
 static __always_inline __u32 flags_now(struct vtap_config *cfg)
 {
 	return *(volatile __u32 *)&cfg->flags;
+}
+
+/* Whether a frame is copied: yes (1), or why not. */
+#define COPY_UNMATCHED 0
+#define COPY_SAMPLED_OUT (-1)
+#define COPY_CUT (-2)
+
+static __always_inline int nocopy_reason(int copy)
+{
+	return copy == COPY_CUT ? R_CUT : copy == COPY_SAMPLED_OUT ? R_SAMPLED_OUT : R_UNMATCHED;
 }
 
 /* The route out, or the reason the kernel must take the frame. */
@@ -141,12 +155,18 @@ int xdp_mirror(struct xdp_md *ctx)
 #endif
 		if (!(p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h)) &&
 		    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))
-			copy = 0;
+			copy = COPY_UNMATCHED;
 	}
-	if (copy && cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
-		copy = -1;
+#ifdef VTAP_FLOWS
+	/* Past its flow's cutoff: not copied (cutoff.h); before sampling, as at TC. */
+	if (copy && cut_parsed(&p, parsed, data_end - data, *(volatile __u64 *)&cfg->cutoff, cfg->flow_idle_ns,
+			       &st->cut) == CUT_CUT)
+		copy = COPY_CUT;
+#endif
+	if (copy > 0 && cfg->sample_rate > 1 && bpf_get_prandom_u32() >= cfg->sample_threshold)
+		copy = COPY_SAMPLED_OUT;
 	if (copy <= 0 && !(flags_now(cfg) & VTAP_F_FORWARD_ALL))
-		return xdp_exit(&st->exits, XDP_PASS, copy ? R_SAMPLED_OUT : R_UNMATCHED);
+		return xdp_exit(&st->exits, XDP_PASS, nocopy_reason(copy));
 
 	/* Sent out here: first everything that could send it to the kernel instead. */
 	if (proto_is_vlan(p.eth->h_proto))
@@ -165,7 +185,7 @@ int xdp_mirror(struct xdp_md *ctx)
 	}
 	if (why >= 0) {
 		if (copy <= 0) /* forward all: not copied, and not forwarded either */
-			why = copy ? R_SAMPLED_OUT : R_UNMATCHED;
+			why = nocopy_reason(copy);
 		return xdp_exit(&st->exits, XDP_PASS, why);
 	}
 
@@ -196,7 +216,7 @@ int xdp_mirror(struct xdp_md *ctx)
 
 	if (copy <= 0 || (flags_now(cfg) & VTAP_F_MONITOR_NO_XDP)) { /* to the egress alone */
 		st->egress_pending += !skb;
-		why = copy > 0 ? R_CLONE_FAILED : copy ? R_SAMPLED_OUT : R_UNMATCHED;
+		why = copy > 0 ? R_CLONE_FAILED : nocopy_reason(copy);
 		return xdp_exit(&st->exits, bpf_redirect_map(pair, 0, 0), why);
 	}
 	st->egress_pending += !skb;

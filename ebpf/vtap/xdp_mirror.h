@@ -46,6 +46,7 @@ struct xdp_mirror_stats {
 	__u64 egress_pending;  /* frames handed to an egress's queue, not reported yet */
 	__u64 egress_dropped;  /* frames an egress's driver refused: the receiver never got them */
 	__u64 redirect_errors; /* redirects the kernel refused outright: frame and copy lost */
+	struct cut_counts cut; /* the per-flow cutoff's (vtap.h, cutoff.h) */
 };
 
 #endif /* XDP_MIRROR_H */

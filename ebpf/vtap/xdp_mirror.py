@@ -34,6 +34,7 @@ from ebpf.errors import BpfError, InputError
 from ebpf.holders import holders, prog_id, prog_name
 from ebpf.testrun import libbpf
 from ebpf.vtap import mirror_health, mirror_loops
+from ebpf.vtap.cutoff import CUT_COUNTERS, FLOW_TIMEOUT_DEFAULT
 from ebpf.vtap.mirror_base import MirrorBase, slot_of
 
 FORWARD_MODES = ("watched", "all")
@@ -61,7 +62,7 @@ SLOW_REASONS = (
     "ip_options",
     "vlan",
 )
-# What counters() says; from the program's: matched = mirrored + clone_failed + sampled_out + the
+# What counters() says; from the program's: matched = mirrored + clone_failed + sampled_out + cut + the
 # slow reasons, cloned = mirrored less what the monitor refused or the kernel skipped and the
 # refused redirects, failed = those and clone_failed (the monitor took no XDP frames).
 COUNTERS = (
@@ -109,7 +110,7 @@ class XdpMirror(MirrorBase):
     FUNCTION = "xdp_mirror"
     MAIN_COUNTERS = ("seen", "matched", "cloned", "sampled_out", "failed")
     VERDICTS = ("pass", "mirror", "redirect", "drop")
-    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed", *SLOW_REASONS)
+    REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored", "clone_failed", "cut", *SLOW_REASONS)
     DROPS = ("malformed",)  # a partial checksum it could not finish (a frame over 4 KB: not on veth)
 
     def __init__(
@@ -123,10 +124,15 @@ class XdpMirror(MirrorBase):
         forward="watched",
         source=None,
         cflags=(),
+        cutoff=None,
+        flows=None,
+        flow_timeout=FLOW_TIMEOUT_DEFAULT,
     ):
         if forward not in FORWARD_MODES:
             raise InputError(f"unknown forward mode {forward!r} (watched or all)")
-        super().__init__(watch, match, sample, watch_max, source, [*tracepoint_offsets(), *cflags])
+        super().__init__(
+            watch, match, sample, watch_max, source, [*tracepoint_offsets(), *cflags], cutoff, flows, flow_timeout
+        )
         self.netns = netns
         self.forward = forward
         self._inner = {}  # egress ifindex -> fd of its devmap {egress, monitor}
@@ -353,13 +359,21 @@ class XdpMirror(MirrorBase):
             # XDP frames), or one in a queue this very moment (the poll's, microseconds)
             lost = c["monitor_dropped"] + c["monitor_pending"] + c["redirect_errors"]
             c["egress_dropped"] += c["egress_pending"]
-            c["matched"] = c["mirrored"] + c["clone_failed"] + c["sampled_out"] + sum(c[r] for r in SLOW_REASONS)
+            c["matched"] = (
+                c["mirrored"] + c["clone_failed"] + c["sampled_out"] + c["cut"] + sum(c[r] for r in SLOW_REASONS)
+            )
             c["cloned"] = c.pop("mirrored") - lost
             c["failed"] = lost + c["clone_failed"]
             c["to_kernel"] = sum(c[r] for r in SLOW_REASONS)
-            rows["+".join(names)] = {k: c[k] for k in COUNTERS}
-        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+            rows["+".join(names)] = {k: c[k] for k in self.counter_names()}
+        totals = {k: sum(r[k] for r in rows.values()) for k in self.counter_names()}
+        if self.flows:
+            totals.update(self.flow_counters(totals))  # the table's: one for every interface
         return totals, rows
+
+    def counter_names(self):
+        """counters()' names: the cutoff's too when the tap has a flow table."""
+        return COUNTERS + CUT_COUNTERS if self.flows else COUNTERS
 
     def last_redirect_error(self) -> str | None:
         """The errno of the last redirect the kernel refused, as words."""

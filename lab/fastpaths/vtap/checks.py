@@ -35,6 +35,7 @@ XDP_MIRROR = (
 )
 SESSIONS = (["tests/test_sessions.py"], ["tests/test_vtap_sessions.py"])
 SESSION_TABLES = (["tests/test_sessions_file.py"], ["tests/test_sessions.py"])
+CUTOFF = (["tests/test_vtap_cutoff.py"], ["tests/test_vtap_cutoff.py", "tests/test_xdp_mirror.py", "-k", "cut"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 MUTANTS = [
@@ -141,8 +142,8 @@ MUTANTS = [
     M(
         "xdp-mirror-mirror-all-read-once",
         "ebpf/vtap/xdp_mirror.bpf.c",
-        " &&\n\t\t    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))\n\t\t\tcopy = 0;",
-        ")\n\t\t\tcopy = 0;",
+        " &&\n\t\t    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))\n\t\t\tcopy = COPY_UNMATCHED;",
+        ")\n\t\t\tcopy = COPY_UNMATCHED;",
         "a frame missed while the watch-list changes to mirror-all",
         XDP_MIRROR,
     ),
@@ -325,6 +326,38 @@ MUTANTS = [
         "(n is None or n.subnet_of(p))",
         "an address matched by the rules of prefixes inside its own",
         SESSION_TABLES,
+    ),
+    M(
+        "vtap-cutoff-one-byte-late",
+        "ebpf/vtap/cutoff.h",
+        "if (before >= cutoff) {",
+        "if (before > cutoff) {",
+        "a flow of exactly the cutoff's bytes has one more segment copied",
+        CUTOFF,
+    ),
+    M(
+        "vtap-cutoff-one-direction",
+        "ebpf/vtap/cutoff.h",
+        "\tk->proto = p->l4;\n\treturn d;",
+        "\tk->proto = p->l4;\n\treturn 0;",
+        "both directions of a flow count into one: the server's bytes cut by the client's",
+        CUTOFF,
+    ),
+    M(
+        "vtap-cutoff-ends-cut",
+        "ebpf/vtap/cutoff.h",
+        "if (!(flags & (TCP_F_SYN | TCP_F_FIN | TCP_F_RST))) {",
+        "if (!(flags & (TCP_F_SYN | TCP_F_RST))) {",
+        "a FIN after the cut is not copied: the sensor never sees the flow end",
+        CUTOFF,
+    ),
+    M(
+        "vtap-cutoff-never-idle",
+        "ebpf/vtap/cutoff.h",
+        "now - f->last_ns > idle_ns",
+        "now - f->last_ns > idle_ns * 1000",
+        "an idle flow stays cut past its timeout",
+        CUTOFF,
     ),
     M(
         "watch-host-bits",

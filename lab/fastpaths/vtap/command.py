@@ -28,7 +28,12 @@ from .command_base import (
     SAMPLE_MAX,
     TapCommand,
     Watcher,
+    add_cutoff_options,
     check_watch_options,
+    cutoff_fields,
+    cutoff_options,
+    cutoff_said,
+    cutoff_summary,
     watch_fields,
     watch_list,
     watch_said,
@@ -48,6 +53,8 @@ examples:
   vtap --monitor mon0 --iface eth0 --direction both --sample 100
                                                # 1 in 100 frames, both directions
   vtap --monitor mon0 --duration 10 --json     # one JSON object per interval, then exit
+  vtap --monitor mon0 --cutoff 1MiB            # each flow's first MiB per direction, then only
+                                               # its SYN/FIN/RST: what an IDS needs of elephants
   ip netns exec ns1 vtap --monitor mon0        # inside a network namespace
   vtap --hook xdp --monitor mon0 --iface eth0 --watch 198.18.2.0/24
                                                # on a router: watched frames out of their egress
@@ -73,8 +80,9 @@ class Printer(CounterTable):
     """Live counters per tapped interface (lab.console.CounterTable), and the
     line that says what is tapped."""
 
-    def __init__(self, as_json, out=sys.stdout):
-        super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces", out=out)
+    def __init__(self, as_json, out=sys.stdout, cutoff=False):
+        totals = (*TOTALS, "cut") if cutoff else TOTALS
+        super().__init__(as_json, RATES, totals, HEADS, key="IFACE", rows_name="ifaces", out=out)
 
     def header(self, tap, ifaces, direction):
         msg = dict(
@@ -85,11 +93,13 @@ class Printer(CounterTable):
             match=tap.match,
             sample=tap.sample,
             clone=tap.clone,
+            **cutoff_fields(tap),
         )
         self.attached(
             msg,
             f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
-            f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
+            f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}; "
+            "Ctrl-C to stop",
             names=ifaces,
         )  # interface names are up to 15 characters
 
@@ -242,6 +252,7 @@ class VtapCommand(TapCommand):
             "send each watched frame out of its egress and to the monitor from the XDP hook, "
             "before the kernel builds an skb (the interfaces it taps are where traffic comes in)",
         )
+        add_cutoff_options(p)
         add_xdp_mode(p)  # here, not by xdp_mode = True: among the options of --hook xdp
         p.add_argument(
             "--forward",
@@ -283,6 +294,7 @@ class VtapCommand(TapCommand):
         if xdp_only:
             raise UsageError(f"{', '.join(xdp_only)} go(es) with --hook xdp")
         self.watch = watch_list(args)
+        self.cutoff = cutoff_options(args)
 
     def cleanup(self, all_runs=False):
         """What killed vtaps left in this namespace, at either hook and of sessions: (removed, spared), as lines."""
@@ -312,6 +324,7 @@ class VtapCommand(TapCommand):
             clone=args.clone,
             watch_max=args.watch_max,
             source=args.program,
+            **self.cutoff,
         )
         tap.warn = warn  # its notes (another vTAP on a hook it taps) as this command's warnings
         if args.iface:
@@ -338,7 +351,7 @@ class VtapCommand(TapCommand):
         self.watcher.check()
 
     def table(self):
-        self.live = Printer(self.args.json)
+        self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):
@@ -352,6 +365,8 @@ class VtapCommand(TapCommand):
         taken, self.taken = self.taken, None
         totals, per_iface = self.tap.snapshot() if final or taken is None else taken
         self.live.sample(totals, per_iface, final=final)
+        if final and self.tap.flows and not self.args.json:
+            self.live.emit(f"{'':8} {cutoff_summary(totals)}")
 
 
 COMMAND = VtapCommand()

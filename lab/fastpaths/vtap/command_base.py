@@ -10,7 +10,8 @@ Light, as command.py is (`vtap --help` loads no pyroute2).
 """
 
 from ebpf.abi import defines
-from ebpf.errors import BpfError
+from ebpf.errors import BpfError, InputError
+from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX, parse_size
 from ebpf.vtap.watchlist import parse_watch_list, read_watch_file
 from lab.console import UsageError, require, warn
 from lab.lifecycle import Command
@@ -49,6 +50,77 @@ def watch_list(args):
     for path in args.watch_file:
         nets += read_watch_file(path)
     return nets  # parsed: TcMirror and XdpMirror take them as they are
+
+
+def add_cutoff_options(p):
+    """--cutoff, --flows, --flow-timeout: the per-flow cutoff (ebpf/vtap/cutoff.h), at either hook."""
+    p.add_argument(
+        "--cutoff",
+        metavar="BYTES",
+        help="copy each flow until BYTES of its TCP/UDP payload were copied in a direction (64K, 1MiB; "
+        "the segment that crosses the line goes whole), then only its SYN, FIN and RST segments; "
+        "0 or not given: no cutoff",
+    )
+    p.add_argument(
+        "--flows",
+        type=int,
+        metavar="N",
+        help=f"the cutoff's flow table: N flows, least recently seen evicted (default {FLOWS_DEFAULT}, "
+        "136 bytes of kernel memory each: 8.9 MB by default)",
+    )
+    p.add_argument(
+        "--flow-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"a flow idle this long starts again from zero (default {FLOW_TIMEOUT_DEFAULT:g})",
+    )
+
+
+def cutoff_options(args) -> dict:
+    """The tap's cutoff=, flows=, flow_timeout= from the options (UsageError: exit 2).
+    No --cutoff (or 0): no flow table at all."""
+    try:
+        cutoff = parse_size(args.cutoff) if args.cutoff is not None else 0
+    except InputError as e:
+        raise UsageError(f"--{e}") from None
+    if not cutoff:
+        given = [o for o in ("--flows", "--flow-timeout") if getattr(args, o[2:].replace("-", "_")) is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --cutoff BYTES")
+        return {}
+    if args.flows is not None and not 1 <= args.flows <= FLOWS_MAX:
+        raise UsageError(f"--flows must be from 1 to {FLOWS_MAX}, not {args.flows}")
+    if args.flow_timeout is not None and not args.flow_timeout > 0:
+        raise UsageError(f"--flow-timeout must be a positive number of seconds, not {args.flow_timeout:g}")
+    kw = {"cutoff": cutoff, "flows": args.flows or FLOWS_DEFAULT}
+    if args.flow_timeout is not None:
+        kw["flow_timeout"] = args.flow_timeout
+    return kw
+
+
+def cutoff_said(tap) -> str:
+    """The cutoff of `tap`, as the "attached" line says it ("" without one)."""
+    if not tap.flows or not tap.cutoff:
+        return ""
+    return f"; cutoff {tap.cutoff} bytes per flow and direction ({tap.flows} flows, idle {tap.flow_timeout:g} s)"
+
+
+def cutoff_fields(tap) -> dict:
+    """The cutoff of `tap`, as the "attached" JSON object gives it."""
+    if not tap.flows:
+        return {"cutoff": 0}
+    return {"cutoff": tap.cutoff, "flows_max": tap.flows, "flow_timeout": tap.flow_timeout}
+
+
+def cutoff_summary(totals) -> str:
+    """The final block's line on the cutoff: what it cut and what its table held."""
+    return (
+        f"cutoff: {totals['cut']} frames ({totals['cut_bytes']} bytes) cut, {totals['ends_copied']} "
+        f"SYN/FIN/RST copied past a cut; flows: {totals['flows_new']} made, {totals['flows']} held, "
+        f"{totals['flows_ended']} ended, {totals['flows_restarted']} started over, {totals['evicted']} evicted; "
+        f"copied without a flow: {totals['uncut_fragment']} fragments, {totals['uncut_no_ports']} without ports, "
+        f"{totals['uncut_malformed']} cut short"
+    )
 
 
 def watch_said(tap) -> str:

@@ -14,7 +14,19 @@ from ebpf.vtap.xdp_mirror import SLOW_REASONS, XdpMirror, can_transmit_xdp
 from lab import hostcheck
 from lab.console import SIGNALS, CounterTable, UsageError, warn
 
-from .command_base import NO_INTERFACE, TapCommand, Watcher, check_watch_options, watch_fields, watch_list, watch_said
+from .command_base import (
+    NO_INTERFACE,
+    TapCommand,
+    Watcher,
+    check_watch_options,
+    cutoff_fields,
+    cutoff_options,
+    cutoff_said,
+    cutoff_summary,
+    watch_fields,
+    watch_list,
+    watch_said,
+)
 
 RATES = ("seen", "matched", "cloned", "failed")
 TOTALS = ("seen", "matched", "cloned", "sampled_out", "failed", "to_kernel", "forwarded", "not_ip", "malformed")
@@ -70,8 +82,9 @@ def egress_findings(tap) -> list:
 
 
 class Printer(CounterTable):
-    def __init__(self, as_json):
-        super().__init__(as_json, RATES, TOTALS, HEADS, key="IFACE", rows_name="ifaces")
+    def __init__(self, as_json, cutoff=False):
+        totals = (*TOTALS, "cut") if cutoff else TOTALS
+        super().__init__(as_json, RATES, totals, HEADS, key="IFACE", rows_name="ifaces")
 
     def header(self, tap, ifaces, mode):
         msg = dict(
@@ -84,12 +97,13 @@ class Printer(CounterTable):
             match=tap.match,
             sample=tap.sample,
             forward=tap.forward,
+            **cutoff_fields(tap),
         )
         self.attached(
             msg,
             f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
             f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch_said(tap)} "
-            f"(match {tap.match}), sample 1/{tap.sample}; Ctrl-C to stop",
+            f"(match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}; Ctrl-C to stop",
             names=ifaces,
         )
 
@@ -158,6 +172,7 @@ class XdpCommand(TapCommand):
                 "--xdp-mode offload cannot apply to the XDP vTAP (its redirects need the host): native or generic"
             )
         self.watch = watch_list(args)
+        self.cutoff = cutoff_options(args)
 
     def cleanup(self, all_runs=False):
         """What killed XDP vTAPs left in this namespace: their programs, and the pass
@@ -176,6 +191,7 @@ class XdpCommand(TapCommand):
             watch_max=args.watch_max,
             forward=args.forward,
             source=args.program,
+            **self.cutoff,
         )
         tap.warn = warn
         if args.iface:
@@ -212,7 +228,7 @@ class XdpCommand(TapCommand):
         self.watcher.check()
 
     def table(self):
-        self.live = Printer(self.args.json)
+        self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):
@@ -226,3 +242,5 @@ class XdpCommand(TapCommand):
         self.live.sample(totals, rows, final=final)
         if final:
             self.live.reasons(totals)
+            if self.tap.flows and not self.args.json:
+                self.live.emit(f"{'':8} {cutoff_summary(totals)}")

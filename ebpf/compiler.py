@@ -117,7 +117,9 @@ def _verifier_summary(log: str) -> str:
     instruction dump, a register state, nor the closing statistics."""
     noise = re.compile(
         r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
-        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+)"
+        # a register state ("R1=ctx() R10=fp0"), not a reason that names one ("R2 unbounded
+        # memory access", which the summary once skipped for the statistics line after it)
+        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+(_[rw]+)?=)"
     )
     lines = [ln.strip() for ln in log.splitlines()]
     for line in reversed(lines):

@@ -66,6 +66,18 @@ HELP = {
     "csum_finished": "partial checksums the program finished",
     "egress_dropped": "frames the egress device dropped",
     "redirect_errors": "redirects the kernel refused",
+    # the vTAP's per-flow cutoff (ebpf/vtap/cutoff.h)
+    "cut": "watched frames not copied: their flow is past the cutoff in that direction",
+    "cut_bytes": "bytes of the frames the cutoff did not copy",
+    "ends_copied": "SYN, FIN or RST segments copied after their flow's cut",
+    "flows_new": "flows the cutoff's table took in",
+    "flows_ended": "TCP flows forgotten after FINs from both sides or a RST",
+    "flows_restarted": "flows started again from zero (idle past the timeout, or a new SYN)",
+    "flows": "flows in the cutoff's table now",
+    "evicted": "flows the full table let go",
+    "uncut_fragment": "IP fragments copied without a flow",
+    "uncut_no_ports": "IP packets without ports copied without a flow",
+    "uncut_malformed": "frames with a TCP/UDP header cut short copied without a flow",
 }
 PREFIXED_HELP = {
     "dropped_": "frames dropped because: ",

@@ -122,6 +122,29 @@ def test_vtap_metrics(tb1):
         assert got[(f"vtap_{k}_total", (("interface", "eth0"),))] == v, k
 
 
+def test_vtap_cutoff_metrics(tb1):
+    """--cutoff: its counters per interface, the table's `flows` a gauge and `evicted` a
+    total; promtool finds nothing to say. Two UDP flows of 200 frames of 86 bytes of
+    payload and a cutoff of 8600: each flow's first 100 frames copied, the rest cut."""
+    ns = tb1.ns(tb1.tap_host)
+    tool = Tool(
+        ns, "vtap", "--monitor", "mon0", "--iface", "eth0", "--cutoff", "8600", "--metrics", LISTEN, interval=0.3
+    )
+    try:
+        run_flows(tb1, [Flow("a", tb1.src4, tb1.dst4, count=200), Flow("b", tb1.alt_src4, tb1.dst4, count=200)])
+        line, text = settled(tool, ns)
+    finally:
+        tool.kill()
+    promtool(text)
+    got = samples(text)
+    row = line["ifaces"]["eth0"]
+    assert row["cut"] == 200 and row["cloned"] == 200 and row["flows_new"] == 2
+    for k in ("cut", "cut_bytes", "flows_new", "ends_copied", "uncut_fragment"):
+        assert got[(f"vtap_{k}_total", (("interface", "eth0"),))] == row[k], k
+    assert got[("vtap_flows", ())] == line["flows"] == 2 and got[("vtap_evicted_total", ())] == 0
+    assert "# TYPE vtap_flows gauge" in text
+
+
 def test_lb_metrics():
     with user_segment() as tb:
         netns.run(tb.ns("lb"), ["sysctl", "-w", "net.ipv4.conf.eth0.forwarding=1"], capture_output=True)

@@ -15,7 +15,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, fragment6
 from scapy.layers.l2 import Ether
 
-from ebpf import netdev
+from ebpf import InputError, netdev
 from ebpf.vtap.sessions.config import Rule, Session
 from ebpf.vtap.sessions.tc_sessions import SessionMirror
 from lab import testbeds
@@ -489,3 +489,43 @@ def test_suricata_and_tcpdump_at_the_collector_decode_each_tunnel(tb, tmp_path):
     for proto in ("0x88be", "0x22eb"):
         seqs = [int(x) for x in re.findall(rf"GREv0, seq (\d+), length \d+: gre-proto-{proto}", out)]
         assert len(seqs) == n and seqs == list(range(seqs[0], seqs[0] + n)), out
+
+
+def test_each_session_cuts_at_its_own_cutoff(tb):
+    """Session 1 (monitor) with a cutoff of ten datagrams' payload, session 2 (collector)
+    without: the monitor gets each flow's first ten, the collector all 25; one flow in
+    the table, counted once for both. The cut frames are in session 1's counters."""
+    rules = [Rule("accept", protocol="udp", destination_ports=5001)]
+    payload = 200 - 42  # Ethernet, IPv4 and UDP headers of a 200-byte frame
+    ss = [
+        Session(target="mon0", rules=rules, number=1, cutoff=payload * 10),
+        Session(target=collector_url("geneve", 4), rules=rules, number=2),
+    ]
+    with tap(tb, ss) as m:
+        assert m.flows == 65536
+        sent, rx, mon, got = send(tb, [Flow("a", tb_src4(), tb_dst4(), dport=5001, count=25, size=200)])
+        sc, c = m.session_counters(), m.counters()
+    assert sum(rx.values()) == 25 and len(got) == 25
+    ident = {f: k for k, f in sent.items()}
+    assert sorted(ident[f][1] for f in mon) == list(range(10))
+    s1, s2 = sc["session 1"], sc["session 2"]
+    assert (s1["accepted"], s1["cut"], s1["cut_bytes"], s1["sent"]) == (25, 15, 15 * 200, 10)
+    assert s1["accepted"] == s1["sampled_out"] + s1["shadowed"] + s1["cut"] + s1["handed"]
+    assert (s2["cut"], s2["sent"]) == (0, 25)
+    assert (c["flows_new"], c["flows"], c["evicted"]) == (1, 1, 0)
+
+
+def test_a_cutoff_added_live_needs_the_table(tb):
+    """A tap made without a cutoff has no flow table: a session given one later is
+    refused, nothing changed; made with flows=, it takes it live."""
+    plain = Session(target="mon0", number=1, rules=[Rule("accept")])
+    cut = Session(target="mon0", number=1, rules=[Rule("accept")], cutoff="64K")
+    with SessionMirror([plain], netns=tb.ns("tapnode")) as m:
+        m.load_program()
+        with pytest.raises(InputError, match="session 1: a cutoff needs the flow table"):
+            m.set_sessions([cut])
+        assert m.sessions[0].cutoff == 0 and m.flows is None
+    with SessionMirror([plain], netns=tb.ns("tapnode"), flows=64) as m:
+        m.load_program()
+        m.set_sessions([cut])
+        assert m.sessions[0].cutoff == 65536 and m.flows == 64

@@ -17,6 +17,7 @@ GOOD = """\
 number = 20
 target = "erspan3://[2001:db8::9]/7"
 truncate = 128
+cutoff = "1MiB"
 
   [[session.rule]]
   action = "reject"
@@ -48,6 +49,7 @@ def test_a_good_file():
     assert (web.label, web.target.kind, web.target.ifname, web.sample) == ("web", "local", "mon0", 10)
     assert str(web.rules[0]) == "accept ingress tcp to any port 80-443"
     assert (e3.label, e3.target.kind, e3.target.key, e3.truncate) == ("session 20", "erspan3", 7, 128)
+    assert (e3.cutoff, web.cutoff) == (1 << 20, 0)
     assert e3.target.address == ipaddress.ip_address("2001:db8::9")
     assert [r.action for r in e3.rules] == ["reject", "accept"]
 
@@ -84,6 +86,7 @@ def test_a_good_file():
             "unknown key 'colour'",
         ),
         ('[[session]]\ntarget = "mon0"\ntruncate = 10\n', 3, "truncate must be"),
+        ('[[session]]\ntarget = "mon0"\ncutoff = "lots"\n', 3, "cutoff must be bytes (65536, 64K, 1MiB), not 'lots'"),
         ('[[session]]\ntarget = "mon0"\nsample = 0\n', 3, "sample must be"),
         ("[[session]]\nnumber = 1\n", 1, "no target"),
         ('[[session]]\ntarget = "vxlan://198.18.9.2"\n', 2, "vxlan needs a VNI"),

@@ -55,12 +55,12 @@ def plain_router():
     return t
 
 
-def session_file(path, port, truncate=128, kind="vxlan"):
+def session_file(path, port, truncate=128, kind="vxlan", cutoff=0):
     target = {"vxlan": f"vxlan://{COLLECTOR4}/100", "erspan": f"erspan://{COLLECTOR4}/3"}[kind]
     path.write_text(f"""\
 [[session]]
 target = "{target}"
-truncate = {truncate}
+truncate = {truncate}{f"{chr(10)}cutoff = {cutoff}" if cutoff else ""}
 
   [[session.rule]]
   action = "accept"
@@ -154,6 +154,41 @@ def test_the_running_tool_follows_its_file(tmp_path):
         s = final["sessions"]["session 1"]
         assert s["accepted"] == s["sent"] == s["truncated"] == 40
         assert not [w for w in warnings if "applied" not in w and "stay" not in w], warnings
+
+
+def test_a_cutoff_the_file_gains_while_it_runs(tmp_path):
+    """Started with --flows and a file without a cutoff: every datagram copied; the file
+    gains cutoff = 10 datagrams' payload: applied, and a flow then sends its first ten.
+    Started without --flows, the same change is said once and the sessions kept; and
+    --cutoff itself is refused with --sessions (exit 2, one line)."""
+    with plain_router() as t:
+        ns = t.ns("router")
+        f = tmp_path / "s.toml"
+        r = vtap(ns, "--sessions", str(f), "--cutoff", "1K")
+        assert r.returncode == 2 and "--cutoff cannot go with --sessions" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        for flows, applied in (("64", True), (None, False)):
+            session_file(f, 5001)
+            tool = Tool(ns, "vtap", "--sessions", str(f), "--iface", "eth0", *(["--flows", flows] if flows else []))
+            try:
+                one = [Flow("a", CLIENT4, SERVER4, dport=5001, count=20, size=300)]
+                assert len(send(t, one)[1]) == 20
+                session_file(f, 5001, cutoff=(300 - 42) * 10)
+                if applied:
+                    tool.err.wait_for("applied", timeout=20)
+                    assert (
+                        len(send(t, [Flow("b", CLIENT4, SERVER4, dport=5001, sport=40001, count=20, size=300)])[1])
+                        == 10
+                    )
+                else:
+                    said = tool.err.wait_for("the sessions in force stay", timeout=20)
+                    assert "a cutoff needs the flow table" in said
+                    assert len(send(t, one)[1]) == 20
+                final, _ = tool.stop()
+            finally:
+                tool.kill()
+            s = final["sessions"]["session 1"]
+            assert s["cut"] == (10 if applied else 0) and s["sent"] == (30 if applied else 40)
 
 
 def test_a_killed_run_is_cleaned_up(tmp_path):

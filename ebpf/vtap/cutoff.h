@@ -135,21 +135,24 @@ static __always_inline int flow_key_of(struct l4_pkt *p, struct flow_key *k)
 	return d;
 }
 
-/* What becomes of a watched frame of frame_len bytes (what its copy would be),
- * which parse_l4(..., PARSE_L4) read into p and answered `parsed`: CUT_*.
- * cutoff: payload bytes per direction, 0 for none (nothing is tracked then). */
-static __always_inline int cut_parsed(struct l4_pkt *p, int parsed, __u32 frame_len, __u64 cutoff,
-				      __u64 idle_ns, struct cut_counts *cc)
+/* One frame of a flow, which parse_l4(..., PARSE_L4) read into p and answered
+ * `parsed`: the flow's entry found, made, started over or forgotten (the
+ * comment at the top), *before set to the payload bytes its direction had
+ * counted before this frame, and this frame's counted while that is under
+ * `cap` (the largest cutoff that applies: past it, counting more changes
+ * nothing). Returns the frame's TCP flags (0 for UDP), or -1 when it has no
+ * flow (a fragment, no ports, a header cut short: counted by reason). */
+static __always_inline int flow_step(struct l4_pkt *p, int parsed, __u64 cap, __u64 idle_ns,
+				     struct cut_counts *cc, __u64 *before)
 {
 	struct flow_key k = {};
 	struct flow_state fresh = {}, *f;
-	__u64 now, before;
+	__u64 now;
 	__u32 payload;
 	__u8 flags = 0;
 	int d;
 
-	if (!cutoff)
-		return CUT_GO;
+	*before = 0;
 	if (parsed != PARSE_OK) {
 		/* past the IP header: a fragment, no ports, or a TCP/UDP header cut short */
 		if (parsed == PARSE_FRAGMENT)
@@ -158,7 +161,7 @@ static __always_inline int cut_parsed(struct l4_pkt *p, int parsed, __u32 frame_
 			cc->uncut_no_ports++;
 		else
 			cc->uncut_malformed++;
-		return CUT_NO_FLOW;
+		return -1;
 	}
 	if (p->tcpflags)
 		flags = *p->tcpflags;
@@ -175,25 +178,18 @@ static __always_inline int cut_parsed(struct l4_pkt *p, int parsed, __u32 frame_
 	}
 	if (!f) {
 		if (!payload && !(flags & TCP_F_SYN))
-			return CUT_GO; /* nothing to count, nothing it opens: no entry */
+			return flags; /* nothing to count, nothing it opens: no entry */
 		fresh.last_ns = now;
 		if (flows.insert(&k, &fresh) == 0)
 			cc->flows_new++;
 		f = flows.lookup(&k);
-		if (!f) /* evicted at once by a full table under other CPUs' inserts: let it go */
-			return CUT_GO;
+		if (!f) /* evicted at once by a full table under other CPUs' inserts: from zero */
+			return flags;
 	}
 	f->last_ns = now;
-	before = f->bytes[d & 1];
-	if (before >= cutoff) {
-		if (!(flags & (TCP_F_SYN | TCP_F_FIN | TCP_F_RST))) {
-			cc->cut_bytes += frame_len;
-			return CUT_CUT;
-		}
-		cc->ends_copied++;
-	} else {
+	*before = f->bytes[d & 1];
+	if (*before < cap)
 		__sync_fetch_and_add(&f->bytes[d & 1], payload);
-	}
 	if (flags & TCP_F_FIN) /* a plain or: a FIN from each side at the same instant, on two
 				 * CPUs, leaves the flow to its timeout, no worse */
 		f->fins |= 1 << (d & 1);
@@ -202,7 +198,36 @@ static __always_inline int cut_parsed(struct l4_pkt *p, int parsed, __u32 frame_
 		if (flows.delete(&k) == 0)
 			cc->flows_ended++;
 	}
-	return before >= cutoff ? CUT_END : CUT_GO;
+	return flags;
+}
+
+/* Past the cutoff, a segment that opens or ends its flow is still copied. */
+static __always_inline int flow_end(int flags)
+{
+	return flags > 0 && (flags & (TCP_F_SYN | TCP_F_FIN | TCP_F_RST));
+}
+
+/* What becomes of a watched frame of frame_len bytes (what its copy would be)
+ * under one cutoff (payload bytes per direction; 0: none, nothing tracked): CUT_*. */
+static __always_inline int cut_parsed(struct l4_pkt *p, int parsed, __u32 frame_len, __u64 cutoff,
+				      __u64 idle_ns, struct cut_counts *cc)
+{
+	__u64 before;
+	int flags;
+
+	if (!cutoff)
+		return CUT_GO;
+	flags = flow_step(p, parsed, cutoff, idle_ns, cc, &before);
+	if (flags < 0)
+		return CUT_NO_FLOW;
+	if (before < cutoff)
+		return CUT_GO;
+	if (flow_end(flags)) {
+		cc->ends_copied++;
+		return CUT_END;
+	}
+	cc->cut_bytes += frame_len;
+	return CUT_CUT;
 }
 
 /* The same from the frame itself (the TC vTAP parses only to the addresses). */

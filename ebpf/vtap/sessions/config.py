@@ -12,6 +12,7 @@ A sessions file (TOML, read with the standard library's tomllib):
     target = "erspan://198.18.9.2/7"  # or an interface name: "mon0"
     truncate = 128                    # copy the first 128 bytes (default: whole frames)
     sample = 1                        # 1 in N accepted frames (default 1: all)
+    cutoff = "1MiB"                   # each flow's first MiB each way, then SYN/FIN/RST (default 0: all)
 
       [[session.rule]]                # first match decides, in file order
       action = "reject"
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from ebpf.abi import defines
 from ebpf.errors import InputError
+from ebpf.vtap.cutoff import parse_size
 
 SESSIONS_H = defines("vtap/sessions/sessions.h")
 SESSIONS_MAX = SESSIONS_H["SESS_MAX"]
@@ -233,6 +235,7 @@ class Session:
     sample: int = 1
     fit: bool = False
     name: str | None = None
+    cutoff: int | str = 0  # payload bytes per flow and direction it copies (ebpf/vtap/cutoff.h); 0: all
 
     def __post_init__(self):
         self.check("session")
@@ -255,6 +258,10 @@ class Session:
         n = self.sample
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= SAMPLE_MAX:
             bad("sample", f"sample must be 1 (every frame) to {SAMPLE_MAX}, not {n!r}")
+        try:
+            self.cutoff = parse_size(self.cutoff)
+        except InputError as e:
+            bad("cutoff", str(e))
         if not isinstance(self.fit, bool):
             bad("fit", f"fit must be true or false, not {self.fit!r}")
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -386,7 +393,7 @@ def parse_sessions(text, name="sessions") -> list:
     tables = doc.get("session", [])
     if not isinstance(tables, list):
         raise InputError(f"{name}:1: 'session' must be an array of tables ([[session]])")
-    known = {"number", "target", "truncate", "sample", "fit", "name", "rule"}
+    known = {"number", "target", "truncate", "sample", "fit", "name", "cutoff", "rule"}
     sessions = []
     for i, t in enumerate(tables):
         what = f"session {i + 1}"
@@ -413,6 +420,7 @@ def parse_sessions(text, name="sessions") -> list:
                     sample=t.get("sample", 1),
                     fit=t.get("fit", False),
                     name=t.get("name"),
+                    cutoff=t.get("cutoff", 0),
                 )
             )
         except InputError as e:

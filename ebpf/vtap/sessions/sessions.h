@@ -25,6 +25,7 @@
 #define SESSIONS_H
 
 #include "verdict.h"
+#include "vtap.h"  /* struct cut_counts */
 
 #define SESS_MAX 16         /* sessions per program: one bit each in a u32 mask */
 #define SESS_RULES_MAX 256  /* rules over all sessions: the bitmaps' width */
@@ -63,6 +64,9 @@ struct sess_bits {
 struct sess_config {
 	__u32 gen;           /* the live generation (0 or 1) */
 	__u32 sender_ifindex; /* the device the sender runs on (its egress) */
+	__u32 pad;
+	__u64 cut_max[SESS_GENS];  /* per generation: the largest cutoff of its sessions (cutoff.h) */
+	__u64 flow_idle_ns;        /* a flow idle this long starts again from zero */
 };
 
 /* One rule: which session it belongs to and what it decides. */
@@ -85,11 +89,12 @@ struct sess_session {
 	__u32 flags;              /* SESS_F_* */
 	__u32 hdr_len;            /* bytes of hdr: outer IP, UDP or GRE, the tunnel header */
 	__u8 hdr[SESS_HDR_MAX];   /* the encapsulation, as user space built it */
+	__u64 cutoff;             /* payload bytes per flow and direction it copies (cutoff.h); 0: all */
 };
 
 /* Counters per session (per CPU; index gen * SESS_MAX + slot). The tap counts
  * what the rules decided, the sender what it sent. For a session:
- *     accepted = sampled_out + shadowed + handed
+ *     accepted = sampled_out + shadowed + cut + handed
  *     handed   = sent + oversize + failed   (+ what the kernel's action refused)  */
 struct sess_stats {
 	__u64 accepted;     /* frames its rules accepted */
@@ -103,6 +108,8 @@ struct sess_stats {
 	__u64 truncated;    /* copies cut to the session's length (or to fit) */
 	__u64 oversize;     /* not sent: longer than the path's MTU */
 	__u64 failed;       /* not sent: the kernel refused to grow or send it */
+	__u64 cut;          /* accepted and kept, but its flow is past the session's cutoff */
+	__u64 cut_bytes;    /* their bytes */
 };
 
 /* Counters per interface slot (per CPU): every frame the tap sees, in fp
@@ -111,6 +118,7 @@ struct sess_stats {
 struct sess_if_stats {
 	struct fp_counts exits;
 	__u64 own_copies;   /* copies this program sent, seen again: never copied */
+	struct cut_counts cut; /* the flow table's (cutoff.h): what the sessions' cutoffs share */
 };
 
 /* LPM keys: generation, side (0 source, 1 destination), address. The prefix

@@ -44,6 +44,9 @@
 #include "verdict.h"
 #include "skb_helpers.h"
 #include "sessions.h"
+#ifdef VTAP_FLOWS
+#include "../cutoff.h"  /* the per-flow cutoff, shared with the vTAP at either hook */
+#endif
 
 /* The kernel's four-argument form (params, plen, flags); BCC's headers may
  * declare an early draft with three, which leaves the flags undefined. */
@@ -66,6 +69,7 @@ BPF_F_TABLE("lpm_trie", struct sess_lpm4_key, struct sess_bits, lpm4, SESS_GENS 
 BPF_F_TABLE("lpm_trie", struct sess_lpm6_key, struct sess_bits, lpm6, SESS_GENS * 2 * (SESS_RULES_MAX + 1), BPF_F_NO_PREALLOC);
 BPF_ARRAY(rules, struct sess_rule, SESS_GENS * SESS_RULES_MAX);
 BPF_ARRAY(sessions, struct sess_session, SESS_GENS * SESS_MAX);
+BPF_ARRAY(cut_bits, struct sess_bits, SESS_GENS);  /* per generation: the rules of the sessions with a cutoff */
 BPF_PERCPU_ARRAY(rule_hits, __u64, SESS_GENS * SESS_RULES_MAX);
 BPF_PERCPU_ARRAY(sess_stats, struct sess_stats, SESS_GENS * SESS_MAX);
 BPF_PERCPU_ARRAY(stats, struct sess_if_stats, SESS_IF_SLOTS);
@@ -192,7 +196,16 @@ static __always_inline int classify(struct l4_pkt *p, int parsed, __u32 gen, __u
  * session with a matching rule, its first one decides; an accepted frame is
  * then sampled, and a session whose target an earlier one already gets it
  * gives way. */
-static __always_inline __u32 decide(struct sess_bits *x, __u32 gen)
+/* What the cutoff knows of a frame for decide(): its flow's bytes in this
+ * direction before it, 0 when it has no flow or opens or ends one (a SYN, FIN
+ * or RST always goes: cutoff.h), and its length. One compare per session in the
+ * loop: more branches there multiplied the paths the verifier walks past its limit. */
+struct cut_info {
+	__u64 before;
+	__u64 len;
+};
+
+static __always_inline __u32 decide(struct sess_bits *x, __u32 gen, struct cut_info *ci)
 {
 	__u32 take = 0, shadow = 0;
 
@@ -229,6 +242,12 @@ static __always_inline __u32 decide(struct sess_bits *x, __u32 gen)
 		}
 		if (s->sample_rate > 1 && bpf_get_prandom_u32() >= s->sample_threshold) {
 			st->sampled_out++;
+			continue;
+		}
+		/* past this session's cutoff: only what opens or ends the flow (cutoff.h) */
+		if (s->cutoff && ci->before >= s->cutoff) {
+			st->cut++;
+			st->cut_bytes += ci->len;
 			continue;
 		}
 		st->handed++;
@@ -268,8 +287,22 @@ static __always_inline int tap(struct __sk_buff *skb, __u32 dir)
 		return fp_exit(&st->exits, V_PASS, R_UNMATCHED, VERDICT_PASS);
 	if (first_bit(&x) < 0)
 		return fp_exit(&st->exits, V_PASS, R_UNMATCHED, VERDICT_PASS);
-	__u32 take = decide(&x, gen);
-	if (!take)  /* rejected, sampled out or given way: the reason is in the sessions' counters */
+	struct cut_info ci = {.len = skb->len};
+#ifdef VTAP_FLOWS
+	/* A flow counts once, for every session with a cutoff that has a rule for it
+	 * (the rules' bits of those sessions: user space's); each then cuts at its own. */
+	struct sess_bits *cut_rules = cut_bits.lookup(&gen);
+	if (cut_rules && ((x.w[0] & cut_rules->w[0]) | (x.w[1] & cut_rules->w[1]) | (x.w[2] & cut_rules->w[2]) |
+			  (x.w[3] & cut_rules->w[3]))) {
+		/* no index: the verifier loses gen's bounds where the compiler spills it */
+		__u64 cap = gen ? cfg->cut_max[1] : cfg->cut_max[0];
+		int flags = flow_step(&p, parsed, cap, cfg->flow_idle_ns, &st->cut, &ci.before);
+		if (flags < 0 || flow_end(flags))
+			ci.before = 0;
+	}
+#endif
+	__u32 take = decide(&x, gen, &ci);
+	if (!take)  /* rejected, sampled out, cut or given way: the reason is in the sessions' counters */
 		return fp_exit(&st->exits, V_PASS, R_SAMPLED_OUT, VERDICT_PASS);
 	skb->cb[0] = SESS_TAG_TAP | take;
 	skb->cb[1] = gen | dir << 1;

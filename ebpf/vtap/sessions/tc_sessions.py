@@ -21,9 +21,11 @@ process is gone). Rules and sessions change live: both generations of the
 tables (sessions.h) let a change land whole, between two frames.
 """
 
+import ctypes
 import itertools
 import os
 import threading
+from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -32,6 +34,7 @@ from ebpf.abi import defines
 from ebpf.errors import AttachError, BpfError, InputError
 from ebpf.program import BpfProgram
 from ebpf.vtap import mirror_loops
+from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX
 from ebpf.vtap.sessions import encap
 from ebpf.vtap.sessions.config import KINDS, ordered
 from ebpf.vtap.sessions.tables import field_bits, write_array, write_tries
@@ -44,6 +47,8 @@ PORT_SLOTS = SESSIONS_H["SESS_PORT_SLOTS"]
 F_OUTER_V6, F_FIT = SESSIONS_H["SESS_F_OUTER_V6"], SESSIONS_H["SESS_F_FIT"]
 FILTER_OWNER = "vtap"
 SENDER_PREFIX = "vtaps"
+CUT_SESSION_COUNTERS = ("cut", "cut_bytes")  # a session's, beside the table's (CUT_TABLE)
+CUT_TABLE = ("flows_new", "flows_ended", "flows_restarted", "uncut_fragment", "uncut_no_ports", "uncut_malformed")
 SESSION_COUNTERS = (
     "accepted",
     "rejected",
@@ -56,6 +61,7 @@ SESSION_COUNTERS = (
     "truncated",
     "oversize",
     "failed",
+    *CUT_SESSION_COUNTERS,
 )
 COUNTERS = ("seen", "mirrored", "unmatched", "not_ip", "malformed", "not_taken", "own_copies", "pass", "mirror")
 _serial = itertools.count(1)
@@ -82,10 +88,25 @@ class SessionMirror(BpfProgram):
     VERDICTS = ("pass", "mirror")
     REASONS = ("not_ip", "malformed", "unmatched", "sampled_out", "mirrored")
 
-    def __init__(self, sessions, netns=None, source=None, cflags=()):
-        super().__init__(list(cflags), source)
+    INLINE = ("../cutoff.h",)  # the vTAP's per-flow cutoff, beside it (its map calls are BCC's)
+
+    def __init__(self, sessions, netns=None, source=None, cflags=(), flows=None, flow_timeout=FLOW_TIMEOUT_DEFAULT):
+        sessions = ordered(sessions)
+        # the flow table: made when a session has a cutoff, or room asked for (flows=) so
+        # that a later set_sessions() may give one a cutoff; a tap without one pays nothing
+        if flows is None and any(s.cutoff for s in sessions):
+            flows = FLOWS_DEFAULT
+        if flows is not None and (isinstance(flows, bool) or not isinstance(flows, int) or not 1 <= flows <= FLOWS_MAX):
+            raise InputError(f"flows must be a number of flows from 1 to {FLOWS_MAX}, not {flows!r}")
+        if isinstance(flow_timeout, bool) or not isinstance(flow_timeout, int | float) or not flow_timeout > 0:
+            raise InputError(f"flow_timeout must be a positive number of seconds, not {flow_timeout!r}")
+        self.flows, self.flow_timeout = flows, float(flow_timeout)
+        vtap_dir = f"-I{Path(__file__).resolve().parents[1]}"  # vtap.h (struct cut_counts), cutoff.h
+        table = [f"-DVTAP_FLOWS={flows}"] if flows else []
+        super().__init__([vtap_dir, *table, *cflags], source)
         self.netns = netns
-        self._sessions = ordered(sessions)
+        self._sessions = sessions
+        self._cut = [0, 0]  # per generation: the largest cutoff of its sessions
         self._gen = 0
         self._bases = {}  # (session number, counter) -> folded counts of retired generations
         self._rule_bases = {}  # (session number, rule position) -> folded hits
@@ -133,6 +154,9 @@ class SessionMirror(BpfProgram):
         v = t.Leaf()
         v.gen = self._gen
         v.sender_ifindex = self._sender[1] if self._sender else 0
+        for gen, most in enumerate(self._cut):
+            v.cut_max[gen] = most
+        v.flow_idle_ns = int(self.flow_timeout * 1e9)
         t[t.Key(0)] = v
 
     def _write_generation(self, gen, sessions, resolved):
@@ -168,6 +192,7 @@ class SessionMirror(BpfProgram):
                 v.sample_rate = s.sample
                 v.sample_threshold = (1 << 32) // s.sample if s.sample > 1 else 0xFFFFFFFF
                 v.truncate = s.truncate
+                v.cutoff = s.cutoff
                 v.ifindex, v.mtu, v.flags = ifindex, mtu, flags
                 v.kind = KINDS[s.target.kind]
                 v.hdr_len = len(hdr)
@@ -175,6 +200,18 @@ class SessionMirror(BpfProgram):
                     v.hdr[i] = byte
             table[table.Key(gen * SESS_MAX + slot)] = v
         self._gen_sessions[gen] = list(sessions)
+        self._cut[gen] = max((s.cutoff for s in sessions), default=0)
+        if self.flows:  # the rules of the sessions with a cutoff: a frame that matches one is counted
+            bits, first = 0, 0
+            for s in sessions:
+                if s.cutoff:
+                    bits |= ((1 << len(s.rules)) - 1) << first
+                first += len(s.rules)
+            cut = t("cut_bits")
+            v = cut.Leaf()
+            for w in range(len(v.w)):
+                v.w[w] = (bits >> (64 * w)) & 0xFFFFFFFFFFFFFFFF
+            cut[cut.Key(gen)] = v
 
     def _fold(self, gen):
         """Add generation gen's counters to the bases and zero them (before reuse)."""
@@ -196,6 +233,12 @@ class SessionMirror(BpfProgram):
         generation not in use, then switched to in one write. Counters of a
         session carry on under its number."""
         sessions = ordered(sessions)
+        if not self.flows and any(s.cutoff for s in sessions):
+            cut = next(s for s in sessions if s.cutoff)
+            raise InputError(
+                f"{cut.label}: a cutoff needs the flow table, which this tap was made without "
+                "(make it with flows=, vtap --flows N, or a cutoff in the sessions it starts with)"
+            )
         resolved = self._resolve(sessions)
         if self.bpf is not None:
             with self._lock, interrupts.held():
@@ -370,9 +413,24 @@ class SessionMirror(BpfProgram):
                 "pass": c["pass"],
                 "mirror": c["mirror"],
             }
+            if self.flows:  # the flow table's (what each session cut: its own counters)
+                row.update({k: c[k] for k in CUT_TABLE})
             rows["+".join(names)] = row
-        totals = {k: sum(r[k] for r in rows.values()) for k in COUNTERS}
+        names = (*COUNTERS, *CUT_TABLE) if self.flows else COUNTERS
+        totals = {k: sum(r[k] for r in rows.values()) for k in names}
+        if self.flows:
+            now = self.flows_now()
+            totals.update(flows=now, evicted=max(0, totals["flows_new"] - totals["flows_ended"] - now))
         return totals, rows
+
+    def flows_now(self) -> int:
+        """Flows the cutoff's table holds now (0 without a table)."""
+        if not self.flows or self.bpf is None:
+            return 0
+        from ebpf.maps import count_hash  # noqa: PLC0415 -- libbpf through ctypes, only for a table
+
+        t = self.table("flows")
+        return count_hash(t.map_fd, ctypes.sizeof(t.Key), ctypes.sizeof(t.Leaf))
 
     def counters(self) -> dict:
         return self.snapshot()[0]

@@ -330,8 +330,8 @@ MUTANTS = [
     M(
         "vtap-cutoff-one-byte-late",
         "ebpf/vtap/cutoff.h",
-        "if (before >= cutoff) {",
-        "if (before > cutoff) {",
+        "if (before < cutoff)\n\t\treturn CUT_GO;",
+        "if (before <= cutoff)\n\t\treturn CUT_GO;",
         "a flow of exactly the cutoff's bytes has one more segment copied",
         CUTOFF,
     ),
@@ -346,8 +346,8 @@ MUTANTS = [
     M(
         "vtap-cutoff-ends-cut",
         "ebpf/vtap/cutoff.h",
-        "if (!(flags & (TCP_F_SYN | TCP_F_FIN | TCP_F_RST))) {",
-        "if (!(flags & (TCP_F_SYN | TCP_F_RST))) {",
+        "(flags & (TCP_F_SYN | TCP_F_FIN | TCP_F_RST));",
+        "(flags & (TCP_F_SYN | TCP_F_RST));",
         "a FIN after the cut is not copied: the sensor never sees the flow end",
         CUTOFF,
     ),
@@ -358,6 +358,14 @@ MUTANTS = [
         "now - f->last_ns > idle_ns * 1000",
         "an idle flow stays cut past its timeout",
         CUTOFF,
+    ),
+    M(
+        "sessions-cutoff-late",
+        "ebpf/vtap/sessions/tc_sessions.bpf.c",
+        "if (s->cutoff && ci->before >= s->cutoff) {",
+        "if (s->cutoff && ci->before >= s->cutoff * 2) {",
+        "a session cut past its cutoff",
+        (["tests/test_sessions.py", "-k", "cutoff"], ["tests/test_sessions.py", "tests/test_vtap_sessions.py"]),
     ),
     M(
         "watch-host-bits",

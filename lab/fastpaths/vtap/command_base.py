@@ -27,6 +27,7 @@ class TapCommand(Command):
 
     name, short = "vtap", "vtap"
     metrics_rows = {"ifaces": "interface"}
+    metrics_gauges = frozenset({"flows"})  # the cutoff's table now: it goes up and down
 
 
 def check_watch_options(args):

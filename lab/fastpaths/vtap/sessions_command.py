@@ -15,6 +15,7 @@ import os
 
 from ebpf import netdev
 from ebpf.errors import BpfError, InputError
+from ebpf.vtap.cutoff import FLOWS_MAX
 from ebpf.vtap.sessions.config import parse_sessions
 from ebpf.vtap.sessions.tc_sessions import SESSION_COUNTERS, SessionMirror, sender_pid
 from lab.console import SIGNALS, CounterTable, UsageError, warn
@@ -88,6 +89,7 @@ def describe(sessions):
             f"{s.label} -> {s.target}, {len(s.rules)} rule{'s' if len(s.rules) != 1 else ''}"
             + (f", truncate {s.truncate}" if s.truncate else "")
             + (f", sample 1/{s.sample}" if s.sample > 1 else "")
+            + (f", cutoff {s.cutoff}" if s.cutoff else "")
             for s in sessions
         )
         or "no sessions"
@@ -95,8 +97,9 @@ def describe(sessions):
 
 
 class Printer(CounterTable):
-    def __init__(self, as_json):
-        super().__init__(as_json, RATES, TOTALS, HEADS, key="SESSION", rows_name="sessions")
+    def __init__(self, as_json, cutoff=False):
+        totals = (*TOTALS, "cut") if cutoff else TOTALS
+        super().__init__(as_json, RATES, totals, HEADS, key="SESSION", rows_name="sessions")
         self.extra = {}
 
     def header(self, tap, ifaces, direction, path):
@@ -113,6 +116,7 @@ class Printer(CounterTable):
                     rules=len(s.rules),
                     truncate=s.truncate,
                     sample=s.sample,
+                    cutoff=s.cutoff,
                 )
                 for s in tap.sessions
             ],
@@ -129,7 +133,9 @@ class Printer(CounterTable):
         the rules' go beside them in --json and --metrics (self.extra)."""
         rows = tap.session_counters()
         totals = {k: sum(r[k] for r in rows.values()) for k in SESSION_COUNTERS}
-        per_iface = tap.snapshot()[1]
+        taps, per_iface = tap.snapshot()
+        if tap.flows:  # the cutoff's table, one for every session
+            totals.update({k: taps[k] for k in ("flows", "evicted")})
         rules = {f"{label}\x1f{n}": {"matches": hits} for (label, n, _), hits in tap.rule_counters().items()}
         self.extra = {"ifaces": per_iface, "rules": rules}
         return totals, rows
@@ -166,6 +172,15 @@ class SessionsCommand(TapCommand):
             )
         if args.hook != "tc":
             raise UsageError("--sessions runs at the TC hook (--hook tc)")
+        if args.cutoff is not None:
+            raise UsageError(
+                '--cutoff cannot go with --sessions: give the sessions to cut a cutoff in the file (cutoff = "1MiB"); '
+                "--flows N keeps a table for cutoffs the file may gain later"
+            )
+        if args.flows is not None and not 1 <= args.flows <= FLOWS_MAX:
+            raise UsageError(f"--flows must be from 1 to {FLOWS_MAX}, not {args.flows}")
+        if args.flow_timeout is not None and not args.flow_timeout > 0:
+            raise UsageError(f"--flow-timeout must be a positive number of seconds, not {args.flow_timeout:g}")
         self.source = SessionsFile(args.sessions)
         self.sessions, self.source.digest = self.source.read()
 
@@ -186,7 +201,10 @@ class SessionsCommand(TapCommand):
 
     def build(self):
         args = self.args
-        self.tap = tap = SessionMirror(self.sessions, source=args.program)
+        kw = {"flows": args.flows} if args.flows is not None else {}
+        if args.flow_timeout is not None:
+            kw["flow_timeout"] = args.flow_timeout
+        self.tap = tap = SessionMirror(self.sessions, source=args.program, **kw)
         tap.warn = warn
         if args.iface:
             self.ifaces = args.iface
@@ -206,7 +224,7 @@ class SessionsCommand(TapCommand):
         self.tap.attach_many(self.ifaces, self.args.direction)
 
     def table(self):
-        self.live = Printer(self.args.json)
+        self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):

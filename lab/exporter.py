@@ -78,6 +78,18 @@ HELP = {
     "uncut_fragment": "IP fragments copied without a flow",
     "uncut_no_ports": "IP packets without ports copied without a flow",
     "uncut_malformed": "frames with a TCP/UDP header cut short copied without a flow",
+    # alerts that steer the watch-list (ebpf/vtap/steer.py)
+    "alerts": "alerts read from the IDS's EVE file",
+    "alert_hosts": "hosts on the watch-list by alerts now",
+    "alert_added": "hosts alerts put on the watch-list",
+    "alert_renewed": "alerts that renewed a host's hold",
+    "alert_expired": "hosts whose hold ended",
+    "alert_capped": "hosts not held: the cap was reached",
+    "alert_no_room": "hosts not held: no room on the watch-list",
+    "alert_malformed": "lines of the EVE file that were not JSON objects",
+    "alert_first_copies": "held hosts whose first copy came",
+    "alert_first_copy_median_s": "median seconds from an alert's line to its host's first copy",
+    "alert_first_copy_max_s": "most seconds from an alert's line to its host's first copy",
 }
 PREFIXED_HELP = {
     "dropped_": "frames dropped because: ",

@@ -136,6 +136,32 @@ def test_the_session_dimension_counts_every_copy_where_it_goes(tmp_path):
     assert bad.returncode == 1 and "unknown target 'gre'" in bad.stderr
 
 
+def test_the_cutoff_dimension_times_the_tap_and_cuts_exactly(tmp_path):
+    """--cutoff 0,1K on the vTAP: each run's own program time read (the kernel's
+    statistics), one run per packet; off, every frame copied; at 1 KiB, each of the 4
+    UDP flows' first ceil(1024 / 18) frames (18 bytes of payload in a 64-byte frame)
+    copied and the rest cut, exactly, at a modest rate."""
+    df, _ = vt.run(
+        [1],
+        [64],
+        ["ebpf"],
+        trials=1,
+        duration=0.5,
+        out=tmp_path,
+        progress=False,
+        rate_pps=20_000,
+        sessions={"rules": [1], "targets": ["local"], "truncate": [0], "cutoffs": [0, 1024]},
+    )
+    assert sorted(df["cutoff"]) == [0, 1024] and set(df["mirror"]) == {"ebpf"}
+    for _, r in df.iterrows():
+        assert r["tap_runs"] == r["receiver_packets"] == r["sent_packets"] - r["sender_dropped"]
+        assert 0 < r["tap_ns_per_run"] < 100_000
+        copied = 4 * -(-1024 // 18) if r["cutoff"] else r["receiver_packets"]
+        assert r["monitor_packets"] == r["vtap_cloned"] == copied
+        assert r["vtap_cut"] == (r["receiver_packets"] - copied if r["cutoff"] else 0)
+    assert set(vt.with_variant(df)["variant"]) == {"ebpf", "ebpf cutoff 1024"}
+
+
 def test_bench_command_line(tmp_path):
     cmd = [
         sys.executable,

@@ -224,3 +224,19 @@ def test_a_program_whose_stack_outgrows_bpfs_says_so_in_one_line(tmp_path):
     with pytest.raises(CompileError, match=r"compiling hog.bpf.c: .*stack limit of 512 bytes") as e:
         prog.compile()
     assert "\n" not in str(e.value)
+
+
+def test_the_verifiers_reason_is_told_from_its_register_states():
+    """A reason that names a register ("R2 unbounded memory access") is the summary;
+    a register state ("R1=ctx() R10=fp0") and the closing statistics are not (the
+    summary once gave the statistics line for such a log)."""
+    from ebpf.compiler import _verifier_summary  # noqa: PLC0415 -- the one private helper tested
+
+    log = (
+        "748: (0f) r2 += r1\n"
+        "R1=scalar(smin=0) R2=map_value(map=config,ks=4,vs=40)\n"
+        "749: (79) r1 = *(u64 *)(r2 +16)\n"
+        "R2 unbounded memory access, make sure to bounds check any such access\n"
+        "processed 504 insns (limit 1000000) max_states_per_insn 0 total_states 31 peak_states 31 mark_read 0\n"
+    )
+    assert _verifier_summary(log) == "R2 unbounded memory access, make sure to bounds check any such access"

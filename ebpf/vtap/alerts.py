@@ -162,20 +162,22 @@ class Holds:
         self.until = {}  # address -> when its hold ends
         self.counters = dict.fromkeys(("added", "renewed", "expired", "capped"), 0)
 
-    def take(self, alert: Alert, now=None) -> list:
+    def take(self, alert: Alert, now=None, hold=None) -> list:
+        """hold: this alert's seconds, for its hosts (default: the Holds')."""
         now = self.clock() if now is None else now
+        hold = self.hold if hold is None else float(hold)
         hosts = [alert.src, alert.dst] if self.which == "both" else [getattr(alert, self.which)]
         added = []
         for a in hosts:
             if a is None or a in added:
                 continue
             if a in self.until:
-                self.until[a] = now + self.hold
+                self.until[a] = max(self.until[a], now + hold)
                 self.counters["renewed"] += 1
             elif len(self.until) >= self.cap:
                 self.counters["capped"] += 1
             else:
-                self.until[a] = now + self.hold
+                self.until[a] = now + hold
                 self.counters["added"] += 1
                 added.append(a)
         return added

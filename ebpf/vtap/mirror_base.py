@@ -15,12 +15,15 @@ flags (config_flags()).
 """
 
 import ctypes
+import ipaddress
+import threading
 from collections import defaultdict
 
 from ebpf.abi import defines
 from ebpf.errors import BpfError, InputError
 from ebpf.program import BpfProgram
 from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX, parse_size
+from ebpf.vtap.steer import HOLD_DEFAULT, MAX_HOSTS_DEFAULT, Steer
 from ebpf.vtap.watchlist import parse_watch_list, per_family, trie_key
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
@@ -83,7 +86,10 @@ class MirrorBase(BpfProgram):
             source,
         )
         self.match = match
-        self._watch = nets
+        self._watch = nets  # what the tries hold
+        self._given = nets  # the list given (set_watch); the held hosts go beside it
+        self._steer = None  # watch_for(), follow_alerts(): steer.py
+        self._watch_lock = threading.RLock()  # set_watch() and the alerts' thread
         self._sample = sample
         self._monitor = None
         self._monitor_ifindex = 0
@@ -143,8 +149,22 @@ class MirrorBase(BpfProgram):
         before the entries go (and off only after the new ones are in). When the
         old and the new list together do not fit the trie, the old entries leave
         first: an address covered only by a prefix that changes is unwatched for
-        that moment."""
+        that moment. The hosts held by watch_for() and alerts stay, beside it."""
         nets = parse_watch_list(cidrs) if cidrs is not None else None
+        with self._watch_lock:
+            if nets is None and self._steer is not None and self._steer.holds.until:
+                raise InputError("cannot mirror everything while hosts are held by alerts: stop_alerts() first")
+            self._given = nets
+            self._write_watch(self._effective())
+
+    def _effective(self):
+        """The list the tries hold: the one given, and the held hosts not in it."""
+        if self._given is None:
+            return None
+        held = [n for n in (self._steer.networks() if self._steer else []) if n not in set(self._given)]
+        return [*self._given, *held]
+
+    def _write_watch(self, nets):
         self._check_watch_size(per_family(nets or []))
         old = self._watch or []
         if self.bpf is not None:
@@ -181,6 +201,11 @@ class MirrorBase(BpfProgram):
         """Payload bytes per flow and direction (0: no cutoff)."""
         return self._cutoff
 
+    def clear_flows(self):
+        """Forget every flow the cutoff counted (a bench's runs each start from zero)."""
+        if self.flows and self.bpf is not None:
+            self.table("flows").clear()
+
     def flows_now(self) -> int:
         """Flows the table holds now (0 without a table)."""
         if not self.flows or self.bpf is None:
@@ -196,6 +221,72 @@ class MirrorBase(BpfProgram):
         now = self.flows_now()
         return {"flows": now, "evicted": max(0, totals["flows_new"] - totals["flows_ended"] - now)}
 
+    # --- hosts held for a while: watch_for(), alerts (steer.py) ----------------------
+    def watch_for(self, addr, seconds):
+        """Put one host on the watch-list for `seconds` (a later call renews it, to the
+        later end), beside the list given; taken off when the time is up."""
+        self._steering().hold(addr, seconds)
+
+    def follow_alerts(self, path, watch="both", hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, from_start=False):
+        """Follow a Suricata EVE JSON file as it is written (from its end; rotation and
+        truncation followed): each alert holds the hosts it names (watch: src, dst or
+        both) for `hold` seconds, renewed by later alerts, at most max_hosts at once.
+        In a thread of this process until stop_alerts() or close()."""
+        if self._given is None:
+            raise InputError("this tap mirrors everything: alerts can add nothing (give it a watch-list, even [])")
+        steer = self._steering(hold, max_hosts, watch)
+        steer.follow(path, from_start)
+
+    def stop_alerts(self):
+        """Stop following; the held hosts leave the watch-list."""
+        if self._steer is not None:
+            self._steer.stop()
+            with self._watch_lock:
+                self._steer.holds.until.clear()
+                if self.bpf is not None:
+                    self._write_watch(self._effective())
+
+    def alert_counters(self) -> dict:
+        """Alerts read, hosts held now, added, renewed, expired, capped, and the waits
+        from an alert's line to its host's first copy ({} before any steering)."""
+        return self._steer.counters_now() if self._steer else {}
+
+    def held(self) -> list:
+        """The hosts held now, as networks."""
+        return self._steer.networks() if self._steer else []
+
+    def _steering(self, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
+        if self._given is None:
+            raise InputError("this tap mirrors everything: a held host adds nothing (give it a watch-list, even [])")
+        if self._steer is None:
+            self._steer = Steer(self, hold, max_hosts, which)
+        return self._steer
+
+    # what Steer asks of the tap
+    def apply_held(self):
+        with self._watch_lock:
+            if self.bpf is not None:
+                self._write_watch(self._effective())
+
+    def has_room(self, addr) -> bool:
+        nets = self._effective() or []
+        return sum(n.version == addr.version for n in nets) < self.watch_max
+
+    def watches_alone(self, addr) -> bool:
+        """addr has an entry of its own in the list given (a held entry would be that one)."""
+        return ipaddress.ip_network(addr) in set(self._given or [])
+
+    def first_match_ns(self, addr) -> int:
+        """When a frame first matched addr's own entry (CLOCK_MONOTONIC ns), 0 if not yet."""
+        if self.bpf is None:
+            return 0
+        net = ipaddress.ip_network(addr)
+        trie = self._trie(net)
+        try:
+            return trie[trie_key(trie, net)].first_ns
+        except KeyError:
+            return 0
+
     @property
     def watch(self):
         return None if self._watch is None else [str(n) for n in self._watch]
@@ -208,10 +299,9 @@ class MirrorBase(BpfProgram):
         return self.table("watch_v4" if net.version == 4 else "watch_v6")
 
     def _insert(self, nets):
-        one = ctypes.c_uint8(1)
         for n in nets:
             trie = self._trie(n)
-            trie[trie_key(trie, n)] = one
+            trie[trie_key(trie, n)] = trie.Leaf()  # not matched yet (watch.h's hit() stamps it)
 
     def _delete(self, nets):
         for n in nets:
@@ -267,6 +357,12 @@ class MirrorBase(BpfProgram):
         if self.netns:
             d["netns"] = self.netns
         return d
+
+    def close(self):
+        """Stop following alerts first (its thread writes the tries), then as BpfProgram."""
+        if self._steer is not None:
+            self._steer.stop()
+        super().close()
 
     def counter_rows(self) -> dict:
         return self.snapshot()[1] or {"total": self.counters()}

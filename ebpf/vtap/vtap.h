@@ -76,4 +76,10 @@ struct watch_v6_key {
 	__u8 addr[16];
 };
 
+/* A watch-list entry's value: when a frame first matched it (bpf_ktime_get_ns(),
+ * CLOCK_MONOTONIC; 0: not yet). */
+struct watch_entry {
+	__u64 first_ns;
+};
+
 #endif /* VTAP_H */

@@ -26,8 +26,20 @@
 #define VTAP_WATCH_MAX 1024
 #endif
 
-BPF_LPM_TRIE(watch_v4, struct watch_v4_key, u8, VTAP_WATCH_MAX);       /* watched IPv4 CIDRs; user space */
-BPF_LPM_TRIE(watch_v6, struct watch_v6_key, u8, VTAP_WATCH_MAX);       /* watched IPv6 CIDRs; user space */
+BPF_LPM_TRIE(watch_v4, struct watch_v4_key, struct watch_entry, VTAP_WATCH_MAX); /* watched IPv4 CIDRs; user space */
+BPF_LPM_TRIE(watch_v6, struct watch_v6_key, struct watch_entry, VTAP_WATCH_MAX); /* watched IPv6 CIDRs; user space */
+
+/* A match: the entry found, stamped the first time (what an alert's host waited
+ * for: user space writes 0 and reads when its first frame came). One load per
+ * watched frame, one store per entry. */
+static __always_inline int hit(struct watch_entry *e)
+{
+	if (!e)
+		return 0;
+	if (!e->first_ns)
+		e->first_ns = bpf_ktime_get_ns();
+	return 1;
+}
 
 static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
 {
@@ -35,12 +47,12 @@ static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
 
 #if VTAP_MATCH_SRC
 	key.addr = saddr;
-	if (watch_v4.lookup(&key))
+	if (hit(watch_v4.lookup(&key)))
 		return 1;
 #endif
 #if VTAP_MATCH_DST
 	key.addr = daddr;
-	if (watch_v4.lookup(&key))
+	if (hit(watch_v4.lookup(&key)))
 		return 1;
 #endif
 	return 0;
@@ -52,12 +64,12 @@ static __always_inline int watched_v6(struct ipv6hdr *ip6)
 
 #if VTAP_MATCH_SRC
 	__builtin_memcpy(key.addr, &ip6->saddr, sizeof(key.addr));
-	if (watch_v6.lookup(&key))
+	if (hit(watch_v6.lookup(&key)))
 		return 1;
 #endif
 #if VTAP_MATCH_DST
 	__builtin_memcpy(key.addr, &ip6->daddr, sizeof(key.addr));
-	if (watch_v6.lookup(&key))
+	if (hit(watch_v6.lookup(&key)))
 		return 1;
 #endif
 	return 0;

@@ -13,6 +13,7 @@ import sys
 
 import pandas as pd
 
+from ebpf.vtap.cutoff import parse_size
 from lab import testbeds
 from lab.bench import common
 from lab.bench.xdp_cost import BpfRunStats, run_stats
@@ -48,7 +49,9 @@ COLUMNS = [
     "truncate",
     "tap_ns_per_run",
     "sender_ns_per_run",
+    "cutoff",
 ]
+CUTOFF = "ebpf"  # the mirror with a cutoff dimension: --cutoff
 SESSIONS = "ebpf-sessions"  # the mirror with a session dimension: --rules x --targets x --truncate
 
 
@@ -77,6 +80,8 @@ examples:
   python -m lab bench vtap-throughput --testbed 3 --sizes 1518 --peers ebpf-sessions \
       --targets local,vxlan,erspan --truncate 0,128
                                             # copies to the monitor or tunnelled, whole or cut at 128 B
+  python -m lab bench vtap-throughput --sizes 64,1518 --peers ebpf --cutoff 0,64K,1G
+                                            # the cutoff's cost: off, cutting, on but never reached
   python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf --trials 1 --duration 1
                                             # a smoke test: 2 runs of 1 s
 """
@@ -119,6 +124,12 @@ def add_arguments(p):
     p.add_argument(
         "--truncate", default="0", help=f"{SESSIONS}: bytes a copy keeps, 0 for whole, a list (default %(default)s)"
     )
+    p.add_argument(
+        "--cutoff",
+        default="0",
+        help=f"{CUTOFF}: the per-flow cutoff, bytes of payload per flow and direction (64K, 1MiB), a list; "
+        "0: no flow table at all (default %(default)s). The tap's own ns per packet is in tap_ns_per_run",
+    )
 
 
 def main(args):
@@ -139,6 +150,7 @@ def main(args):
         "rules": common.parse_list(args.rules, int, what="rule count"),
         "targets": common.parse_list(args.targets, str, EbpfSessionsMirror.TARGETS, "target"),
         "truncate": common.parse_list(args.truncate, int, what="truncation"),
+        "cutoffs": [parse_size(c, "--cutoff") for c in args.cutoff.split(",")],
     }
     if not all(1 <= n <= 256 for n in sessions["rules"]):
         raise ValueError("--rules: 1 to 256 rules")
@@ -205,9 +217,12 @@ def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
             r[f"vtap_{k}"] = m["mirrored"][k]
     if mirror.name == SESSIONS:
         r.update(rules=mirror.rules, target=mirror.target, truncate=mirror.truncate)
-        for prog, (ns, runs) in m.get("bpf_stats", {}).items():
-            r[f"{prog}_ns_per_run"] = ns / runs if runs else None
-            r[f"{prog}_runs"] = runs
+    if mirror.name == CUTOFF:
+        r["cutoff"] = mirror.cutoff
+        r["vtap_cut"] = m["mirrored"].get("cut", 0)
+    for prog, (ns, runs) in m.get("bpf_stats", {}).items():
+        r[f"{prog}_ns_per_run"] = ns / runs if runs else None
+        r[f"{prog}_runs"] = runs
     return r
 
 
@@ -216,6 +231,10 @@ def variants(mirrors, sessions):
     rules x target x truncation, every other mirror once."""
     out = []
     for name in mirrors:
+        if name == CUTOFF and sessions.get("cutoffs", [0]) != [0]:
+            for c in sessions["cutoffs"]:
+                out.append((f"{name} cutoff {c}" if c else name, name, {"cutoff": c} if c else {}))
+            continue
         if name != SESSIONS:
             out.append((name, name, {}))
             continue
@@ -242,7 +261,7 @@ def run(
     sessions=None,
 ):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
-    sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0]}
+    sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0], "cutoffs": [0]}
     gen_cpu, dut_cpu = cpus
     rows = []
     todo = variants(mirrors, sessions)
@@ -251,6 +270,7 @@ def run(
     for tb_no in testbed_nos:
         here = [v for v in todo if tb_no in MIRRORS[v[1]].testbeds]
         tunnels = any(kw.get("target", "local") != "local" for _, _, kw in here)
+        cutting = any("cutoff" in kw for _, _, kw in here)  # then the vTAP's runs are timed, cut or not
         # an underlay to the collector whose MTU takes whole 1518-byte copies in a tunnel
         # (3000: still within what a veth takes natively at XDP, where the sink counts them)
         tb = (
@@ -260,7 +280,8 @@ def run(
         )
         with (
             ThroughputRig(tb, gen_cpu, dut_cpu) as rig,
-            BpfRunStats() if any(n == SESSIONS for _, n, _ in here) else contextlib.nullcontext(),
+            # the programs' own time (BPF_ENABLE_STATS) where a dimension asks what a program costs
+            BpfRunStats() if any(n == SESSIONS or "cutoff" in kw for _, n, kw in here) else contextlib.nullcontext(),
         ):
             dut_ns = tb.ns(tb.tap_host)
             bridge = tb.bridge
@@ -278,7 +299,8 @@ def run(
                         gens[size] = GENERATORS[generator](tb.ns(tb.sender), tb.sender_iface, frames, cpu=gen_cpu)
                         gens[size].open()
                     peer = peers[label]
-                    fds = peer.program_fds() if hasattr(peer, "program_fds") else {}
+                    stats = label.startswith(SESSIONS) or (label.startswith(CUTOFF) and cutting)
+                    fds = peer.program_fds() if stats and hasattr(peer, "program_fds") else {}
                     before = {k: run_stats(fd) for k, fd in fds.items()}
                     m = rig.run(gens[size], peer, seconds=duration, rate_pps=rate_pps)
                     m["bpf_stats"] = {
@@ -312,6 +334,8 @@ def with_variant(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
 
     def name(r):
+        if r["mirror"] == CUTOFF and r.get("cutoff") and not pd.isna(r.get("cutoff")):
+            return f"{CUTOFF} cutoff {int(r['cutoff'])}"
         if r["mirror"] != SESSIONS or pd.isna(r.get("rules")):
             return r["mirror"]
         cut = f" cut {int(r['truncate'])}" if r.get("truncate") else ""
@@ -323,10 +347,11 @@ def with_variant(df: pd.DataFrame) -> pd.DataFrame:
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     df = with_variant(df)
+    timed = ["tap_ns_per_run"] if "tap_ns_per_run" in df and df["tap_ns_per_run"].notna().any() else []
     s = common.summarize(
         df,
         ["testbed", "size", "mirror", "variant"],
-        ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal"],
+        ["receiver_pps", "monitor_pps", "monitor_mbps", "dut_ns_per_pkt", "cpu_steal", *timed],
     )
     s["order"] = s["mirror"].map({m: i for i, m in enumerate(MIRROR_ORDER)})
     return s.sort_values(["testbed", "size", "order", "variant"]).drop(columns="order").reset_index(drop=True)
@@ -336,13 +361,17 @@ def print_summary(df, stream=sys.stdout):
     s = summary(df)
     stream.write("\nmedian [min..max] over trials; kpps; ns of DUT CPU per received packet\n")
     width = max(11, *(len(v) for v in s["variant"])) if len(s) else 11
+    timed = "tap_ns_per_run_median" in s  # the programs' own time: the sessions' and the cutoff's runs
     stream.write(
         f"{'tb':>2} {'size':>5} {'mirror':<{width}} {'receiver kpps':>22} {'monitor kpps':>22} "
-        f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}\n"
+        f"{'monitor Mbps':>13} {'DUT ns/pkt':>18}" + (f" {'tap ns/run':>18}" if timed else "") + "\n"
     )
     for _, r in s.iterrows():
+        own = ""
+        if timed:
+            own = f" {common.span(r, 'tap_ns_per_run'):>18}" if pd.notna(r["tap_ns_per_run_median"]) else f" {'-':>18}"
         stream.write(
             f"{r['testbed']:>2} {r['size']:>5} {r['variant']:<{width}} {common.span(r, 'receiver_pps', 1e3):>22} "
             f"{common.span(r, 'monitor_pps', 1e3):>22} {r['monitor_mbps_median']:>13.0f} "
-            f"{common.span(r, 'dut_ns_per_pkt'):>18}\n"
+            f"{common.span(r, 'dut_ns_per_pkt'):>18}{own}\n"
         )

@@ -36,6 +36,7 @@ XDP_MIRROR = (
 SESSIONS = (["tests/test_sessions.py"], ["tests/test_vtap_sessions.py"])
 SESSION_TABLES = (["tests/test_sessions_file.py"], ["tests/test_sessions.py"])
 CUTOFF = (["tests/test_vtap_cutoff.py"], ["tests/test_vtap_cutoff.py", "tests/test_xdp_mirror.py", "-k", "cut"])
+ALERTS = (["tests/test_eve_follower.py"], ["tests/test_vtap_alerts.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 MUTANTS = [
@@ -66,8 +67,8 @@ MUTANTS = [
     M(
         "vtap-v4-dst-skipped",
         "ebpf/vtap/watch.h",
-        "\tkey.addr = daddr;\n\tif (watch_v4.lookup(&key))",
-        "\tkey.addr = saddr;\n\tif (watch_v4.lookup(&key))",
+        "\tkey.addr = daddr;\n\tif (hit(watch_v4.lookup(&key)))",
+        "\tkey.addr = saddr;\n\tif (hit(watch_v4.lookup(&key)))",
         "--match dst never matches IPv4",
         VTAP,
     ),
@@ -366,6 +367,30 @@ MUTANTS = [
         "if (s->cutoff && ci->before >= s->cutoff * 2) {",
         "a session cut past its cutoff",
         (["tests/test_sessions.py", "-k", "cutoff"], ["tests/test_sessions.py", "tests/test_vtap_sessions.py"]),
+    ),
+    M(
+        "alerts-hold-never-ends",
+        "ebpf/vtap/alerts.py",
+        "gone = [a for a, t in self.until.items() if t <= now]",
+        "gone = [a for a, t in self.until.items() if t <= now - 3600]",
+        "a host an alert named stays watched past its hold",
+        ALERTS,
+    ),
+    M(
+        "alerts-no-renewal",
+        "ebpf/vtap/alerts.py",
+        "self.until[a] = max(self.until[a], now + hold)",
+        "self.until[a] = self.until[a]",
+        "a later alert does not renew its host's hold",
+        ALERTS,
+    ),
+    M(
+        "alerts-src-for-dst",
+        "ebpf/vtap/alerts.py",
+        "else [getattr(alert, self.which)]",
+        "else [alert.dst if self.which == 'src' else alert.src]",
+        "--alert-watch src watches the alert's destination",
+        ALERTS,
     ),
     M(
         "watch-host-bits",

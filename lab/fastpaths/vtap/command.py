@@ -28,7 +28,11 @@ from .command_base import (
     SAMPLE_MAX,
     TapCommand,
     Watcher,
+    add_alert_options,
     add_cutoff_options,
+    alert_options,
+    alerts_said,
+    alerts_summary,
     check_watch_options,
     cutoff_fields,
     cutoff_options,
@@ -55,6 +59,8 @@ examples:
   vtap --monitor mon0 --duration 10 --json     # one JSON object per interval, then exit
   vtap --monitor mon0 --cutoff 1MiB            # each flow's first MiB per direction, then only
                                                # its SYN/FIN/RST: what an IDS needs of elephants
+  vtap --monitor mon0 --alerts /var/log/suricata/eve.json --alert-hold 600
+                                               # the hosts the IDS's alerts name, 10 minutes each
   ip netns exec ns1 vtap --monitor mon0        # inside a network namespace
   vtap --hook xdp --monitor mon0 --iface eth0 --watch 198.18.2.0/24
                                                # on a router: watched frames out of their egress
@@ -84,7 +90,7 @@ class Printer(CounterTable):
         totals = (*TOTALS, "cut") if cutoff else TOTALS
         super().__init__(as_json, RATES, totals, HEADS, key="IFACE", rows_name="ifaces", out=out)
 
-    def header(self, tap, ifaces, direction):
+    def header(self, tap, ifaces, direction, alerts=None):
         msg = dict(
             monitor=tap.monitor,
             ifaces=ifaces,
@@ -94,12 +100,13 @@ class Printer(CounterTable):
             sample=tap.sample,
             clone=tap.clone,
             **cutoff_fields(tap),
+            alerts=alerts,
         )
         self.attached(
             msg,
             f"vtap: tapping {', '.join(ifaces)} ({direction}) -> {tap.monitor}; "
-            f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}; "
-            "Ctrl-C to stop",
+            f"watching {watch_said(tap)} (match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}"
+            f"{alerts_said(alerts)}; Ctrl-C to stop",
             names=ifaces,
         )  # interface names are up to 15 characters
 
@@ -253,6 +260,7 @@ class VtapCommand(TapCommand):
             "before the kernel builds an skb (the interfaces it taps are where traffic comes in)",
         )
         add_cutoff_options(p)
+        add_alert_options(p)
         add_xdp_mode(p)  # here, not by xdp_mode = True: among the options of --hook xdp
         p.add_argument(
             "--forward",
@@ -295,6 +303,7 @@ class VtapCommand(TapCommand):
             raise UsageError(f"{', '.join(xdp_only)} go(es) with --hook xdp")
         self.watch = watch_list(args)
         self.cutoff = cutoff_options(args)
+        self.alerts = alert_options(args)
 
     def cleanup(self, all_runs=False):
         """What killed vtaps left in this namespace, at either hook and of sessions: (removed, spared), as lines."""
@@ -349,13 +358,15 @@ class VtapCommand(TapCommand):
         warn_at_start(self.tap)
         self.watcher = TcWatcher(self.tap)
         self.watcher.check()
+        if self.alerts:  # after the hooks: a host an alert names is copied from then on
+            self.tap.follow_alerts(**self.alerts)
 
     def table(self):
         self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):
-        self.live.header(self.tap, self.ifaces, self.args.direction)
+        self.live.header(self.tap, self.ifaces, self.args.direction, self.alerts)
 
     def tick(self):
         self.taken = self.tap.snapshot()  # what the watcher sees is what the sample shows
@@ -364,9 +375,12 @@ class VtapCommand(TapCommand):
     def sample(self, final=False):
         taken, self.taken = self.taken, None
         totals, per_iface = self.tap.snapshot() if final or taken is None else taken
+        totals = {**totals, **self.tap.alert_counters()}  # the JSON's and the metrics' too
         self.live.sample(totals, per_iface, final=final)
         if final and self.tap.flows and not self.args.json:
             self.live.emit(f"{'':8} {cutoff_summary(totals)}")
+        if final and self.alerts and not self.args.json:
+            self.live.emit(f"{'':8} {alerts_summary(totals)}")
 
 
 COMMAND = VtapCommand()

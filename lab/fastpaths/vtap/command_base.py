@@ -12,6 +12,7 @@ Light, as command.py is (`vtap --help` loads no pyroute2).
 from ebpf.abi import defines
 from ebpf.errors import BpfError, InputError
 from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX, parse_size
+from ebpf.vtap.steer import HOLD_DEFAULT, MAX_HOSTS_DEFAULT
 from ebpf.vtap.watchlist import parse_watch_list, read_watch_file
 from lab.console import UsageError, require, warn
 from lab.lifecycle import Command
@@ -27,7 +28,8 @@ class TapCommand(Command):
 
     name, short = "vtap", "vtap"
     metrics_rows = {"ifaces": "interface"}
-    metrics_gauges = frozenset({"flows"})  # the cutoff's table now: it goes up and down
+    # what goes up and down: the cutoff's table now, the hosts alerts hold, their waits
+    metrics_gauges = frozenset({"flows", "alert_hosts", "alert_first_copy_median_s", "alert_first_copy_max_s"})
 
 
 def check_watch_options(args):
@@ -44,13 +46,80 @@ def check_watch_options(args):
 
 
 def watch_list(args):
-    """--watch and --watch-file together, or None (mirror everything)."""
+    """--watch and --watch-file together, or None (mirror everything); with --alerts
+    and no list, an empty one (nothing watched until the first alert)."""
     if not args.watch and not args.watch_file:
-        return None
+        return [] if getattr(args, "alerts", None) else None
     nets = parse_watch_list(args.watch)
     for path in args.watch_file:
         nets += read_watch_file(path)
     return nets  # parsed: TcMirror and XdpMirror take them as they are
+
+
+def add_alert_options(p):
+    """--alerts and its options: an IDS's alerts steer the watch-list (ebpf/vtap/steer.py)."""
+    p.add_argument(
+        "--alerts",
+        metavar="FILE",
+        help="follow a Suricata EVE JSON file as it is written: each alert puts the hosts it names on the "
+        "watch-list for --alert-hold seconds (renewed by later alerts); may be the only source of watched hosts",
+    )
+    p.add_argument(
+        "--alert-watch",
+        default="both",
+        choices=("src", "dst", "both"),
+        help="--alerts: which of an alert's addresses to watch (default %(default)s)",
+    )
+    p.add_argument(
+        "--alert-hold",
+        type=float,
+        metavar="SECONDS",
+        help=f"--alerts: how long a host stays watched after its latest alert (default {HOLD_DEFAULT:g})",
+    )
+    p.add_argument(
+        "--alert-max",
+        type=int,
+        metavar="N",
+        help=f"--alerts: at most N hosts held at once; alerts for more are counted (default {MAX_HOSTS_DEFAULT})",
+    )
+
+
+def alert_options(args) -> dict | None:
+    """follow_alerts()'s keywords from the options, or None without --alerts (UsageError: exit 2)."""
+    if not args.alerts:
+        given = [o for o in ("--alert-hold", "--alert-max") if getattr(args, o[2:].replace("-", "_")) is not None]
+        if args.alert_watch != "both":
+            given.append("--alert-watch")
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --alerts FILE")
+        return None
+    hold = HOLD_DEFAULT if args.alert_hold is None else args.alert_hold
+    if not hold > 0 or hold != hold or hold == float("inf"):
+        raise UsageError(f"--alert-hold must be a positive number of seconds, not {args.alert_hold:g}")
+    most = MAX_HOSTS_DEFAULT if args.alert_max is None else args.alert_max
+    if most < 1:
+        raise UsageError(f"--alert-max must be at least 1, not {most}")
+    return {"path": args.alerts, "watch": args.alert_watch, "hold": hold, "max_hosts": most}
+
+
+def alerts_said(opts) -> str:
+    if not opts:
+        return ""
+    return f"; alerts from {opts['path']} ({opts['watch']}, held {opts['hold']:g} s, at most {opts['max_hosts']})"
+
+
+def alerts_summary(c) -> str:
+    waits = (
+        f"alert to first copy: median {c['alert_first_copy_median_s']} s, max {c['alert_first_copy_max_s']} s "
+        f"over {c['alert_first_copies']} hosts"
+        if c["alert_first_copies"]
+        else "no host's first copy yet"
+    )
+    return (
+        f"alerts: {c['alerts']} read, {c['alert_hosts']} hosts held now; {c['alert_added']} added, "
+        f"{c['alert_renewed']} renewed, {c['alert_expired']} expired, {c['alert_capped']} over the cap, "
+        f"{c['alert_malformed']} malformed lines; {waits}"
+    )
 
 
 def add_cutoff_options(p):

@@ -109,14 +109,22 @@ class EbpfMirror(VtapMirror):
     colour, marker = "#0072B2", "o"  # the vTAP's two copy paths are the palette's two blues
     clone = "action"
 
-    def __init__(self, *a, watch=None, **kw):
+    def __init__(self, *a, watch=None, cutoff=0, **kw):
         super().__init__(*a, **kw)
-        self.tap = TcMirror(self.monitor_iface, watch=watch, netns=self.ns, clone=self.clone)
+        # cutoff: 0 is the vTAP without a flow table at all (what it costs when not asked for)
+        self.cutoff = cutoff
+        table = {"cutoff": cutoff} if cutoff else {}
+        self.tap = TcMirror(self.monitor_iface, watch=watch, netns=self.ns, clone=self.clone, **table)
         self._filters = []
+
+    def program_fds(self) -> dict:
+        """{tap: fd}: for the kernel's run-time statistics (the tap's own ns per packet)."""
+        return {"tap": self.tap.load_program().fd}
 
     def attach(self):
         self._filters = self.tap.attach(self.tap_iface, "ingress")
         self.tap.reset_counters()
+        self.tap.clear_flows()  # each run's flows start from zero, as a fresh tap's would
         self.attached = True
 
     def detach(self):

@@ -172,6 +172,8 @@ class SessionsCommand(TapCommand):
             )
         if args.hook != "tc":
             raise UsageError("--sessions runs at the TC hook (--hook tc)")
+        if args.alerts:
+            raise UsageError("--alerts steers a watch-list (--monitor): it does not go with --sessions")
         if args.cutoff is not None:
             raise UsageError(
                 '--cutoff cannot go with --sessions: give the sessions to cut a cutoff in the file (cutoff = "1MiB"); '

@@ -18,6 +18,9 @@ from .command_base import (
     NO_INTERFACE,
     TapCommand,
     Watcher,
+    alert_options,
+    alerts_said,
+    alerts_summary,
     check_watch_options,
     cutoff_fields,
     cutoff_options,
@@ -86,7 +89,7 @@ class Printer(CounterTable):
         totals = (*TOTALS, "cut") if cutoff else TOTALS
         super().__init__(as_json, RATES, totals, HEADS, key="IFACE", rows_name="ifaces")
 
-    def header(self, tap, ifaces, mode):
+    def header(self, tap, ifaces, mode, alerts=None):
         msg = dict(
             hook="xdp",
             xdp_mode=mode,
@@ -98,12 +101,13 @@ class Printer(CounterTable):
             sample=tap.sample,
             forward=tap.forward,
             **cutoff_fields(tap),
+            alerts=alerts,
         )
         self.attached(
             msg,
             f"vtap: tapping {', '.join(ifaces)} (XDP, {mode}) -> {tap.monitor}, sending out of "
             f"{', '.join(tap.egresses) or 'no interface yet'}; watching {watch_said(tap)} "
-            f"(match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}; Ctrl-C to stop",
+            f"(match {tap.match}), sample 1/{tap.sample}{cutoff_said(tap)}{alerts_said(alerts)}; Ctrl-C to stop",
             names=ifaces,
         )
 
@@ -173,6 +177,7 @@ class XdpCommand(TapCommand):
             )
         self.watch = watch_list(args)
         self.cutoff = cutoff_options(args)
+        self.alerts = alert_options(args)
 
     def cleanup(self, all_runs=False):
         """What killed XDP vTAPs left in this namespace: their programs, and the pass
@@ -226,21 +231,26 @@ class XdpCommand(TapCommand):
             warn(str(finding))
         self.watcher = XdpWatcher(tap)
         self.watcher.check()
+        if self.alerts:  # after the hooks: a host an alert names is copied from then on
+            tap.follow_alerts(**self.alerts)
 
     def table(self):
         self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):
-        self.live.header(self.tap, self.ifaces, self.args.xdp_mode)
+        self.live.header(self.tap, self.ifaces, self.args.xdp_mode, self.alerts)
 
     def tick(self):
         self.watcher.check()
 
     def sample(self, final=False):
         totals, rows = self.tap.snapshot()
+        totals = {**totals, **self.tap.alert_counters()}  # the JSON's and the metrics' too
         self.live.sample(totals, rows, final=final)
         if final:
             self.live.reasons(totals)
             if self.tap.flows and not self.args.json:
                 self.live.emit(f"{'':8} {cutoff_summary(totals)}")
+            if self.alerts and not self.args.json:
+                self.live.emit(f"{'':8} {alerts_summary(totals)}")

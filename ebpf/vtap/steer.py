@@ -1,0 +1,165 @@
+"""Hosts put on a vTAP's watch-list for a while: by hand (`tap.watch_for(addr, seconds)`)
+or by an IDS's alerts (`tap.follow_alerts(path)`, `vtap --alerts FILE`), each taken off
+when its hold ends, and how long each waited from its alert to its first copy.
+
+    >>> tap.follow_alerts("/var/log/suricata/eve.json", watch="both", hold=300, max_hosts=1024)  # doctest: +SKIP
+    >>> tap.alert_counters()     # alerts read, hosts held, added, renewed, expired, capped, ...
+
+Zeek's NetControl turns a finding into a rule with an expiry; CrowdSec's bouncer polls
+every 10 s into an nftables set with timeouts. Here the alerts are read as they are
+written (alerts.EveFollower, every `interval`, 0.2 s by default) in a thread of the
+tap's process, and a host's /32 (/128) entry goes into the watch-list's trie beside the
+list the tap was given, which stays as it is. The program stamps an entry the first
+time a frame matches it (watch.h's hit()): that stamp, less the time the alert's line
+was written (the file's modification time as the poll found it), is the host's wait.
+"""
+
+import ipaddress
+import statistics
+import threading
+import time
+
+from ebpf.errors import InputError
+from ebpf.vtap.alerts import Alert, EveFollower, Holds
+
+INTERVAL = 0.2  # seconds between two reads of the alerts file
+HOLD_DEFAULT = 300.0
+MAX_HOSTS_DEFAULT = 1024
+
+
+def _host(addr):
+    try:
+        a = ipaddress.ip_address(str(addr))
+    except ValueError:
+        raise InputError(f"{addr!r} is not an IP address") from None
+    return a
+
+
+class Steer:
+    """The held hosts of one tap, the alerts that put them there, and their waits.
+    apply() writes the watch-list through the tap (its lock); poll() is one round:
+    read the alerts, take them, end the holds that are over, read the first copies."""
+
+    def __init__(self, tap, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
+        try:
+            self.holds = Holds(hold, max_hosts, which)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        self.tap = tap
+        self.follower = None
+        self.waiting = {}  # host -> when its alert was written (time.time()), until its first copy
+        self.waits = []  # seconds from an alert's line written to its host's first copy
+        self.counters = dict.fromkeys(("alerts", "no_room"), 0)
+        self._said = set()  # what was said once
+        self._thread = None
+        self._stop = threading.Event()
+
+    # --- hosts --------------------------------------------------------------------
+    def hold(self, addr, seconds, written=None):
+        """Watch addr for `seconds` from now (a host held already: renewed, to the later end)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+            raise InputError(f"seconds must be a positive number, not {seconds!r}")
+        a = _host(addr)
+        if self._take(Alert(a, a, None, "watch_for", "", written or time.time()), seconds):
+            self.tap.apply_held()
+        self.start()  # the thread that ends the hold
+
+    def _take(self, alert, hold=None):
+        added = self.holds.take(alert, hold=hold)
+        room = [a for a in added if self.tap.has_room(a)]
+        for a in added:
+            if a not in room:  # its family's trie is full: not held (said once)
+                del self.holds.until[a]
+                self.holds.counters["added"] -= 1
+                self.counters["no_room"] += 1
+                self._once("room", f"no room for {a} on the watch-list (watch_max {self.tap.watch_max}): not watched")
+            elif not self.tap.watches_alone(a):
+                self.waiting[a] = alert.written
+        if self.holds.counters["capped"]:
+            self._once("cap", f"{self.holds.cap} hosts are held from alerts (the cap): alerts for more are counted")
+        return room
+
+    def _once(self, key, msg):
+        if key not in self._said:
+            self._said.add(key)
+            self.tap.warn(msg)
+
+    def networks(self):
+        return self.holds.networks()
+
+    # --- one round ------------------------------------------------------------------
+    def poll(self):
+        changed = False
+        if self.follower is not None:
+            bad = self.follower.counters["malformed"]
+            for alert in self.follower.poll():
+                self.counters["alerts"] += 1
+                changed |= bool(self._take(alert))
+            if self.follower.counters["malformed"] > bad:
+                self._once("malformed", f"{self.follower.path}: a line that is not a JSON object was skipped (counted)")
+        # renewals change nothing in the trie; an ended hold does
+        for a in self.holds.expire():
+            self.waiting.pop(a, None)
+            changed = True
+        if changed:
+            self.tap.apply_held()
+        self._first_copies()
+
+    def _first_copies(self):
+        if not self.waiting:
+            return
+        offset = time.time() - time.monotonic()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+        for a, written in list(self.waiting.items()):
+            first_ns = self.tap.first_match_ns(a)
+            if first_ns:
+                self.waits.append(max(0.0, first_ns / 1e9 + offset - written))
+                del self.waiting[a]
+
+    # --- the thread ---------------------------------------------------------------------
+    def follow(self, path, from_start=False, interval=INTERVAL):
+        if self.follower is not None:
+            raise InputError(f"already following {self.follower.path}")
+        self.follower = EveFollower(str(path), from_start=from_start)
+        self.start(interval)
+
+    def start(self, interval=INTERVAL):
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def loop():
+            while not self._stop.wait(interval):
+                try:
+                    self.poll()
+                except Exception as e:  # the tap closed under it, a map write refused: said, and on
+                    self._once(f"error {type(e).__name__}", f"following alerts: {e}")
+
+        self._thread = threading.Thread(target=loop, name="vtap-alerts", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self.follower is not None:
+            self.follower.close()
+
+    # --- what it says -----------------------------------------------------------------
+    def counters_now(self) -> dict:
+        h = self.holds.counters
+        waits = sorted(self.waits)
+        out = {
+            "alerts": self.counters["alerts"],
+            "alert_hosts": len(self.holds.until),
+            "alert_added": h["added"],
+            "alert_renewed": h["renewed"],
+            "alert_expired": h["expired"],
+            "alert_capped": h["capped"],
+            "alert_no_room": self.counters["no_room"],
+            "alert_malformed": self.follower.counters["malformed"] if self.follower else 0,
+            "alert_first_copies": len(waits),
+            "alert_first_copy_median_s": round(statistics.median(waits), 4) if waits else None,
+            "alert_first_copy_max_s": round(waits[-1], 4) if waits else None,
+        }
+        return out

@@ -1,0 +1,162 @@
+"""Alerts that steer the vTAP's watch-list (ebpf/vtap/steer.py): an EVE JSON file written
+as Suricata writes it, a tap on Testbed 1 that watches nothing until an alert names a
+host, the host copied while its hold lasts and not after, the cap, malformed lines, the
+time from the alert to the host's first copy; watch_for(); then `vtap --alerts`."""
+
+import json
+import time
+
+import pytest
+from helpers import Tool, run_flows
+
+from ebpf import InputError, TcMirror
+from lab.traffic import Flow
+
+
+def alert_line(src, dst, sid=2100498, signature="GPL ATTACK_RESPONSE id check returned root"):
+    """One EVE alert, as Suricata writes it (the fields the tap reads, and some it does not)."""
+    return json.dumps(
+        {
+            "timestamp": "2026-11-27T12:00:00.000000+0000",
+            "flow_id": 1,
+            "event_type": "alert",
+            "src_ip": src,
+            "src_port": 40000,
+            "dest_ip": dst,
+            "dest_port": 80,
+            "proto": "TCP",
+            "alert": {"action": "allowed", "gid": 1, "signature_id": sid, "rev": 7, "signature": signature},
+        }
+    )
+
+
+def write(path, *lines):
+    with open(path, "a") as f:
+        for ln in lines:
+            f.write(ln + "\n")
+
+
+def until(check, seconds=5):
+    deadline = time.monotonic() + seconds
+    while not (got := check()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return got
+
+
+def tap_on(tb, **kw):
+    tap = TcMirror(monitor=tb.monitor_iface, netns=tb.ns(tb.tap_host), watch=kw.pop("watch", []), **kw)
+    tap.attach(tb.tap_iface, "ingress")
+    return tap
+
+
+def copied(tb, src, n=50):
+    """How many of n frames from src to the receiver reached the monitor."""
+    _, rx, mon = run_flows(tb, [Flow("f", src, tb.dst4, count=n)])
+    assert rx["f"] == n
+    return mon["f"]
+
+
+def test_an_alert_watches_its_hosts_for_the_hold_then_not(tb1, tmp_path):
+    eve = tmp_path / "eve.json"
+    write(eve, alert_line(tb1.src4, tb1.dst4))  # history: before the tap follows, never news
+    with tap_on(tb1) as tap:
+        tap.follow_alerts(eve, watch="src", hold=1.5)
+        assert copied(tb1, tb1.src4) == 0
+        write(eve, json.dumps({"event_type": "flow", "src_ip": tb1.src4}), alert_line(tb1.src4, tb1.dst4))
+        assert until(lambda: tap.alert_counters()["alert_hosts"] == 1)
+        assert (
+            tap.held() == [tap.held()[0]] and str(tap.held()[0]) == f"{tb1.src4}/32" and tap.watch == [f"{tb1.src4}/32"]
+        )
+        assert copied(tb1, tb1.src4) == 50 and copied(tb1, tb1.alt_src4) == 0  # src only: not the other
+        c = until(lambda: (c := tap.alert_counters())["alert_first_copies"] and c)
+        assert 0 <= c["alert_first_copy_max_s"] < 30
+        assert until(lambda: tap.alert_counters()["alert_expired"] == 1, seconds=5)
+        assert tap.watch == [] and copied(tb1, tb1.src4) == 0
+        c = tap.alert_counters()
+    assert (c["alerts"], c["alert_added"], c["alert_hosts"], c["alert_malformed"]) == (1, 1, 0, 0)
+
+
+def test_a_later_alert_renews_the_hold_and_the_given_list_stays(tb1, tmp_path):
+    """hold 1.5 s; a second alert 1 s after the first: the host is still watched 2 s after
+    the first; a set_watch() meanwhile keeps the held host beside the new list."""
+    eve = tmp_path / "eve.json"
+    eve.touch()
+    with tap_on(tb1, watch=["198.18.9.0/24"]) as tap:
+        tap.follow_alerts(eve, hold=1.5)
+        write(eve, alert_line(tb1.src4, "2001:2:0:1::99"))
+        t0 = time.monotonic()
+        assert until(lambda: tap.alert_counters()["alert_hosts"] == 2)
+        time.sleep(max(0, 1.0 - (time.monotonic() - t0)))
+        write(eve, alert_line(tb1.src4, "2001:2:0:1::99"))
+        assert until(lambda: tap.alert_counters()["alert_renewed"] == 2)
+        tap.set_watch(["198.18.8.0/24"])
+        time.sleep(max(0, 2.0 - (time.monotonic() - t0)))
+        assert tap.alert_counters()["alert_expired"] == 0
+        assert set(tap.watch) == {"198.18.8.0/24", f"{tb1.src4}/32", "2001:2:0:1::99/128"}
+        assert copied(tb1, tb1.src4) == 50
+        tap.stop_alerts()
+        assert tap.watch == ["198.18.8.0/24"]
+
+
+def test_the_cap_and_malformed_lines_are_counted_and_said_once(tb1, tmp_path, capfd):
+    eve = tmp_path / "eve.json"
+    eve.touch()
+    with tap_on(tb1) as tap:
+        tap.follow_alerts(eve, max_hosts=2)
+        write(eve, "not json", alert_line("198.18.1.50", "198.18.1.51"), "[1, 2]", alert_line("198.18.1.52", tb1.dst4))
+        assert until(lambda: tap.alert_counters()["alerts"] == 2)
+        write(eve, '{"event_type": "alert", "src_ip": "x"', alert_line("198.18.1.53", "198.18.1.50"))
+        assert until(lambda: tap.alert_counters()["alerts"] == 3)
+        c = tap.alert_counters()
+    assert (c["alert_hosts"], c["alert_added"], c["alert_capped"], c["alert_renewed"]) == (2, 2, 3, 1)
+    assert c["alert_malformed"] == 3
+    err = capfd.readouterr().err
+    assert err.count("a line that is not a JSON object was skipped") == 1
+    assert err.count("2 hosts are held from alerts (the cap)") == 1
+
+
+def test_watch_for_in_a_notebook_cell(tb1):
+    """The API as a cell types it: one host for a second, then not."""
+    with tap_on(tb1) as tap:
+        tap.watch_for(tb1.src4, 1.0)
+        assert copied(tb1, tb1.src4) == 50
+        assert until(lambda: tap.watch == [], seconds=5)
+        assert copied(tb1, tb1.src4) == 0
+        for bad, says in ((("nowhere", 1), "not an IP address"), ((tb1.src4, 0), "seconds must be a positive")):
+            with pytest.raises(InputError, match=says):
+                tap.watch_for(*bad)
+    with TcMirror(monitor="lo") as everything:
+        with pytest.raises(InputError, match="mirrors everything"):
+            everything.watch_for("198.18.1.1", 5)
+
+
+def test_vtap_alerts_on_the_command_line(tb1, tmp_path):
+    """`vtap --alerts FILE` as the only source of watched hosts: nothing copied until the
+    alert, the alert's source copied after it, the counters in the JSON lines."""
+    eve = tmp_path / "eve.json"
+    eve.touch()
+    tool = Tool(
+        tb1.ns(tb1.tap_host),
+        "vtap",
+        "--monitor",
+        tb1.monitor_iface,
+        "--iface",
+        tb1.tap_iface,
+        "--alerts",
+        str(eve),
+        "--alert-watch",
+        "src",
+        "--alert-hold",
+        "60",
+        interval=0.3,
+    )
+    try:
+        assert copied(tb1, tb1.src4) == 0
+        write(eve, alert_line(tb1.src4, tb1.dst4))
+        tool.out.wait_for('"alert_hosts": 1', timeout=10)
+        assert copied(tb1, tb1.src4) == 50
+        final, _ = tool.stop()
+    finally:
+        tool.kill()
+    assert final["alerts"] == 1 and final["alert_added"] == 1 and final["cloned"] == 50
+    assert final["alert_first_copies"] == 1 and final["alert_first_copy_median_s"] < 30

@@ -1,0 +1,152 @@
+"""Elephants: long TCP transfers whose signatures lie at known depths, for the IDS
+experiment with a per-flow cutoff (`bench ids --cutoff`).
+
+Most of what an IDS spends goes on the bulk of long flows whose first bytes already
+told it everything; a cutoff at the tap keeps those first bytes and drops the rest.
+What it costs in detection depends on where in a flow a signature lies: each elephant
+here carries markers at fixed offsets of its client's stream (MARKS: 32 KiB and 512 KiB
+in), each raising its own signature (lab/rules/vtap-lab.rules, sids 9100040 and
+9100041) once. A cutoff of c bytes keeps every marker whose offset plus its length is
+under c (truth_within()); the others the monitor's IDS cannot see. Suricata's own
+stream.reassembly.depth (1 MiB, lab/daemons/suricata.py) bounds what the receiver's
+sees too, so no marker lies past it.
+
+    >>> frames, truth = elephants(flows=2, size=4 << 20, seed=1)     # doctest: +SKIP
+
+Frames are built from bytes, not scapy (a 16 MB flow is 17,000 frames): IPv4 without
+options, TCP without options, MSS-sized segments of filler, the server's ACK after
+every second segment and the last, FIN from both sides; every checksum whole.
+"""
+
+import random
+import struct
+from collections import Counter
+
+from .attacks import DST_MAC, MSS, SRC_MAC
+
+MARKS = {32 << 10: 9100040, 512 << 10: 9100041}  # offset in the client's stream -> sid
+MARK_TEXT = {off: f"VTL-BULK-MARK-{off >> 10}K".encode() for off in MARKS}
+PORT = 5001  # the elephants' server port (the rules name it)
+FILLER = bytes(range(32, 127)) * (MSS // 95 + 1)  # printable, no marker in it
+
+
+def _sum16(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    return sum(struct.unpack(f"!{len(data) // 2}H", data))
+
+
+def _fold(s: int) -> int:
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return s
+
+
+class _Flow:
+    def __init__(self, client, server, sport, rng):
+        self.c, self.s = bytes(map(int, client.split("."))), bytes(map(int, server.split(".")))
+        self.sport, self.rng = sport, rng
+        self.cseq, self.sseq = rng.randrange(1 << 32), rng.randrange(1 << 32)
+        self.ipid = rng.randrange(1 << 16)
+
+    def frame(self, from_client, flags, payload=b""):
+        src, dst = (self.c, self.s) if from_client else (self.s, self.c)
+        sport, dport = (self.sport, PORT) if from_client else (PORT, self.sport)
+        seq, ack = (self.cseq, self.sseq) if from_client else (self.sseq, self.cseq)
+        tcp = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, 5 << 4, flags, 502 if from_client else 509, 0, 0)
+        pseudo = src + dst + struct.pack("!BBH", 0, 6, len(tcp) + len(payload))
+        csum = 0xFFFF - _fold(_sum16(pseudo) + _sum16(tcp) + _sum16(payload))
+        tcp = tcp[:16] + struct.pack("!H", csum) + tcp[18:]
+        self.ipid = (self.ipid + 1) & 0xFFFF
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp) + len(payload), self.ipid, 0x4000, 64, 6, 0, src, dst)
+        ip = ip[:10] + struct.pack("!H", 0xFFFF - _fold(_sum16(ip))) + ip[12:]
+        eth = bytes.fromhex(SRC_MAC.replace(":", "")) + bytes.fromhex(DST_MAC.replace(":", "")) + b"\x08\x00"
+        if from_client:
+            self.cseq = (self.cseq + len(payload) + (1 if flags & 0x03 else 0)) & 0xFFFFFFFF
+        else:
+            self.sseq = (self.sseq + len(payload) + (1 if flags & 0x03 else 0)) & 0xFFFFFFFF
+        return eth + ip + tcp + payload
+
+
+SYN, ACK, PSH, FIN = 0x02, 0x10, 0x08, 0x01
+
+
+def _segments(size):
+    """The client's stream of `size` bytes in MSS segments, markers at their offsets."""
+    stream = bytearray()
+    while len(stream) < size:
+        stream += FILLER
+    del stream[size:]
+    for off, text in MARK_TEXT.items():
+        if off + len(text) <= size:
+            stream[off : off + len(text)] = text
+    return [bytes(stream[i : i + MSS]) for i in range(0, size, MSS)]
+
+
+def one(client, server, sport, size, rng):
+    """One elephant's frames, in order."""
+    f = _Flow(client, server, sport, rng)
+    yield f.frame(True, SYN)
+    yield f.frame(False, SYN | ACK)
+    yield f.frame(True, ACK)
+    segs = _segments(size)
+    for i, seg in enumerate(segs):
+        last = i == len(segs) - 1
+        yield f.frame(True, ACK | (PSH if last else 0), seg)
+        if last or i % 2 == 1:
+            yield f.frame(False, ACK)
+    yield f.frame(True, FIN | ACK)
+    yield f.frame(False, FIN | ACK)
+    yield f.frame(True, ACK)
+
+
+def truth(flows, size) -> Counter:
+    """What the elephants raise with nothing cut: each marker that fits, once a flow."""
+    return Counter({sid: flows for off, sid in MARKS.items() if off + len(MARK_TEXT[off]) <= size})
+
+
+def truth_within(flows, size, cutoff) -> Counter:
+    """What a monitor behind a cutoff of `cutoff` payload bytes must still raise (0: no
+    cutoff). The segment that crosses the line is copied whole, so a marker counts as
+    within when it starts before the cut's segment ends; here, conservatively, when it
+    ends before the cutoff."""
+    if not cutoff:
+        return truth(flows, size)
+    return Counter({sid: n for sid, n in truth(flows, size).items() if _offset(sid) + _len(sid) <= cutoff})
+
+
+def _offset(sid):
+    return next(off for off, s in MARKS.items() if s == sid)
+
+
+def _len(sid):
+    return len(MARK_TEXT[_offset(sid)])
+
+
+def elephants(flows=4, size=16 << 20, seed=1, home="198.18.1.{}", outside="198.19.200.{}"):
+    """(frames, truth): `flows` transfers of `size` bytes each, interleaved segment by
+    segment (as concurrent transfers would be), from outside hosts to home ones."""
+    rng = random.Random(seed)
+    gens = [one(outside.format(10 + i), home.format(100 + i), 50000 + i, size, rng) for i in range(flows)]
+    frames = []
+    while gens:
+        for g in list(gens):
+            try:
+                frames.append(next(g))
+            except StopIteration:
+                gens.remove(g)
+    return frames, truth(flows, size)
+
+
+def mix(a, b):
+    """Two frame lists interleaved in proportion (the elephants spread over the mix)."""
+    if not a or not b:
+        return list(a) + list(b)
+    out, j = [], 0
+    for i, f in enumerate(a, 1):
+        out.append(f)
+        while j < len(b) and j * len(a) < i * len(b):
+            out.append(b[j])
+            j += 1
+    out.extend(b[j:])
+    return out

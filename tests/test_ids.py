@@ -219,6 +219,37 @@ def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
     assert set(re.findall(r"trial (\d+)", r.stderr)) == {"0"}, r.stderr
 
 
+def test_a_cutoff_keeps_from_the_monitor_exactly_the_signatures_beyond_it(tmp_path):
+    """Elephants (2 of 1 MiB, markers 32 KiB and 512 KiB in) mixed into the attack mix at a
+    modest rate, without a cutoff and with 64 KiB: the receiver raises every alert both
+    times; the monitor raises every alert without, and behind 64 KiB every alert but the
+    512 KiB markers', exactly (the monitor's truth says so, signature by signature); the
+    cut run sends the monitor fewer bytes, and the tap's own time per packet is read."""
+    r = lab_cmd(
+        "bench", "ids", "--rates", "4", "--trials", "1", "--cpu-quota", "none", "--loop", "1", "--seed", "2",
+        "--cutoff", "0,64K", "--elephants", "2x1M", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    df, sigs = read_bench(tmp_path)
+    truth = attacks.generate(seed=2, repetitions=1).truth + elephants.truth(2, 1 << 20)
+    beyond = {9100041: 2}
+    assert sorted(df["cutoff"]) == [0, 65536]
+    for _, row in df.iterrows():
+        cut = row["cutoff"] > 0
+        assert row["receiver_alerts"] == row["expected_alerts"] == sum(truth.values()) and row["receiver_correct"]
+        assert row["monitor_expected_alerts"] == sum(truth.values()) - (2 if cut else 0)
+        assert row["monitor_alerts"] == row["monitor_expected_alerts"] and row["monitor_correct"]
+        assert row["monitor_drops"] == row["receiver_drops"] == 0 and row["tap_ns_per_run"] > 0
+        assert (row["cut"] > 0) == cut
+    uncut, cut = (df[df["cutoff"] == c].iloc[0] for c in (0, 65536))
+    assert cut["monitor_mbps"] < uncut["monitor_mbps"] / 2
+    mon = sigs[(sigs["ids"] == "monitor") & (sigs["cutoff"] == 65536)].set_index("sid")
+    assert mon.loc[9100041, "beyond_cutoff"] and mon.loc[9100041, "alerts"] == 0 == mon.loc[9100041, "expected"]
+    assert not mon.loc[9100040, "beyond_cutoff"] and mon.loc[9100040, "alerts"] == 2
+    assert set(mon.index[mon["beyond_cutoff"]]) == set(beyond)
+    assert "64K" in r.stdout and "expected: the receiver's / the monitor's" in r.stdout
+
+
 def test_a_remote_collector_behind_vxlan_raises_exactly_the_truth(tmp_path):
     """--at remote: the monitor's Suricata on a collector two hops away, the
     copies in VXLAN from vTAP sessions: it reads every copy (as the outer
@@ -361,6 +392,10 @@ def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
         (["--loop", "3000", "--rates", "1,10"], r"one replay at 1 Mbps would take \d+ s, more than a load run may"),
         (["--cpus", "0,7"], r"--cpus 0,7: this machine has CPUs 0\.\.\d"),
         (["--at", "moon"], r"unknown --at place 'moon' \(choose from local, remote\)"),
+        (["--cutoff", "0,lots"], r"--cutoff must be bytes \(65536, 64K, 1MiB\), not 'lots'"),
+        (["--elephants", "4"], r"--elephants must be N x SIZE, N from 1 to 64 \(4x16M\), not '4'"),
+        (["--elephants", "2x1K"], r"--elephants: each transfer from 64K to 256M, not 1K"),
+        (["--elephants", "2x1M", "--pcap", "/etc/hostname"], r"--elephants goes with the project's traffic"),
     ],
 )
 def test_bench_bad_input_is_one_line(args, message, tmp_path):

@@ -393,6 +393,14 @@ MUTANTS = [
         ALERTS,
     ),
     M(
+        "ids-monitor-truth-ignores-the-cutoff",
+        "lab/fastpaths/vtap/ids_bench.py",
+        "if self.truth is None or not cutoff or not self.elephants[0]:",
+        "if True:",
+        "the monitor behind a cutoff judged against signatures it cannot see",
+        ([], ["tests/test_ids.py", "-k", "cutoff_keeps"]),
+    ),
+    M(
         "watch-host-bits",
         "ebpf/vtap/watchlist.py",
         "net = ipaddress.ip_network(text.strip(), strict=True)",

@@ -42,13 +42,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from ebpf.errors import InputError
+from ebpf.vtap.cutoff import parse_size
 from ebpf.vtap.sessions.config import Rule, Session
 from ebpf.vtap.sessions.tc_sessions import SessionMirror
 from lab import testbeds
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
+from lab.bench.xdp_cost import BpfRunStats, run_stats
 from lab.daemons import suricata
 from lab.metrics import steer_receive, write_results
-from lab.traffic import attacks
+from lab.traffic import attacks, elephants
 from lab.traffic.replay import Tcpreplay, check_pcap
 from lab.traffic.report import MAX_LOAD_SECONDS
 
@@ -67,6 +70,9 @@ examples:
                                                            # the monitor's IDS local, or remote behind VXLAN
   python -m lab bench ids --pcap my.pcap --rules my.rules --home-net 10.0.0.0/8 --watch 10.0.0.5/32
                                                            # your traffic and signatures, unchanged
+  python -m lab bench ids --elephants 4x16M --cutoff 0,64K,1M --rates 10,30,60,100 --cpu-quota 5
+                                                           # long transfers, and the monitor's tap
+                                                           # cutting each flow after its first bytes
 """
 RATES = [10, 15, 20, 25, 30]
 DEFAULT_QUOTAS = "5,none"
@@ -79,6 +85,7 @@ COLUMNS = [
     "trial",
     "cpu_quota_pct",
     "monitor_at",
+    "cutoff",
     "achieved_mbps",
     "achieved_kpps",
     "packets_sent",
@@ -104,7 +111,20 @@ COLUMNS = [
     "monitor_cpu",
     "packets_failed",
 ]
-SIG_COLUMNS = ["rate_mbps", "trial", "cpu_quota_pct", "monitor_at", "ids", "sid", "alerts", "expected", "msg", "rate"]
+SIG_COLUMNS = [
+    "rate_mbps",
+    "trial",
+    "cpu_quota_pct",
+    "monitor_at",
+    "cutoff",
+    "beyond_cutoff",
+    "ids",
+    "sid",
+    "alerts",
+    "expected",
+    "msg",
+    "rate",
+]
 
 
 def add_arguments(p):
@@ -145,6 +165,20 @@ def add_arguments(p):
         help=f"Suricata's $HOME_NET (default {attacks.HOME_NET} for the project's traffic, any for --pcap)",
     )
     p.add_argument("--watch", metavar="CIDR[,CIDR]", help="the vTAP's watch-list (default: mirror every frame)")
+    p.add_argument(
+        "--cutoff",
+        default="0",
+        metavar="BYTES[,BYTES...]",
+        help="the monitor's vTAP cuts each flow after BYTES of payload per direction (64K, 1M), a list "
+        "that interleaves with the rates; 0: no cutoff (default %(default)s)",
+    )
+    p.add_argument(
+        "--elephants",
+        default="0",
+        metavar="NxSIZE",
+        help="mix N long TCP transfers of SIZE bytes into the project's traffic (4x16M), each with "
+        "signatures 32 KiB and 512 KiB in (lab.traffic.elephants); 0: none (default %(default)s)",
+    )
     p.add_argument(
         "--at",
         default="local",
@@ -201,6 +235,34 @@ def parse_nets(text, what):
     return ",".join(nets)
 
 
+def parse_cutoffs(text):
+    def conv(x):
+        try:
+            return parse_size(x, "--cutoff")
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
+    return list(dict.fromkeys(parse_list(text, conv, what="cutoff")))
+
+
+def parse_elephants(text):
+    """(flows, bytes each) from "4x16M"; (0, 0) for "0"."""
+    if str(text).strip() in ("0", ""):
+        return 0, 0
+    text = str(text).strip()
+    at = text.lower().find("x")
+    n, sep, size = (text[:at], "x", text[at + 1 :]) if at >= 0 else (text, "", "")
+    if not sep or not n.isdigit() or not 1 <= int(n) <= 64:
+        raise ValueError(f"--elephants must be N x SIZE, N from 1 to 64 (4x16M), not {text!r}")
+    try:
+        nbytes = parse_size(size, "--elephants size")
+    except InputError as e:
+        raise ValueError(str(e)) from None
+    if not 64 << 10 <= nbytes <= 256 << 20:
+        raise ValueError(f"--elephants: each transfer from 64K to 256M, not {size}")
+    return int(n), nbytes
+
+
 # --- the traffic --------------------------------------------------------------------
 
 
@@ -209,6 +271,9 @@ class Workload:
     (pcap written to the bench's temporary directory), or a user's pcap."""
 
     def __init__(self, args, rates, tmpdir):
+        self.elephants = parse_elephants(getattr(args, "elephants", "0"))
+        if self.elephants[0] and args.pcap is not None:
+            raise ValueError("--elephants goes with the project's traffic, not --pcap")
         self.rules = Path(args.rules) if args.rules else attacks.RULES
         if not self.rules.is_file():
             raise ValueError(f"rules file {args.rules} not found")
@@ -263,6 +328,12 @@ class Workload:
             self._check_lengths(rates, estimate)
             say(f"lab bench ids: generating {self.repetitions} repetitions of the attack mix (seed {self.seed})")
             frames, self.truth = attacks.stream(seed=self.seed, repetitions=self.repetitions)
+            n, size = self.elephants
+            if n:  # spread over the mix, as concurrent transfers would be
+                say(f"lab bench ids: and {n} elephants of {size} bytes")
+                big, big_truth = elephants.elephants(n, size, seed=self.seed)
+                frames = elephants.mix(list(frames), big)
+                self.truth = self.truth + big_truth
             self.frames, self.bytes = attacks.write_pcap(self.pcap, frames)
             self.longest = 1514
         else:
@@ -282,6 +353,16 @@ class Workload:
             say(f"lab bench ids: reading {self.pcap} offline with Suricata for the expected alerts")
             self.truth = suricata.offline(self.pcap, self.rules, self.home_net).alerts
         return self
+
+    def truth_at(self, cutoff):
+        """What the monitor must raise behind a cutoff: the mix's alerts (its sessions are
+        short: every one lies within any cutoff the bench takes) and the elephants' markers
+        that lie within it."""
+        if self.truth is None or not cutoff or not self.elephants[0]:
+            return self.truth
+        n, size = self.elephants
+        beyond = elephants.truth(n, size) - elephants.truth_within(n, size, cutoff)
+        return self.truth - beyond
 
     @property
     def truth_source(self):
@@ -324,6 +405,8 @@ def main(args):
     rates = parse_rates(args.rates)
     quotas = parse_quotas(args.cpu_quota)
     parse_list(args.at, str, AT, "--at place")
+    parse_cutoffs(args.cutoff)
+    parse_elephants(args.elephants)
     _, cpus = checked_options(args, cpus="sender+monitor,receiver")
     df, _, path = measure(args, rates, quotas, args.trials, cpus, args.out)
     print_summary(df)
@@ -337,7 +420,8 @@ def measure(args, rates, quotas, trials, cpus=(0, 1), out=None, progress=True):
     with tempfile.TemporaryDirectory(prefix="vtl-ids-") as tmp:
         work = Workload(args, rates, tmp).prepare(rates, say=lambda m: print(m, file=sys.stderr))
         at = tuple(parse_list(getattr(args, "at", "local"), str, AT, "--at place"))
-        return run(work, rates, quotas, trials, cpus, out, progress, at=at)
+        cutoffs = tuple(parse_cutoffs(getattr(args, "cutoff", "0")))
+        return run(work, rates, quotas, trials, cpus, out, progress, at=at, cutoffs=cutoffs)
 
 
 def options(**kw):
@@ -363,7 +447,7 @@ class RemoteTap:
     """vTAP sessions taking what the watch-list would (everything without one),
     to the collector in VXLAN: attached for the remote runs only."""
 
-    def __init__(self, tb, watch):
+    def __init__(self, tb, watch, cutoff=0):
         rules = (
             [Rule("accept", **{side: net}) for net in watch for side in ("source", "destination")]
             if watch
@@ -371,13 +455,19 @@ class RemoteTap:
         )
         self.tb = tb
         self.prog = SessionMirror(
-            [Session(target=f"vxlan://{testbeds.COLLECTOR_V4}/1", rules=rules)], netns=tb.ns(tb.tap_host)
+            [Session(target=f"vxlan://{testbeds.COLLECTOR_V4}/1", rules=rules, cutoff=cutoff)],
+            netns=tb.ns(tb.tap_host),
         )
         self.prog.load_program()
         self.filters = []
 
+    def program_fds(self):
+        return {"tap": self.prog.load("tap_ingress", "SCHED_CLS").fd}
+
     def attach(self):
         self.filters = self.prog.attach(self.tb.tap_iface, "ingress")
+        if self.prog.flows:  # each run's flows from zero
+            self.prog.table("flows").clear()
 
     def detach(self):
         for f in self.filters:
@@ -385,36 +475,45 @@ class RemoteTap:
         self.filters = []
 
     def counters(self):
-        return {"mirrored": sum(c["sent"] for c in self.prog.session_counters().values())}
+        s = self.prog.session_counters().values()
+        return {
+            "mirrored": sum(c["sent"] for c in s),
+            "mirrored_bytes": sum(c["frame_bytes"] for c in s),  # the frames, before the tunnel
+            "cut": sum(c["cut"] for c in s),
+        }
 
     def close(self):
         self.prog.close()
 
 
-def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",)):
+def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",), cutoffs=(0,)):
     rows, sig_rows = [], []
-    variants = [(q, where) for q in quotas for where in at]
+    variants = [(q, where, c) for q in quotas for where in at for c in cutoffs]
     bar = Progress(max(1, trials * len(rates) * len(variants))) if progress else None
     tb = testbeds.testbed1(mtu=work.mtu, collector="remote" in at)
-    with tb:
-        local = EbpfMirror(tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, watch=work.watch)
-        remote = RemoteTap(tb, work.watch) if "remote" in at else None
+    with tb, BpfRunStats():
+        # a tap per cutoff (0: the vTAP without a flow table), each compiled once
+        local = {
+            c: EbpfMirror(tb.ns(tb.tap_host), tb.tap_iface, tb.monitor_iface, watch=work.watch, cutoff=c)
+            for c in cutoffs
+        }
+        remote = {c: RemoteTap(tb, work.watch, c) for c in cutoffs} if "remote" in at else {}
         try:
-            for trial, rate, (quota, where) in interleaved(trials, rates, variants):
-                tap = remote if where == "remote" else local
+            for trial, rate, (quota, where, cutoff) in interleaved(trials, rates, variants):
+                tap = (remote if where == "remote" else local)[cutoff]
                 tap.attach()
                 try:
-                    r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial), where)
+                    r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial), where, cutoff)
                 finally:
                     tap.detach()
                 rows.append({"trial": trial, **r})
                 sig_rows += [{"trial": trial, **s} for s in sigs]
                 if bar:  # the trial as the CSV numbers it, from 0
-                    bar.step(f"{rate} Mbps quota {quota or 'none'} {where} trial {trial}")
+                    cut = f" cutoff {cutoff}" if cutoff else ""
+                    bar.step(f"{rate} Mbps quota {quota or 'none'} {where}{cut} trial {trial}")
         finally:
-            local.close()
-            if remote:
-                remote.close()
+            for t in [*local.values(), *remote.values()]:
+                t.close()
     df = columns_first(rows, COLUMNS)
     sig_df = columns_first(sig_rows, SIG_COLUMNS)
     params = {
@@ -437,13 +536,15 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",
         "mtu": work.mtu,
         "truth": work.truth_source,
         "at": list(at),
+        "cutoffs": list(cutoffs),
+        "elephants": {"flows": work.elephants[0], "bytes": work.elephants[1]},
     }
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
     return df, sig_df, path
 
 
-def one_run(work, tb, tap, rate, quota, cpus, where="local"):
+def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0):
     mon_cpu, rx_cpu = cpus
     # the monitor's IDS: on the monitor, or on the collector the tunnel goes to
     mon_ns, mon_iface = (
@@ -457,7 +558,9 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
     try:
         rx.start()
         mon.start()
-        before = tap.counters()["mirrored"]
+        before = tap.counters()
+        fds = tap.program_fds()
+        ran = {k: run_stats(fd) for k, fd in fds.items()}
         with Tcpreplay(
             tb.ns(tb.sender),
             tb.sender_iface,
@@ -468,7 +571,11 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
             preload=work.preload,
         ) as replay:
             rep = replay.send(seconds=work.seconds_at(rate))
-        mirrored = tap.counters()["mirrored"] - before
+        after = tap.counters()
+        ran = {k: tuple(b - a for a, b in zip(ran[k], run_stats(fd), strict=True)) for k, fd in fds.items()}
+        mirrored = after["mirrored"] - before["mirrored"]
+        copied_bytes = after.get("mirrored_bytes", 0) - before.get("mirrored_bytes", 0)
+        cut = after.get("cut", 0) - before.get("cut", 0)
         rx.wait_idle(rep.packets)
         mon.wait_idle(mirrored)
         cpu = {"receiver": rx.cpu_seconds(), "monitor": mon.cpu_seconds()}
@@ -476,25 +583,33 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
     finally:
         rx.close()
         mon.close()
-    truth = work.truth
-    expected = sum(truth.values()) if truth is not None else None
+    truths = {"receiver": work.truth, "monitor": work.truth_at(cutoff)}
+    expected = sum(work.truth.values()) if work.truth is not None else None
+    tap_ns, tap_runs = ran.get("tap", (0, 0))
     row = {
         "rate_mbps": None if rate == "top" else rate,
         "rate": str(rate),
         "cpu_quota_pct": quota,
         "monitor_at": where,
+        "cutoff": cutoff,
         "achieved_mbps": rep.mbps,
         "achieved_kpps": rep.pps / 1e3,
         "packets_sent": rep.packets,
         "duration_s": round(rep.seconds, 3),
         "mirrored": mirrored,
+        "cut": cut,
+        # what reached the monitor's side, in Mbps of the frames copied (FCS included, as tcpreplay's)
+        "monitor_mbps": (copied_bytes + 4 * mirrored) * 8 / rep.seconds / 1e6 if rep.seconds else None,
+        "tap_ns_per_run": tap_ns / tap_runs if tap_runs else None,
         "expected_alerts": expected,
+        "monitor_expected_alerts": sum(truths["monitor"].values()) if truths["monitor"] is not None else None,
         "packets_failed": rep.extra.get("failed", 0),
         "receiver_cpu": rx_cpu,
         "monitor_cpu": mon_cpu,
     }
     sigs = []
     for who, r in res.items():
+        truth = truths[who]
         sent = rep.packets if who == "receiver" else mirrored
         row.update(
             {
@@ -507,13 +622,18 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local"):
                 f"{who}_correct": (dict(+r.alerts) == dict(+truth)) if truth is not None else None,
             }
         )
-        for sid in sorted(set(r.alerts) | set(truth or {})):
+        # every signature of the whole truth, the monitor's too: one its cutoff keeps from it
+        # is a row (expected 0, beyond_cutoff), not missing
+        for sid in sorted(set(r.alerts) | set(truth or {}) | set(work.truth or {})):
             sigs.append(
                 {
                     "rate_mbps": row["rate_mbps"],
                     "rate": row["rate"],
                     "cpu_quota_pct": quota,
                     "monitor_at": where,
+                    "cutoff": cutoff,
+                    # a signature the cutoff keeps from the monitor (its bytes lie beyond it)
+                    "beyond_cutoff": bool(work.truth and truth is not None and work.truth[sid] > truth[sid]),
                     "ids": who,
                     "sid": sid,
                     "alerts": r.alerts.get(sid, 0),
@@ -536,26 +656,45 @@ def print_summary(df, stream=sys.stdout):
         "\nmedian over trials [min..max]; drop rate = kernel drops / packets offered to Suricata;\n"
         "correct = trials whose alerts equal the expected ones, signature by signature\n"
     )
-    stream.write(
-        f"  {'quota':>6} {'rate':>6} {'at':>6} {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
-        f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7} | {'expected':>8}\n"
-    )
-    df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
     if "monitor_at" not in df:
         df = df.assign(monitor_at="local")
-    for (q, rate, where), g in df.groupby(["q", "rate", "monitor_at"], sort=False):
+    if "cutoff" not in df:  # a CSV from before the cutoff
+        df = df.assign(cutoff=0, monitor_expected_alerts=df["expected_alerts"], monitor_mbps=float("nan"))
+    cuts = df["cutoff"].nunique() > 1 or df["cutoff"].max() > 0
+    stream.write(
+        f"  {'quota':>6} {'rate':>6} {'at':>6}"
+        + (f" {'cutoff':>8}" if cuts else "")
+        + f" {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
+        f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7}"
+        + (f" {'mon Mbps':>8}" if cuts else "")
+        + f" | {'expected':>8}\n"
+    )
+    df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
+    for (q, rate, where, cutoff), g in df.groupby(["q", "rate", "monitor_at", "cutoff"], sort=False):
 
         def span(col, *, g=g):  # this group, bound now
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
 
-        exp = g["expected_alerts"].iloc[0]
+        exp, mexp = g["expected_alerts"].iloc[0], g["monitor_expected_alerts"].iloc[0]
+        expected = "" if pd.isna(exp) else str(int(exp)) if exp == mexp or pd.isna(mexp) else f"{int(exp)}/{int(mexp)}"
         stream.write(
-            f"  {q:>6} {rate:>6} {where:>6} {g['achieved_mbps'].median():6.1f} | "
+            f"  {q:>6} {rate:>6} {where:>6}"
+            + (f" {_size(cutoff):>8}" if cuts else "")
+            + f" {g['achieved_mbps'].median():6.1f} | "
             f"{span('receiver_alerts'):>22} "
             f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "
             f"{span('monitor_alerts'):>22} {100 * g['monitor_drop_rate'].median():6.2f} "
-            f"{correct(g['monitor_correct']):>7} | {'' if pd.isna(exp) else int(exp):>8}\n"
+            f"{correct(g['monitor_correct']):>7}"
+            + (f" {g['monitor_mbps'].median():8.1f}" if cuts else "")
+            + f" | {expected:>8}\n"
         )
+    if cuts:
+        stream.write("  expected: the receiver's / the monitor's behind its cutoff, when they differ\n")
+
+
+def _size(n):
+    n = int(n)
+    return "none" if not n else f"{n >> 20}M" if not n % (1 << 20) else f"{n >> 10}K" if not n % 1024 else str(n)
 
 
 def correct(column):

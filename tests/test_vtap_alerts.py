@@ -160,3 +160,17 @@ def test_vtap_alerts_on_the_command_line(tb1, tmp_path):
         tool.kill()
     assert final["alerts"] == 1 and final["alert_added"] == 1 and final["cloned"] == 50
     assert final["alert_first_copies"] == 1 and final["alert_first_copy_median_s"] < 30
+
+
+def test_a_held_host_is_copied_whole_past_the_cutoff(tb1, tmp_path):
+    """The closed loop's shape: everything watched (/0) behind a cutoff of 10 datagrams'
+    payload; a flow is cut after its first ten. A host held by watch_for() is copied
+    whole: the cutoff does not apply to its frames (its /32 entry is the longest
+    match, marked whole), and after its hold the cutoff applies again."""
+    payload = 128 - 42  # the Flow's frames: 128 bytes, UDP
+    with tap_on(tb1, watch=["0.0.0.0/0", "::/0"], cutoff=payload * 10) as tap:
+        assert copied(tb1, tb1.src4) == 10
+        tap.watch_for(tb1.src4, 1.5)
+        assert copied(tb1, tb1.src4) == 50 and copied(tb1, tb1.alt_src4) == 10
+        assert until(lambda: tap.watch == ["0.0.0.0/0", "::/0"], seconds=5)
+        assert copied(tb1, tb1.src4) == 0  # its flow is still past the cutoff: the table kept it

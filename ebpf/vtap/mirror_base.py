@@ -299,9 +299,13 @@ class MirrorBase(BpfProgram):
         return self.table("watch_v4" if net.version == 4 else "watch_v6")
 
     def _insert(self, nets):
+        held = set(self.held())
         for n in nets:
             trie = self._trie(n)
-            trie[trie_key(trie, n)] = trie.Leaf()  # not matched yet (watch.h's hit() stamps it)
+            v = trie.Leaf()  # not matched yet (watch.h's hit() stamps it)
+            if n in held:  # an alert's host: its frames whole, past any cutoff
+                v.flags = VTAP["VTAP_W_WHOLE"]
+            trie[trie_key(trie, n)] = v
 
     def _delete(self, nets):
         for n in nets:

@@ -71,19 +71,24 @@ static __always_inline void pull(struct __sk_buff *skb, __u32 depth)
 BPF_ARRAY(config, struct vtap_config, 1);                              /* monitor, sampling, flags */
 BPF_PERCPU_ARRAY(stats, struct vtap_stats, VTAP_IF_SLOTS);             /* counters per interface slot */
 
+#define CLASS_WATCHED (-1)
+#define CLASS_WHOLE (-2) /* watched, and a host of it taken whole: past any cutoff (watch.h) */
+
 /* Parse to the IP header (parse_l4, PARSE_L3: extension headers come after
  * the addresses, and ports are not matched), then look the addresses up.
  * Returns the reason a frame is not copied (not_ip, malformed, unmatched: a
- * watch-list can match none of them), or -1 when it is watched. */
+ * watch-list can match none of them), or CLASS_* when it is watched. */
 static __always_inline int classify(struct __sk_buff *skb)
 {
 	struct l4_pkt p = {};
 	int parsed = parse_l4((void *)(long)skb->data, (void *)(long)skb->data_end, &p, PARSE_L3);
+	int w;
 
 	if (parsed != PARSE_OK) /* at PARSE_L3: not_ip or malformed */
 		return parse_reason(parsed);
-	if (p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h))
-		return -1;
+	w = p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h);
+	if (w)
+		return w & WATCH_WHOLE ? CLASS_WHOLE : CLASS_WATCHED;
 	return R_UNMATCHED;
 }
 
@@ -123,6 +128,8 @@ int tc_mirror(struct __sk_buff *skb)
 		return VERDICT_PASS;
 	st->exits.seen++;
 
+	int why = CLASS_WATCHED;
+
 	if (!mirror_all(cfg)) {
 #ifdef VTAP_TEST_RACE_WINDOW
 		/* Tests only: widen the moment between the first read of the flag
@@ -140,7 +147,7 @@ int tc_mirror(struct __sk_buff *skb)
 		 * would be missed, though its address was watched all along: so a
 		 * miss reads the flag again. Found, or the flag on at either read:
 		 * copied. */
-		int why = classify(skb);
+		why = classify(skb);
 		if (why >= 0 && !mirror_all(cfg))
 			return fp_exit(&st->exits, V_PASS, why, VERDICT_PASS);
 	}
@@ -150,7 +157,7 @@ int tc_mirror(struct __sk_buff *skb)
 	 * copied (cutoff.h). Before sampling, so that a flow is cut at the same place
 	 * in its stream whatever the sampling. */
 	__u64 cutoff = *(volatile __u64 *)&cfg->cutoff;
-	if (cutoff) {
+	if (cutoff && why != CLASS_WHOLE) {
 		pull(skb, CUT_DEPTH);
 		if (cut_frame((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, cutoff,
 			      cfg->flow_idle_ns, &st->cut) == CUT_CUT)

@@ -80,6 +80,11 @@ struct watch_v6_key {
  * CLOCK_MONOTONIC; 0: not yet). */
 struct watch_entry {
 	__u64 first_ns;
+	__u32 flags;  /* VTAP_W_* */
+	__u32 pad;
 };
+
+/* watch_entry.flags */
+#define VTAP_W_WHOLE 1 /* the host's frames are copied whole, past any per-flow cutoff (an alert's host) */
 
 #endif /* VTAP_H */

@@ -29,6 +29,19 @@
 BPF_LPM_TRIE(watch_v4, struct watch_v4_key, struct watch_entry, VTAP_WATCH_MAX); /* watched IPv4 CIDRs; user space */
 BPF_LPM_TRIE(watch_v6, struct watch_v6_key, struct watch_entry, VTAP_WATCH_MAX); /* watched IPv6 CIDRs; user space */
 
+/* What a lookup found: watched, and (an entry user space marked, a host an IDS's
+ * alert put there) taken whole, past any per-flow cutoff. */
+#define WATCH_HIT 1
+#define WATCH_WHOLE 2
+
+/* With a cutoff, a match that is not whole goes on to the other address, which may
+ * be a host taken whole; without one, the first match is enough. */
+#ifdef VTAP_FLOWS
+#define WATCH_DONE(w) ((w) & WATCH_WHOLE)
+#else
+#define WATCH_DONE(w) (w)
+#endif
+
 /* A match: the entry found, stamped the first time (what an alert's host waited
  * for: user space writes 0 and reads when its first frame came). One load per
  * watched frame, one store per entry. */
@@ -38,41 +51,44 @@ static __always_inline int hit(struct watch_entry *e)
 		return 0;
 	if (!e->first_ns)
 		e->first_ns = bpf_ktime_get_ns();
-	return 1;
+	return WATCH_HIT | (e->flags & VTAP_W_WHOLE ? WATCH_WHOLE : 0);
 }
 
+/* WATCH_HIT (| WATCH_WHOLE), or 0 when neither address is watched. */
 static __always_inline int watched_v4(__be32 saddr, __be32 daddr)
 {
 	struct watch_v4_key key = {.prefixlen = 32};
+	int w = 0;
 
 #if VTAP_MATCH_SRC
 	key.addr = saddr;
-	if (hit(watch_v4.lookup(&key)))
-		return 1;
+	w |= hit(watch_v4.lookup(&key));
+	if (WATCH_DONE(w))
+		return w;
 #endif
 #if VTAP_MATCH_DST
 	key.addr = daddr;
-	if (hit(watch_v4.lookup(&key)))
-		return 1;
+	w |= hit(watch_v4.lookup(&key));
 #endif
-	return 0;
+	return w;
 }
 
 static __always_inline int watched_v6(struct ipv6hdr *ip6)
 {
 	struct watch_v6_key key = {.prefixlen = 128};
+	int w = 0;
 
 #if VTAP_MATCH_SRC
 	__builtin_memcpy(key.addr, &ip6->saddr, sizeof(key.addr));
-	if (hit(watch_v6.lookup(&key)))
-		return 1;
+	w |= hit(watch_v6.lookup(&key));
+	if (WATCH_DONE(w))
+		return w;
 #endif
 #if VTAP_MATCH_DST
 	__builtin_memcpy(key.addr, &ip6->daddr, sizeof(key.addr));
-	if (hit(watch_v6.lookup(&key)))
-		return 1;
+	w |= hit(watch_v6.lookup(&key));
 #endif
-	return 0;
+	return w;
 }
 
 #endif /* VTAP_WATCH_H */

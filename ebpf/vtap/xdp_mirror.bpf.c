@@ -129,7 +129,7 @@ int xdp_mirror(struct xdp_md *ctx)
 	struct bpf_fib_lookup fib = {};
 	struct l4_pkt p = {};
 	struct l4csum c = {};
-	int parsed, why, copy = 1, egress, skb;
+	int parsed, why, copy = 1, egress, skb, w = 0;
 	void *pair;
 
 	/* Array lookups in range cannot fail; the verifier still wants the check. */
@@ -153,13 +153,14 @@ int xdp_mirror(struct xdp_md *ctx)
 		for (int i = 0; i < VTAP_TEST_RACE_WINDOW; i++)
 			bpf_get_prandom_u32();
 #endif
-		if (!(p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h)) &&
+		w = p.v4 ? watched_v4(p.iph->saddr, p.iph->daddr) : watched_v6(p.ip6h);
+		if (!w &&
 		    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))
 			copy = COPY_UNMATCHED;
 	}
 #ifdef VTAP_FLOWS
 	/* Past its flow's cutoff: not copied (cutoff.h); before sampling, as at TC. */
-	if (copy && cut_parsed(&p, parsed, data_end - data, *(volatile __u64 *)&cfg->cutoff, cfg->flow_idle_ns,
+	if (copy > 0 && !(w & WATCH_WHOLE) && cut_parsed(&p, parsed, data_end - data, *(volatile __u64 *)&cfg->cutoff, cfg->flow_idle_ns,
 			       &st->cut) == CUT_CUT)
 		copy = COPY_CUT;
 #endif

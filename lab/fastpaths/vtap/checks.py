@@ -67,8 +67,8 @@ MUTANTS = [
     M(
         "vtap-v4-dst-skipped",
         "ebpf/vtap/watch.h",
-        "\tkey.addr = daddr;\n\tif (hit(watch_v4.lookup(&key)))",
-        "\tkey.addr = saddr;\n\tif (hit(watch_v4.lookup(&key)))",
+        "\tkey.addr = daddr;\n\tw |= hit(watch_v4.lookup(&key));",
+        "\tkey.addr = saddr;\n\tw |= hit(watch_v4.lookup(&key));",
         "--match dst never matches IPv4",
         VTAP,
     ),
@@ -143,8 +143,8 @@ MUTANTS = [
     M(
         "xdp-mirror-mirror-all-read-once",
         "ebpf/vtap/xdp_mirror.bpf.c",
-        " &&\n\t\t    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))\n\t\t\tcopy = COPY_UNMATCHED;",
-        ")\n\t\t\tcopy = COPY_UNMATCHED;",
+        "if (!w &&\n\t\t    !(flags_now(cfg) & VTAP_F_MIRROR_ALL))\n\t\t\tcopy = COPY_UNMATCHED;",
+        "if (!w)\n\t\t\tcopy = COPY_UNMATCHED;",
         "a frame missed while the watch-list changes to mirror-all",
         XDP_MIRROR,
     ),
@@ -367,6 +367,14 @@ MUTANTS = [
         "if (s->cutoff && ci->before >= s->cutoff * 2) {",
         "a session cut past its cutoff",
         (["tests/test_sessions.py", "-k", "cutoff"], ["tests/test_sessions.py", "tests/test_vtap_sessions.py"]),
+    ),
+    M(
+        "watch-whole-ignored",
+        "ebpf/vtap/watch.h",
+        "return WATCH_HIT | (e->flags & VTAP_W_WHOLE ? WATCH_WHOLE : 0);",
+        "return WATCH_HIT;",
+        "an alert's host is cut like any other: the IDS never gets its whole traffic",
+        ALERTS,
     ),
     M(
         "alerts-hold-never-ends",

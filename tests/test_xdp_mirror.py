@@ -429,3 +429,23 @@ def test_the_cutoff_at_xdp_cuts_each_boundary_exactly(node):
     assert e["reason"]["mirrored"] == verdicts["XDP_REDIRECT"]  # (a test run's queue reports no copy sent)
     assert c["ends_copied"] == sum(sc.ends_copied for sc in scenarios) and c["flows_restarted"] == 1
     assert c["flows_new"] == len(scenarios) and c["flows_ended"] == 1 and c["flows"] == len(scenarios) - 1
+
+
+def test_a_held_host_goes_whole_past_the_cutoff_at_xdp(node):
+    """At XDP as at TC (watch.h is one): a flow cut behind the cutoff; its source held by
+    watch_for(), its next segments copied (XDP_REDIRECT to the egress and the monitor),
+    however far past the cutoff; the hold ended, cut again."""
+    ends = cut_fx.Ends(fx.SRC4, fx.DST4, fx.SRC6, fx.DST6)
+
+    def send(frame):
+        return run(node, tap, frame).verdict == "XDP_REDIRECT"
+
+    before = cut_fx.Scenario("f", [(cut_fx.data(100), True), (cut_fx.data(1), False)])
+    held = cut_fx.Scenario("f", [(cut_fx.data(500), True), (cut_fx.data(500), True)])
+    with mirror(node, cutoff=100) as tap:
+        assert cut_fx.run([before], send, ends) == cut_fx.want([before])
+        tap.watch_for(fx.SRC4, 30)
+        assert cut_fx.run([held], send, ends) == cut_fx.want([held])
+        tap.stop_alerts()  # the hold ends: the host leaves the watch-list
+        again = cut_fx.Scenario("f", [(cut_fx.data(1), False)])
+        assert cut_fx.run([again], send, ends) == cut_fx.want([again])

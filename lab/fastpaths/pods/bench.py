@@ -4,6 +4,7 @@ the ways of connecting pods the lab compares (lab.fastpaths.pods.peers), and the
 request/response and service measurements a pod datapath is judged by."""
 
 import argparse
+import contextlib
 import sys
 
 from lab.bench import common
@@ -116,40 +117,39 @@ def run(peers, experiments, parallel, families, paths, counts, ways, trials, dur
         raise ValueError("nothing to run: no peer of --peers takes part in --experiments")
     bar = common.Progress(trials * len(variants)) if progress else None
     rows = []
-    with tb:
-        servers = [RrServer(tb.ns(p), RR_PORT).__enter__() for p in ("p01", "p10")]
-        servers.append(RrServer(tb.ns(tb.nodes[1]), RR_PORT + 1).__enter__())  # host: node to node
-        try:
-            for trial, _, v in common.interleaved(trials, [0], variants):
-                experiment, name, way, path, fam, par, n = v
-                peer = PEERS[name](tb)
-                peer.attach()
-                try:
-                    row = {
-                        "experiment": experiment,
-                        "peer": name,
-                        "way": way,
-                        "path": path,
-                        "family": fam,
-                        "parallel": par,
-                        "services": n,
-                        "trial": trial,
-                    }
-                    if experiment == "stream":
-                        row.update(_stream(tb, name, path, fam, par, duration))
-                    elif experiment == "rr":
-                        row.update(_rr(tb, name, duration))
-                    else:
-                        peer.set_services(_services(tb, n))
-                        row.update(_crr(tb, peer, way, duration))
-                    rows.append(row)
-                finally:
-                    peer.detach()
-                if bar:
-                    bar.step(f"{experiment} {name} {way or ''} {path} v{fam} x{par} t{trial}")
-        finally:
-            for s in servers:
-                s.close()
+    with tb, contextlib.ExitStack() as servers:
+        # the request-response servers: each closed whatever fails after it started (one
+        # that could not start leaves the others to this stack, not to the namespaces' end)
+        for ns in (tb.ns("p01"), tb.ns("p10")):
+            servers.enter_context(RrServer(ns, RR_PORT))
+        servers.enter_context(RrServer(tb.ns(tb.nodes[1]), RR_PORT + 1))  # host: node to node
+        for trial, _, v in common.interleaved(trials, [0], variants):
+            experiment, name, way, path, fam, par, n = v
+            peer = PEERS[name](tb)
+            peer.attach()
+            try:
+                row = {
+                    "experiment": experiment,
+                    "peer": name,
+                    "way": way,
+                    "path": path,
+                    "family": fam,
+                    "parallel": par,
+                    "services": n,
+                    "trial": trial,
+                }
+                if experiment == "stream":
+                    row.update(_stream(tb, name, path, fam, par, duration))
+                elif experiment == "rr":
+                    row.update(_rr(tb, name, duration))
+                else:
+                    peer.set_services(_services(tb, n))
+                    row.update(_crr(tb, peer, way, duration))
+                rows.append(row)
+            finally:
+                peer.detach()
+            if bar:
+                bar.step(f"{experiment} {name} {way or ''} {path} v{fam} x{par} t{trial}")
     df = common.columns_first(rows, COLUMNS)
     params = {
         "peers": peers,

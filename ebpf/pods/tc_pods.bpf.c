@@ -312,11 +312,13 @@ static __always_inline int to_service(struct __sk_buff *skb, struct pod_stats *s
 		to.port = be->port;
 		nat.update(&fk, &to);
 	}
-	/* the reverse, for the replies (again each packet: the LRU may have let it go) */
+	/* the reverse, for the replies: written when missing (a new flow's, or one the LRU
+	 * let go), not on every packet: a lookup costs no write to a shared entry */
 	__builtin_memcpy(back.a, p->daddr, sizeof(back.a));
 	back.port = p->dport_val;
 	nat_key_of(&rk, to.a, p->saddr, to.port, p->sport_val, p, 1);
-	nat.update(&rk, &back);
+	if (!nat.lookup(&rk))
+		nat.update(&rk, &back);
 	if (rewrite_dst(skb, p, &to) < 0)
 		return SVC_FAILED;
 	st->to_backend++;

@@ -82,6 +82,14 @@ MUTANTS = [
         TRAFFIC,
     ),
     M(
+        "pods-service-reverse-never-written",
+        "ebpf/pods/tc_pods.bpf.c",
+        "\tif (!nat.lookup(&rk))\n\t\tnat.update(&rk, &back);",
+        "\tif (!nat.lookup(&rk) && 0)\n\t\tnat.update(&rk, &back);",
+        "a per-packet service's reverse entry never written (now written only when missing)",
+        FIXTURES,
+    ),
+    M(
         "pods-udp-socket-reply-untranslated",
         "ebpf/pods/tc_pods.bpf.c",
         "		sock_rev.update(&rk, &back);",

@@ -196,7 +196,10 @@ def test_a_real_transfer_is_cut_after_its_first_bytes_and_its_ends_still_copied(
         c = settled_flows(tap)
     seen = [tcp_seen(f) for f in mon.frames]
     seen = [s for s in seen if s]
-    c2s = sum(n for way, n, _ in seen if way == "c2s")
+    # the data the cutoff counted: a segment with SYN, FIN or RST is copied past the cut,
+    # its payload too (the client's last data often carries its FIN: under load that last
+    # GSO frame held up to 64 KB, and a bound on all the bytes failed 2 runs in 5 suites)
+    c2s = sum(n for way, n, f in seen if way == "c2s" and not set(f) & set("SFR"))
     assert cut <= c2s < cut + (64 << 10), c2s
     flags = [(way, f) for way, _, f in seen]
     assert ("c2s", "S") in flags and ("s2c", "SA") in flags

@@ -197,8 +197,8 @@ static __always_inline int flow_step(struct l4_pkt *p, int parsed, __u64 cap, __
 	} else {
 		*before = f->bytes[d & 1];
 		/* the count before this frame, taken and added in one atomic step: two frames of
-		 * one direction on two CPUs at once each see the other's bytes (a plain read then
-		 * an add let both cross the line: a test on two CPUs copied two 64 KB frames past it) */
+		 * one direction on two CPUs at once then each see the other's bytes (with a plain
+		 * read and an add, both could cross the line) */
 		if (*before < cap)
 			*before = __sync_fetch_and_add(&f->bytes[d & 1], payload);
 	}

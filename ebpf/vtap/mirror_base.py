@@ -249,11 +249,13 @@ class MirrorBase(BpfProgram):
     def alert_counters(self) -> dict:
         """Alerts read, hosts held now, added, renewed, expired, capped, and the waits
         from an alert's line to its host's first copy ({} before any steering)."""
-        return self._steer.counters_now() if self._steer else {}
+        with self._watch_lock:
+            return self._steer.counters_now() if self._steer else {}
 
     def held(self) -> list:
         """The hosts held now, as networks."""
-        return self._steer.networks() if self._steer else []
+        with self._watch_lock:
+            return self._steer.networks() if self._steer else []
 
     def _steering(self, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
         if self._given is None:
@@ -263,6 +265,11 @@ class MirrorBase(BpfProgram):
         return self._steer
 
     # what Steer asks of the tap
+    @property
+    def watch_lock(self):
+        """Held while a hold changes and the trie is written; readers of the watch-list take it."""
+        return self._watch_lock
+
     def apply_held(self):
         with self._watch_lock:
             if self.bpf is not None:
@@ -289,7 +296,8 @@ class MirrorBase(BpfProgram):
 
     @property
     def watch(self):
-        return None if self._watch is None else [str(n) for n in self._watch]
+        with self._watch_lock:  # not between a hold taken and its entry written
+            return None if self._watch is None else [str(n) for n in self._watch]
 
     @property
     def sample(self):

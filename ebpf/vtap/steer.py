@@ -37,8 +37,10 @@ def _host(addr):
 
 class Steer:
     """The held hosts of one tap, the alerts that put them there, and their waits.
-    apply() writes the watch-list through the tap (its lock); poll() is one round:
-    read the alerts, take them, end the holds that are over, read the first copies."""
+    apply() writes the watch-list through the tap; poll() is one round: read the alerts,
+    take them, end the holds that are over, read the first copies. A hold taken or ended
+    and the trie's write happen under the tap's watch lock, the one its readers take, so
+    the held hosts, the counters and the watch-list never disagree."""
 
     def __init__(self, tap, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
         try:
@@ -60,8 +62,9 @@ class Steer:
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
             raise InputError(f"seconds must be a positive number, not {seconds!r}")
         a = _host(addr)
-        if self._take(Alert(a, a, None, "watch_for", "", written or time.time()), seconds):
-            self.tap.apply_held()
+        with self.tap.watch_lock:
+            if self._take(Alert(a, a, None, "watch_for", "", written or time.time()), seconds):
+                self.tap.apply_held()
         self.start()  # the thread that ends the hold
 
     def _take(self, alert, hold=None):
@@ -89,21 +92,24 @@ class Steer:
 
     # --- one round ------------------------------------------------------------------
     def poll(self):
-        changed = False
-        if self.follower is not None:
+        alerts = []
+        if self.follower is not None:  # the file is read outside the lock
             bad = self.follower.counters["malformed"]
-            for alert in self.follower.poll():
-                self.counters["alerts"] += 1
-                changed |= bool(self._take(alert))
+            alerts = self.follower.poll()
             if self.follower.counters["malformed"] > bad:
                 self._once("malformed", f"{self.follower.path}: a line that is not a JSON object was skipped (counted)")
-        # renewals change nothing in the trie; an ended hold does
-        for a in self.holds.expire():
-            self.waiting.pop(a, None)
-            changed = True
-        if changed:
-            self.tap.apply_held()
-        self._first_copies()
+        with self.tap.watch_lock:
+            changed = False
+            for alert in alerts:
+                self.counters["alerts"] += 1
+                changed |= bool(self._take(alert))
+            # renewals change nothing in the trie; an ended hold does
+            for a in self.holds.expire():
+                self.waiting.pop(a, None)
+                changed = True
+            if changed:
+                self.tap.apply_held()
+            self._first_copies()
 
     def _first_copies(self):
         if not self.waiting:

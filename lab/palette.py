@@ -21,6 +21,9 @@ CPU = {"usr": "#56B4E9", "sys": "#0072B2", "soft": "#D55E00"}
 # where an IDS runs (the vTAP paper's Table 3), and the attack's ground truth
 IDS_SIDES = {"receiver": "#D55E00", "monitor": "#0072B2"}
 TRUTH = GREY
+# a tap's per-flow cutoff, where a figure compares them: none is the baseline (grey),
+# then the cutoffs from the largest to the smallest
+CUTOFFS = [GREY, "#0072B2", "#009E73", "#E69F00", "#CC79A7", "#56B4E9"]
 
 
 def _label(name, mode):

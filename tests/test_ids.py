@@ -219,18 +219,27 @@ def test_low_rate_replay_through_testbed3_raises_exactly_the_truth(tmp_path):
     assert set(re.findall(r"trial (\d+)", r.stderr)) == {"0"}, r.stderr
 
 
-def test_a_cutoff_keeps_from_the_monitor_exactly_the_signatures_beyond_it(tmp_path):
+@pytest.fixture(scope="module")
+def cutoff_run(tmp_path_factory):
+    """One small cutoff run from the command line, for its test and for notebook 05's
+    cutoff figure (both in this file, so in one worker: run once)."""
+    out = tmp_path_factory.mktemp("cutoff")
+    r = lab_cmd(
+        "bench", "ids", "--rates", "4", "--trials", "1", "--cpu-quota", "none", "--loop", "1", "--seed", "2",
+        "--cutoff", "0,64K", "--elephants", "2x1M", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r, out
+
+
+def test_a_cutoff_keeps_from_the_monitor_exactly_the_signatures_beyond_it(cutoff_run):
     """Elephants (2 of 1 MiB, markers 32 KiB and 512 KiB in) mixed into the attack mix at a
     modest rate, without a cutoff and with 64 KiB: the receiver raises every alert both
     times; the monitor raises every alert without, and behind 64 KiB every alert but the
     512 KiB markers', exactly (the monitor's truth says so, signature by signature); the
     cut run sends the monitor fewer bytes, and the tap's own time per packet is read."""
-    r = lab_cmd(
-        "bench", "ids", "--rates", "4", "--trials", "1", "--cpu-quota", "none", "--loop", "1", "--seed", "2",
-        "--cutoff", "0,64K", "--elephants", "2x1M", "--out", str(tmp_path),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    df, sigs = read_bench(tmp_path)
+    r, out = cutoff_run
+    df, sigs = read_bench(out)
     truth = attacks.generate(seed=2, repetitions=1).truth + elephants.truth(2, 1 << 20)
     beyond = {9100041: 2}
     assert sorted(df["cutoff"]) == [0, 65536]
@@ -473,10 +482,10 @@ def test_killed_bench_is_cleaned_up(tmp_path):
 # --- the notebook --------------------------------------------------------------------------
 
 NB05 = ROOT / "notebooks" / "05_ids.ipynb"
-FIGURES05 = ["ids_alerts.png", "ids_drop_rates.png"]
+FIGURES05 = ["ids_alerts.png", "ids_cutoff.png", "ids_drop_rates.png"]
 
 
-def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
+def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path, cutoff_run):
     nb = execute_notebook(
         NB05,
         {
@@ -484,6 +493,8 @@ def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
             "VTL_QUOTAS": "5,none",
             "VTL_TRIALS": "1",
             "VTL_LOOP": "2",
+            # the cutoff figure from the cutoff test's run (the same API; not run twice)
+            "VTL_CUTOFF_CSV": str(next(p for p in cutoff_run[1].glob("ids-*.csv") if "signatures" not in p.name)),
             "VTL_OUT": str(tmp_path / "results"),
             "VTL_FIGURES": str(tmp_path / "figures"),
         },
@@ -507,6 +518,8 @@ def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path):
     # the targets table says the 1 Mbps runs were exact
     out = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "1 Mbps: receiver raises exactly the truth" in out
+    # the cutoff table: both cutoffs of the run, the 64 KiB one with every alert within it
+    assert re.search(r"no cutoff\s+100\.0", out) and re.search(r"64 KiB\s+100\.0", out), out
 
 
 def test_committed_notebook05_holds_its_figures():

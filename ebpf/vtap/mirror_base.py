@@ -252,6 +252,12 @@ class MirrorBase(BpfProgram):
         with self._watch_lock:
             return self._steer.counters_now() if self._steer else {}
 
+    def alert_waits(self) -> list:
+        """[(host, seconds)]: each held host's wait from its alert's line being written
+        to its first copy, in the order they were seen (a host held again: again)."""
+        with self._watch_lock:
+            return list(self._steer.waits) if self._steer else []
+
     def held(self) -> list:
         """The hosts held now, as networks."""
         with self._watch_lock:

@@ -50,7 +50,7 @@ class Steer:
         self.tap = tap
         self.follower = None
         self.waiting = {}  # host -> when its alert was written (time.time()), until its first copy
-        self.waits = []  # seconds from an alert's line written to its host's first copy
+        self.waits = []  # (host, seconds from an alert's line written to its first copy)
         self.counters = dict.fromkeys(("alerts", "no_room"), 0)
         self._said = set()  # what was said once
         self._thread = None
@@ -118,7 +118,7 @@ class Steer:
         for a, written in list(self.waiting.items()):
             first_ns = self.tap.first_match_ns(a)
             if first_ns:
-                self.waits.append(max(0.0, first_ns / 1e9 + offset - written))
+                self.waits.append((a, max(0.0, first_ns / 1e9 + offset - written)))
                 del self.waiting[a]
 
     # --- the thread ---------------------------------------------------------------------
@@ -154,7 +154,7 @@ class Steer:
     # --- what it says -----------------------------------------------------------------
     def counters_now(self) -> dict:
         h = self.holds.counters
-        waits = sorted(self.waits)
+        waits = sorted(w for _, w in self.waits)
         out = {
             "alerts": self.counters["alerts"],
             "alert_hosts": len(self.holds.until),

@@ -71,25 +71,26 @@ class _Flow:
 SYN, ACK, PSH, FIN = 0x02, 0x10, 0x08, 0x01
 
 
-def _segments(size):
-    """The client's stream of `size` bytes in MSS segments, markers at their offsets."""
+def _segments(size, marked=True):
+    """The client's stream of `size` bytes in MSS segments, markers at their offsets
+    (none when not `marked`: a transfer no signature names)."""
     stream = bytearray()
     while len(stream) < size:
         stream += FILLER
     del stream[size:]
     for off, text in MARK_TEXT.items():
-        if off + len(text) <= size:
+        if marked and off + len(text) <= size:
             stream[off : off + len(text)] = text
     return [bytes(stream[i : i + MSS]) for i in range(0, size, MSS)]
 
 
-def one(client, server, sport, size, rng):
+def one(client, server, sport, size, rng, marked=True):
     """One elephant's frames, in order."""
     f = _Flow(client, server, sport, rng)
     yield f.frame(True, SYN)
     yield f.frame(False, SYN | ACK)
     yield f.frame(True, ACK)
-    segs = _segments(size)
+    segs = _segments(size, marked)
     for i, seg in enumerate(segs):
         last = i == len(segs) - 1
         yield f.frame(True, ACK | (PSH if last else 0), seg)
@@ -150,3 +151,58 @@ def mix(a, b):
             j += 1
     out.extend(b[j:])
     return out
+
+
+# --- the closed loop: paced transfers, some of them from attackers --------------------
+
+
+def paced(attackers=20, benign=20, size=1 << 20, mbps=2.0, every=0.5, seed=1):
+    """[(seconds, frame)] sorted by time, and the attackers' addresses: `attackers` +
+    `benign` transfers of `size` bytes, one a client host, each paced at `mbps` (its
+    frames evenly spread by bytes), one starting every `every` seconds, attackers and
+    benign ones alternating. An attacker's transfer carries the markers (its 32 KiB one
+    raises an alert early; its 512 KiB one is what a monitor behind a cutoff sees only
+    if the alert had the rest of its traffic copied), a benign one none.
+    The clients are outside hosts (198.19.201.x), the servers home ones."""
+    if not 1 <= attackers + benign <= 200:
+        raise ValueError(f"attackers + benign must be 1..200 hosts, not {attackers + benign}")
+    rng = random.Random(seed)
+    out, bad = [], []
+    kinds, a, b = [], attackers, benign  # alternating while both are left
+    while a or b:
+        if a:
+            kinds.append(True)
+            a -= 1
+        if b:
+            kinds.append(False)
+            b -= 1
+    for i, marked in enumerate(kinds):
+        client = f"198.19.201.{10 + i}"
+        if marked:
+            bad.append(client)
+        t = i * every
+        for frame in one(client, f"198.18.1.{100 + i % 28}", 40000 + i, size, rng, marked):
+            out.append((t, frame))
+            t += len(frame) * 8 / (mbps * 1e6)
+    out.sort(key=lambda tf: tf[0])
+    return out, bad
+
+
+def truth_paced(attackers) -> Counter:
+    """What the paced transfers raise with nothing cut: each attacker's markers, once."""
+    return Counter(dict.fromkeys(MARKS.values(), attackers)) if attackers else Counter()
+
+
+def write_timed_pcap(path, timed, epoch=1_700_000_000) -> tuple[int, int]:
+    """A classic pcap whose timestamps are the frames' own times (seconds from the
+    start): tcpreplay replays it at that pace (as_recorded). -> (frames, bytes)"""
+    n = nbytes = 0
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        for t, frame in timed:
+            n += 1
+            us = epoch * 1_000_000 + round(t * 1e6)
+            f.write(struct.pack("<IIII", us // 1_000_000, us % 1_000_000, len(frame), len(frame)))
+            f.write(frame)
+            nbytes += len(frame)
+    return n, nbytes

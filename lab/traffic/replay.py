@@ -33,7 +33,7 @@ class Tcpreplay(Generator):
     name = "tcpreplay"
     needs_frames = False
 
-    def __init__(self, ns, ifname, pcap, mbps=None, loop=1, cpu=None, preload=True):
+    def __init__(self, ns, ifname, pcap, mbps=None, loop=1, cpu=None, preload=True, as_recorded=False):
         if not shutil.which("tcpreplay"):
             raise netns.LabError("tcpreplay not found (Debian package tcpreplay; run `make setup`)")
         if mbps is not None and not 0 < mbps <= MAX_MBPS:
@@ -41,7 +41,10 @@ class Tcpreplay(Generator):
         if not 1 <= loop <= 1_000_000:
             raise ValueError(f"replay loop count {loop} is outside 1..1000000")
         super().__init__(ns, ifname, cpu=cpu)
+        if as_recorded and mbps is not None:
+            raise ValueError("a replay goes at a rate (mbps=) or as recorded, not both")
         self.pcap, self.mbps, self.loop, self.preload = check_pcap(pcap), mbps, loop, preload
+        self.as_recorded = as_recorded  # the file's own timestamps pace it (a workload with timing)
         # nanosleep between packets: gtod (the default) spins a whole core, and
         # the sender shares its core with a monitor in the IDS bench; at 30 Mbps
         # nano kept the rate (7.19 s for 7.19 s of traffic) with 17 % of a core
@@ -57,7 +60,10 @@ class Tcpreplay(Generator):
         argv = ["tcpreplay", f"--intf1={self.ifname}", f"--loop={self.loop}", f"--timer={self.timer}"]
         if self.preload:
             argv.append("--preload-pcap")
-        argv += [f"--mbps={self.mbps:g}"] if self.mbps else ["--topspeed"]
+        if self.as_recorded:
+            argv.append("--multiplier=1")
+        else:
+            argv += [f"--mbps={self.mbps:g}"] if self.mbps else ["--topspeed"]
         if limit:
             argv.append(f"--limit={limit}")
         if self.cpu is not None:

@@ -377,6 +377,14 @@ MUTANTS = [
         ALERTS,
     ),
     M(
+        "alerts-held-not-whole",
+        "ebpf/vtap/mirror_base.py",
+        "if n in held:  # an alert's host",
+        "if False:  # an alert's host",
+        "a held host's entry lacks the whole flag: the loop steers nothing past the cutoff",
+        (ALERTS[0], [*ALERTS[1], "tests/test_ids_loop.py"]),
+    ),
+    M(
         "alerts-hold-never-ends",
         "ebpf/vtap/alerts.py",
         "gone = [a for a, t in self.until.items() if t <= now]",

@@ -4,6 +4,7 @@ bench ids` (one row per run, and its -signatures.csv), beside the paper's Table 
     >>> df, meta = metrics.read_results(csv)                       # doctest: +SKIP
     >>> table3(df)                      # the paper's Table 3, our medians
     >>> fig = alerts_vs_rate(df)        # Figure 7: alerts per rate, receiver and monitor, and the truth
+    >>> fig = behind_cutoff(df, sigs)   # the monitor behind each cutoff: alerts within it, drops, Mbps
 
 Like lab.fastpaths.vtap.plots: no backend is chosen here; the receiver and the monitor have one
 colour each in every figure; counts and rates start at zero.
@@ -232,3 +233,112 @@ def targets(df: pd.DataFrame, low: pd.DataFrame = None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+# --- behind a per-flow cutoff (`bench ids --cutoff ... --elephants ...`) ---------------
+
+
+def cutoff_label(n) -> str:
+    n = int(n)
+    if not n:
+        return "no cutoff"
+    return f"{n >> 20} MiB" if not n % (1 << 20) else f"{n >> 10} KiB" if not n % 1024 else f"{n} B"
+
+
+def _cutoffs(df):
+    """The cutoffs present: none first, then the largest to the smallest."""
+    present = sorted(int(c) for c in df["cutoff"].unique())
+    return [0] * (0 in present) + sorted((c for c in present if c), reverse=True)
+
+
+def _key(v) -> str:
+    return "none" if pd.isna(v) else str(v)
+
+
+def cutoff_runs(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
+    """One row per monitor run: its cutoff, rate and trial, the alerts it raised of the
+    signatures within the cutoff against those expected (`within_alerts`, `within_expected`),
+    the alerts of the signatures beyond it (`beyond_alerts`: those the cutoff keeps from it,
+    expected 0; `beyond_truth`: what the uncut receiver's truth holds of them), its drop
+    rate and the Mbps that reached it."""
+    m = sigs[sigs["ids"] == "monitor"].copy()
+    m["beyond_cutoff"] = m["beyond_cutoff"].astype(bool)
+    keys = ["cutoff", "rate", "trial", "cpu_quota_pct", "monitor_at"]
+    for k in keys:  # no quota is NaN, which groupby and join would drop: a key of its own
+        m[k] = m[k].map(_key)
+    inside, outside = m[~m["beyond_cutoff"]], m[m["beyond_cutoff"]]
+    w = inside.groupby(keys)[["alerts", "expected"]].sum()
+    w.columns = ["within_alerts", "within_expected"]
+    b = outside.groupby(keys)["alerts"].sum().rename("beyond_alerts")
+    d = df.copy()
+    for k in keys:
+        d[k] = d[k].map(_key)
+    d = d.join(w, on=keys).join(b, on=keys)
+    d["beyond_alerts"] = d["beyond_alerts"].fillna(0)
+    d["within_pct"] = 100 * d["within_alerts"] / d["within_expected"]
+    d["cutoff"] = d["cutoff"].astype(int)
+    return d
+
+
+def cutoff_table(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
+    """Per cutoff and rate, medians over trials: the monitor's alerts within the cutoff as a
+    share of those expected, its drops (%), Mbps at the monitor and the byte saving against
+    the uncut run, and the tap's ns per packet."""
+    d = cutoff_runs(df, sigs)
+    g = d.groupby(["rate_mbps", "cutoff"])
+    out = pd.DataFrame(
+        {
+            "within_pct": g["within_pct"].median(),
+            "within_expected": g["within_expected"].median(),
+            "monitor_drop_pct": 100 * g["monitor_drop_rate"].median(),
+            "monitor_mbps": g["monitor_mbps"].median(),
+            "tap_ns_per_run": g["tap_ns_per_run"].median(),
+            "trials": g.size(),
+        }
+    )
+    uncut = out.xs(0, level="cutoff")["monitor_mbps"] if 0 in d["cutoff"].values else None
+    if uncut is not None:
+        out["bytes_saved_pct"] = [
+            100 * (1 - row.monitor_mbps / uncut[rate]) if rate in uncut else float("nan")
+            for (rate, _), row in out.iterrows()
+        ]
+    out = out.rename(index=cutoff_label, level="cutoff")
+    return out.round(2)
+
+
+def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
+    """Three panels per rate, a line per cutoff (median, whiskers min to max): the monitor's
+    alerts within its cutoff as a share of those expected; its drop rate; the Mbps that
+    reached it."""
+    d = cutoff_runs(df, sigs)
+    d = d[d["rate_mbps"].notna()]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = [
+        ("within_pct", 1.0, "alerts within the cutoff (% of expected)"),
+        ("monitor_drop_rate", 100.0, "monitor IDS drop rate (%)"),
+        ("monitor_mbps", 1.0, "Mbps at the monitor"),
+    ]
+    for i, c in enumerate(_cutoffs(d)):
+        sub = d[d["cutoff"] == c]
+        for ax, (col, scale, _) in zip(axes, panels, strict=True):
+            g = sub.groupby("rate_mbps")[col]
+            med, lo, hi = g.median() * scale, g.min() * scale, g.max() * scale
+            ax.errorbar(
+                med.index,
+                med,
+                yerr=[med - lo, hi - med],
+                color=palette.CUTOFFS[i % len(palette.CUTOFFS)],
+                marker="o",
+                capsize=3,
+                label=cutoff_label(c),
+            )
+    for ax, (_, _, title) in zip(axes, panels, strict=True):
+        ax.set_xlabel("replay rate (Mbps)")
+        ax.set_ylabel(title)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylim(0, 105)
+    axes[1].set_ylim(0, 100)
+    axes[0].legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    return fig

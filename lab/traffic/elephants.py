@@ -139,6 +139,25 @@ def elephants(flows=4, size=16 << 20, seed=1, home="198.18.1.{}", outside="198.1
     return frames, truth(flows, size)
 
 
+def staggered(a, flows=4, size=16 << 20, seed=1, home="198.18.1.{}", outside="198.19.200.{}"):
+    """The attack mix `a` with `flows` transfers whose starts are spread over it: flow i
+    starts i/flows of the way in and ends with the mix, its frames evenly spread over
+    that span (as transfers that begin at different times would be; elephants() + mix()
+    start them all together, so their first bytes arrive at once). The same flows
+    (addresses, sequence numbers, bytes) as elephants() makes with the same seed."""
+    import heapq  # noqa: PLC0415 -- only this workload merges by position
+
+    rng = random.Random(seed)
+    # built in elephants()'s order: each _Flow draws its numbers when made
+    made = [list(one(outside.format(10 + i), home.format(100 + i), 50000 + i, size, rng)) for i in range(flows)]
+
+    def placed(frames, start, rank):  # (where in the mix, who goes first at a tie, frame)
+        return ((start + (1 - start) * j / len(frames), rank, f) for j, f in enumerate(frames))
+
+    streams = [placed(a, 0.0, 0)] + [placed(fr, i / flows, 1 + i) for i, fr in enumerate(made)]
+    return [f for _, _, f in heapq.merge(*streams, key=lambda x: (x[0], x[1]))]
+
+
 def mix(a, b):
     """Two frame lists interleaved in proportion (the elephants spread over the mix)."""
     if not a or not b:

@@ -73,6 +73,8 @@ examples:
   python -m lab bench ids --elephants 4x16M --cutoff 0,64K,1M --rates 10,30,60,100 --cpu-quota 5
                                                            # long transfers, and the monitor's tap
                                                            # cutting each flow after its first bytes
+  python -m lab bench ids --elephants 4x16M --cutoff 0,64K,1M --rates 100,150,200 --elephant-starts together,staggered
+                                                           # the transfers begun together, or apart
 """
 RATES = [10, 15, 20, 25, 30]
 DEFAULT_QUOTAS = "5,none"
@@ -180,6 +182,13 @@ def add_arguments(p):
         "signatures 32 KiB and 512 KiB in (lab.traffic.elephants); 0: none (default %(default)s)",
     )
     p.add_argument(
+        "--elephant-starts",
+        default="together",
+        metavar="together[,staggered]",
+        help="the elephants all start with the replay (their first bytes arrive at once), or one "
+        "every 1/N of it; a list interleaves, each with its own pcap (default %(default)s)",
+    )
+    p.add_argument(
         "--at",
         default="local",
         metavar="local[,remote]",
@@ -245,6 +254,13 @@ def parse_cutoffs(text):
     return list(dict.fromkeys(parse_list(text, conv, what="cutoff")))
 
 
+STARTS = ("together", "staggered")
+
+
+def parse_starts(text):
+    return list(dict.fromkeys(parse_list(text, str, STARTS, "--elephant-starts mode")))
+
+
 def parse_elephants(text):
     """(flows, bytes each) from "4x16M"; (0, 0) for "0"."""
     if str(text).strip() in ("0", ""):
@@ -272,6 +288,8 @@ class Workload:
 
     def __init__(self, args, rates, tmpdir):
         self.elephants = parse_elephants(getattr(args, "elephants", "0"))
+        # the elephants' start modes: each a pcap of its own (the same frames, other order)
+        self.starts = parse_starts(getattr(args, "elephant_starts", "together")) if self.elephants[0] else ["together"]
         if self.elephants[0] and args.pcap is not None:
             raise ValueError("--elephants goes with the project's traffic, not --pcap")
         self.rules = Path(args.rules) if args.rules else attacks.RULES
@@ -290,9 +308,11 @@ class Workload:
             self.seed = args.seed
             self.repetitions = args.loop or self._repetitions_for(rates)
             self.loop = 1
-            self.pcap = Path(tmpdir) / "attacks.pcap"
+            self.pcaps = {m: Path(tmpdir) / f"attacks-{m}.pcap" for m in self.starts}
+            self.pcap = self.pcaps[self.starts[0]]
         else:
             self.pcap = check_pcap(args.pcap)
+            self.pcaps = {"together": self.pcap}
             self.loop = args.loop or 1
             self.repetitions = None
             self.seed = None
@@ -330,11 +350,19 @@ class Workload:
             frames, self.truth = attacks.stream(seed=self.seed, repetitions=self.repetitions)
             n, size = self.elephants
             if n:  # spread over the mix, as concurrent transfers would be
-                say(f"lab bench ids: and {n} elephants of {size} bytes")
-                big, big_truth = elephants.elephants(n, size, seed=self.seed)
-                frames = elephants.mix(list(frames), big)
-                self.truth = self.truth + big_truth
-            self.frames, self.bytes = attacks.write_pcap(self.pcap, frames)
+                frames = list(frames)
+                self.truth = self.truth + elephants.truth(n, size)
+            for m in self.starts:  # the same frames in each pcap, the elephants' starts apart
+                if n and m == "together":
+                    say(f"lab bench ids: and {n} elephants of {size} bytes, starting together")
+                    out = elephants.mix(frames, elephants.elephants(n, size, seed=self.seed)[0])
+                elif n:
+                    say(f"lab bench ids: and {n} elephants of {size} bytes, starting one every 1/{n} of the replay")
+                    out = elephants.staggered(frames, n, size, seed=self.seed)
+                else:
+                    out = frames
+                self.frames, self.bytes = attacks.write_pcap(self.pcaps[m], out)
+                del out
             self.longest = 1514
         else:
             self.frames, self.bytes, self.longest = attacks.pcap_stats(self.pcap)
@@ -407,6 +435,7 @@ def main(args):
     parse_list(args.at, str, AT, "--at place")
     parse_cutoffs(args.cutoff)
     parse_elephants(args.elephants)
+    parse_starts(args.elephant_starts)
     _, cpus = checked_options(args, cpus="sender+monitor,receiver")
     df, _, path = measure(args, rates, quotas, args.trials, cpus, args.out)
     print_summary(df)
@@ -488,7 +517,7 @@ class RemoteTap:
 
 def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",), cutoffs=(0,)):
     rows, sig_rows = [], []
-    variants = [(q, where, c) for q in quotas for where in at for c in cutoffs]
+    variants = [(q, where, c, m) for q in quotas for where in at for c in cutoffs for m in work.starts]
     bar = Progress(max(1, trials * len(rates) * len(variants))) if progress else None
     tb = testbeds.testbed1(mtu=work.mtu, collector="remote" in at)
     with tb, BpfRunStats():
@@ -499,17 +528,18 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",
         }
         remote = {c: RemoteTap(tb, work.watch, c) for c in cutoffs} if "remote" in at else {}
         try:
-            for trial, rate, (quota, where, cutoff) in interleaved(trials, rates, variants):
+            for trial, rate, (quota, where, cutoff, starts) in interleaved(trials, rates, variants):
                 tap = (remote if where == "remote" else local)[cutoff]
                 tap.attach()
                 try:
-                    r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial), where, cutoff)
+                    r, sigs = one_run(work, tb, tap, rate, quota, cores(cpus, trial), where, cutoff, starts)
                 finally:
                     tap.detach()
                 rows.append({"trial": trial, **r})
                 sig_rows += [{"trial": trial, **s} for s in sigs]
                 if bar:  # the trial as the CSV numbers it, from 0
                     cut = f" cutoff {cutoff}" if cutoff else ""
+                    cut += f" {starts}" if len(work.starts) > 1 else ""
                     bar.step(f"{rate} Mbps quota {quota or 'none'} {where}{cut} trial {trial}")
         finally:
             for t in [*local.values(), *remote.values()]:
@@ -538,13 +568,14 @@ def run(work, rates, quotas, trials, cpus, out=None, progress=True, at=("local",
         "at": list(at),
         "cutoffs": list(cutoffs),
         "elephants": {"flows": work.elephants[0], "bytes": work.elephants[1]},
+        "elephant_starts": work.starts,
     }
     path = write_results(df, "ids", params, out)
     sig_df.to_csv(signatures_path(path), index=False)
     return df, sig_df, path
 
 
-def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0):
+def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0, starts="together"):
     mon_cpu, rx_cpu = cpus
     # the monitor's IDS: on the monitor, or on the collector the tunnel goes to
     mon_ns, mon_iface = (
@@ -564,7 +595,7 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0):
         with Tcpreplay(
             tb.ns(tb.sender),
             tb.sender_iface,
-            work.pcap,
+            work.pcaps[starts],
             mbps=None if rate == "top" else rate,
             loop=work.loop,
             cpu=mon_cpu,
@@ -592,6 +623,7 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0):
         "cpu_quota_pct": quota,
         "monitor_at": where,
         "cutoff": cutoff,
+        "elephant_starts": starts if work.elephants[0] else None,
         "achieved_mbps": rep.mbps,
         "achieved_kpps": rep.pps / 1e3,
         "packets_sent": rep.packets,
@@ -632,6 +664,7 @@ def one_run(work, tb, tap, rate, quota, cpus, where="local", cutoff=0):
                     "cpu_quota_pct": quota,
                     "monitor_at": where,
                     "cutoff": cutoff,
+                    "elephant_starts": row["elephant_starts"],
                     # a signature the cutoff keeps from the monitor (its bytes lie beyond it)
                     "beyond_cutoff": bool(work.truth and truth is not None and work.truth[sid] > truth[sid]),
                     "ids": who,
@@ -661,16 +694,21 @@ def print_summary(df, stream=sys.stdout):
     if "cutoff" not in df:  # a CSV from before the cutoff
         df = df.assign(cutoff=0, monitor_expected_alerts=df["expected_alerts"], monitor_mbps=float("nan"))
     cuts = df["cutoff"].nunique() > 1 or df["cutoff"].max() > 0
+    if "elephant_starts" not in df:  # a CSV from before the staggered starts
+        df = df.assign(elephant_starts=None)
+    starts = df["elephant_starts"].nunique() > 1  # a column of its own only when it varies
     stream.write(
         f"  {'quota':>6} {'rate':>6} {'at':>6}"
         + (f" {'cutoff':>8}" if cuts else "")
+        + (f" {'starts':>9}" if starts else "")
         + f" {'Mbps':>6} | {'receiver alerts':>22} {'drop %':>6} "
         f"{'correct':>7} | {'monitor alerts':>22} {'drop %':>6} {'correct':>7}"
         + (f" {'mon Mbps':>8}" if cuts else "")
         + f" | {'expected':>8}\n"
     )
     df = df.assign(q=df["cpu_quota_pct"].map(lambda q: "none" if pd.isna(q) else f"{int(q)} %"))
-    for (q, rate, where, cutoff), g in df.groupby(["q", "rate", "monitor_at", "cutoff"], sort=False):
+    keys = ["q", "rate", "monitor_at", "cutoff", "elephant_starts"]
+    for (q, rate, where, cutoff, start), g in df.groupby(keys, sort=False, dropna=False):
 
         def span(col, *, g=g):  # this group, bound now
             return f"{g[col].median():8.0f} [{g[col].min():.0f}..{g[col].max():.0f}]"
@@ -680,6 +718,7 @@ def print_summary(df, stream=sys.stdout):
         stream.write(
             f"  {q:>6} {rate:>6} {where:>6}"
             + (f" {_size(cutoff):>8}" if cuts else "")
+            + (f" {start:>9}" if starts else "")
             + f" {g['achieved_mbps'].median():6.1f} | "
             f"{span('receiver_alerts'):>22} "
             f"{100 * g['receiver_drop_rate'].median():6.2f} {correct(g['receiver_correct']):>7} | "

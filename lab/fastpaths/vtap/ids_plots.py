@@ -251,6 +251,13 @@ def _cutoffs(df):
     return [0] * (0 in present) + sorted((c for c in present if c), reverse=True)
 
 
+def _with_starts(d):
+    """elephant_starts of a CSV from before they could be staggered: together."""
+    if "elephant_starts" not in d:
+        return d.assign(elephant_starts="together")
+    return d.assign(elephant_starts=d["elephant_starts"].fillna("together"))
+
+
 def _key(v) -> str:
     return "none" if pd.isna(v) else str(v)
 
@@ -263,7 +270,8 @@ def cutoff_runs(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
     rate and the Mbps that reached it."""
     m = sigs[sigs["ids"] == "monitor"].copy()
     m["beyond_cutoff"] = m["beyond_cutoff"].astype(bool)
-    keys = ["cutoff", "rate", "trial", "cpu_quota_pct", "monitor_at"]
+    keys = ["cutoff", "rate", "trial", "cpu_quota_pct", "monitor_at", "elephant_starts"]
+    m, df = _with_starts(m), _with_starts(df)
     for k in keys:  # no quota is NaN, which groupby and join would drop: a key of its own
         m[k] = m[k].map(_key)
     inside, outside = m[~m["beyond_cutoff"]], m[m["beyond_cutoff"]]
@@ -277,6 +285,7 @@ def cutoff_runs(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
     d["beyond_alerts"] = d["beyond_alerts"].fillna(0)
     d["within_pct"] = 100 * d["within_alerts"] / d["within_expected"]
     d["cutoff"] = d["cutoff"].astype(int)
+    d["elephant_starts"] = d["elephant_starts"].astype(str)
     return d
 
 
@@ -285,7 +294,8 @@ def cutoff_table(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
     share of those expected, its drops (%), Mbps at the monitor and the byte saving against
     the uncut run, and the tap's ns per packet."""
     d = cutoff_runs(df, sigs)
-    g = d.groupby(["rate_mbps", "cutoff"])
+    by = ["rate_mbps", "elephant_starts", "cutoff"] if d["elephant_starts"].nunique() > 1 else ["rate_mbps", "cutoff"]
+    g = d.groupby(by)
     out = pd.DataFrame(
         {
             "within_pct": g["within_pct"].median(),
@@ -297,17 +307,20 @@ def cutoff_table(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
         }
     )
     uncut = out.xs(0, level="cutoff")["monitor_mbps"] if 0 in d["cutoff"].values else None
-    if uncut is not None:
+    if uncut is not None:  # against the uncut run of the same rate (and starts)
         out["bytes_saved_pct"] = [
-            100 * (1 - row.monitor_mbps / uncut[rate]) if rate in uncut else float("nan")
-            for (rate, _), row in out.iterrows()
+            100 * (1 - row.monitor_mbps / uncut[key[:-1] if len(key) > 2 else key[0]])
+            if (key[:-1] if len(key) > 2 else key[0]) in uncut
+            else float("nan")
+            for key, row in out.iterrows()
         ]
     out = out.rename(index=cutoff_label, level="cutoff")
     return out.round(2)
 
 
 def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
-    """Three panels per rate, a line per cutoff (median, whiskers min to max): the monitor's
+    """Three panels per rate, a line per cutoff (dashed where the elephants' starts were
+    staggered; median, whiskers min to max): the monitor's
     alerts within its cutoff as a share of those expected; its drop rate; the Mbps that
     reached it."""
     d = cutoff_runs(df, sigs)
@@ -318,8 +331,10 @@ def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
         ("monitor_drop_rate", 100.0, "monitor IDS drop rate (%)"),
         ("monitor_mbps", 1.0, "Mbps at the monitor"),
     ]
-    for i, c in enumerate(_cutoffs(d)):
-        sub = d[d["cutoff"] == c]
+    starts = sorted(d["elephant_starts"].unique(), key=lambda m: m != "together")
+    for (i, c), m in ((ic, m) for ic in enumerate(_cutoffs(d)) for m in starts):
+        sub = d[(d["cutoff"] == c) & (d["elephant_starts"] == m)]
+        label = cutoff_label(c) + (f", {m}" if len(starts) > 1 else "")
         for ax, (col, scale, _) in zip(axes, panels, strict=True):
             g = sub.groupby("rate_mbps")[col]
             med, lo, hi = g.median() * scale, g.min() * scale, g.max() * scale
@@ -328,9 +343,10 @@ def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
                 med,
                 yerr=[med - lo, hi - med],
                 color=palette.CUTOFFS[i % len(palette.CUTOFFS)],
-                marker="o",
+                marker="o" if m == "together" else "s",
+                linestyle="-" if m == "together" else "--",
                 capsize=3,
-                label=cutoff_label(c),
+                label=label,
             )
     for ax, (_, _, title) in zip(axes, panels, strict=True):
         ax.set_xlabel("replay rate (Mbps)")

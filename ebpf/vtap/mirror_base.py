@@ -23,7 +23,7 @@ from ebpf.abi import defines
 from ebpf.errors import BpfError, InputError
 from ebpf.program import BpfProgram
 from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX, parse_size
-from ebpf.vtap.steer import HOLD_DEFAULT, MAX_HOSTS_DEFAULT, Steer
+from ebpf.vtap.steer import Steered
 from ebpf.vtap.watchlist import parse_watch_list, per_family, trie_key
 
 MATCH_MODES = {"src": (1, 0), "dst": (0, 1), "any": (1, 1)}
@@ -38,7 +38,7 @@ def slot_of(ifindex):
     return ifindex & (IF_SLOTS - 1)
 
 
-class MirrorBase(BpfProgram):
+class MirrorBase(Steered, BpfProgram):
     """The watch-list, sampling and config entry of a vTAP program."""
 
     INLINE = ("watch.h", "cutoff.h")  # the watch-list, its match and the cutoff, the same at both hooks
@@ -221,60 +221,10 @@ class MirrorBase(BpfProgram):
         now = self.flows_now()
         return {"flows": now, "evicted": max(0, totals["flows_new"] - totals["flows_ended"] - now)}
 
-    # --- hosts held for a while: watch_for(), alerts (steer.py) ----------------------
-    def watch_for(self, addr, seconds):
-        """Put one host on the watch-list for `seconds` (a later call renews it, to the
-        later end), beside the list given; taken off when the time is up."""
-        self._steering().hold(addr, seconds)
-
-    def follow_alerts(self, path, watch="both", hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, from_start=False):
-        """Follow a Suricata EVE JSON file as it is written (from its end; rotation and
-        truncation followed): each alert holds the hosts it names (watch: src, dst or
-        both) for `hold` seconds, renewed by later alerts, at most max_hosts at once.
-        In a thread of this process until stop_alerts() or close()."""
+    # --- hosts held for a while: watch_for(), alerts (steer.py's Steered) -------------
+    def _refuse_holding(self, what):
         if self._given is None:
-            raise InputError("this tap mirrors everything: alerts can add nothing (give it a watch-list, even [])")
-        steer = self._steering(hold, max_hosts, watch)
-        steer.follow(path, from_start)
-
-    def stop_alerts(self):
-        """Stop following; the held hosts leave the watch-list."""
-        if self._steer is not None:
-            self._steer.stop()
-            with self._watch_lock:
-                self._steer.holds.until.clear()
-                if self.bpf is not None:
-                    self._write_watch(self._effective())
-
-    def alert_counters(self) -> dict:
-        """Alerts read, hosts held now, added, renewed, expired, capped, and the waits
-        from an alert's line to its host's first copy ({} before any steering)."""
-        with self._watch_lock:
-            return self._steer.counters_now() if self._steer else {}
-
-    def alert_waits(self) -> list:
-        """[(host, seconds)]: each held host's wait from its alert's line being written
-        to its first copy, in the order they were seen (a host held again: again)."""
-        with self._watch_lock:
-            return list(self._steer.waits) if self._steer else []
-
-    def held(self) -> list:
-        """The hosts held now, as networks."""
-        with self._watch_lock:
-            return self._steer.networks() if self._steer else []
-
-    def _steering(self, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
-        if self._given is None:
-            raise InputError("this tap mirrors everything: a held host adds nothing (give it a watch-list, even [])")
-        if self._steer is None:
-            self._steer = Steer(self, hold, max_hosts, which)
-        return self._steer
-
-    # what Steer asks of the tap
-    @property
-    def watch_lock(self):
-        """Held while a hold changes and the trie is written; readers of the watch-list take it."""
-        return self._watch_lock
+            raise InputError(f"this tap mirrors everything: {what} (give it a watch-list, even [])")
 
     def apply_held(self):
         with self._watch_lock:

@@ -109,9 +109,10 @@ class Steer:
                 changed = True
             if changed:
                 self.tap.apply_held()
-            self._first_copies()
+            self.first_copies()
 
-    def _first_copies(self):
+    def first_copies(self):
+        """Each waiting host whose first frame the program stamped: its wait, counted."""
         if not self.waiting:
             return
         offset = time.time() - time.monotonic()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
@@ -169,3 +170,65 @@ class Steer:
             "alert_first_copy_max_s": round(waits[-1], 4) if waits else None,
         }
         return out
+
+
+class Steered:
+    """What a tap that holds hosts offers its users (MirrorBase: beside its watch-list;
+    SessionMirror: in one of its sessions). The tap sets `_steer = None` and `_watch_lock`
+    (an RLock) and gives Steer what it asks: _refuse_holding(what), apply_held(),
+    has_room(addr), watches_alone(addr), first_match_ns(addr) and warn(msg)."""
+
+    def watch_for(self, addr, seconds):
+        """Hold one host for `seconds` (a later call renews it, to the later end); let go
+        when the time is up."""
+        self._steering().hold(addr, seconds)
+
+    def follow_alerts(self, path, watch="both", hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, from_start=False):
+        """Follow a Suricata EVE JSON file as it is written (from its end; rotation and
+        truncation followed): each alert holds the hosts it names (watch: src, dst or
+        both) for `hold` seconds, renewed by later alerts, at most max_hosts at once.
+        In a thread of this process until stop_alerts() or close()."""
+        self._refuse_holding("alerts can add nothing")
+        steer = self._steering(hold, max_hosts, watch)
+        steer.follow(path, from_start)
+
+    def stop_alerts(self):
+        """Stop following; the held hosts are let go."""
+        if self._steer is not None:
+            self._steer.stop()
+            with self._watch_lock:
+                self._steer.holds.until.clear()
+                self.apply_held()
+
+    def alert_counters(self) -> dict:
+        """Alerts read, hosts held now, added, renewed, expired, capped, and the waits
+        from an alert's line to its host's first copy ({} before any steering). The
+        first copies are looked at now, not at the thread's last round: a summary taken
+        as the tap stops counts a copy made since."""
+        with self._watch_lock:
+            if self._steer is None:
+                return {}
+            self._steer.first_copies()
+            return self._steer.counters_now()
+
+    def alert_waits(self) -> list:
+        """[(host, seconds)]: each held host's wait from its alert's line being written
+        to its first copy, in the order they were seen (a host held again: again)."""
+        with self._watch_lock:
+            return list(self._steer.waits) if self._steer else []
+
+    def held(self) -> list:
+        """The hosts held now, as networks."""
+        with self._watch_lock:
+            return self._steer.networks() if self._steer else []
+
+    @property
+    def watch_lock(self):
+        """Held while a hold changes and the program's tables are written; readers take it."""
+        return self._watch_lock
+
+    def _steering(self, hold=HOLD_DEFAULT, max_hosts=MAX_HOSTS_DEFAULT, which="both"):
+        self._refuse_holding("a held host adds nothing")
+        if self._steer is None:
+            self._steer = Steer(self, hold, max_hosts, which)
+        return self._steer

@@ -117,6 +117,7 @@ class Rule:
     destination: str | None = None
     source_ports: str | int | None = None
     destination_ports: str | int | None = None
+    whole: bool = False  # a held host's rule (an alert's), not the file's: past the cutoff (tc_sessions.py)
 
     def __post_init__(self):
         self.check("rule")
@@ -163,6 +164,8 @@ class Rule:
                 if ports:
                     where += f" port {ports[0]}" + (f"-{ports[1]}" if ports[1] != ports[0] else "")
                 parts.append(f"{name} {where}")
+        if self.whole:
+            parts.append("whole")
         return " ".join(parts)
 
 

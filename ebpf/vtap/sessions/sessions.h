@@ -73,6 +73,8 @@ struct sess_config {
 struct sess_rule {
 	__u8 session;  /* slot in sessions (the session's order) */
 	__u8 accept;   /* 1: copy, 0: do not (for this session) */
+	__u8 whole;    /* 1: a held host's (an alert's): its frames go past the session's cutoff,
+	                * and the first one it takes is stamped (rule_first) */
 };
 
 /* One session, as the program needs it. */

@@ -72,6 +72,7 @@ BPF_ARRAY(sessions, struct sess_session, SESS_GENS * SESS_MAX);
 BPF_ARRAY(cut_bits, struct sess_bits, SESS_GENS);  /* per generation: the rules of the sessions with a cutoff */
 BPF_PERCPU_ARRAY(cut_scratch, __u64, 1);           /* a flow's count on its way to decide() (see there) */
 BPF_PERCPU_ARRAY(rule_hits, __u64, SESS_GENS * SESS_RULES_MAX);
+BPF_ARRAY(rule_first, __u64, SESS_GENS * SESS_RULES_MAX);  /* a whole rule's first frame taken (ns, monotonic) */
 BPF_PERCPU_ARRAY(sess_stats, struct sess_stats, SESS_GENS * SESS_MAX);
 BPF_PERCPU_ARRAY(stats, struct sess_if_stats, SESS_IF_SLOTS);
 /* GRE sequence numbers (ERSPAN), per session. A lock rather than an atomic
@@ -245,8 +246,9 @@ static __always_inline __u32 decide(struct sess_bits *x, __u32 gen, struct cut_i
 			st->sampled_out++;
 			continue;
 		}
-		/* past this session's cutoff: only what opens or ends the flow (cutoff.h) */
-		if (s->cutoff && ci->before >= s->cutoff) {
+		/* past this session's cutoff: only what opens or ends the flow (cutoff.h); a
+		 * held host's rule (whole) takes all of it */
+		if (s->cutoff && ci->before >= s->cutoff && !r->whole) {
 			st->cut++;
 			st->cut_bytes += ci->len;
 			continue;
@@ -254,6 +256,11 @@ static __always_inline __u32 decide(struct sess_bits *x, __u32 gen, struct cut_i
 		st->handed++;
 		take |= me;
 		shadow |= s->shadow;
+		if (r->whole) {  /* the host's wait ends with its first frame taken (steer.py) */
+			__u64 *first = rule_first.lookup(&rk);
+			if (first && !*first)
+				*first = bpf_ktime_get_ns();
+		}
 	}
 	return take;
 }

@@ -22,9 +22,12 @@ tables (sessions.h) let a change land whole, between two frames.
 """
 
 import ctypes
+import dataclasses
+import ipaddress
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -36,8 +39,9 @@ from ebpf.program import BpfProgram
 from ebpf.vtap import mirror_loops
 from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX
 from ebpf.vtap.sessions import encap
-from ebpf.vtap.sessions.config import KINDS, ordered
+from ebpf.vtap.sessions.config import KINDS, Rule, ordered
 from ebpf.vtap.sessions.tables import field_bits, write_array, write_tries
+from ebpf.vtap.steer import Steered
 
 SESSIONS_H = defines("vtap/sessions/sessions.h")
 SESS_MAX = SESSIONS_H["SESS_MAX"]
@@ -79,7 +83,7 @@ def sender_pid(name):
     return int(pid) if pid.isdigit() else None
 
 
-class SessionMirror(BpfProgram):
+class SessionMirror(Steered, BpfProgram):
     """Copy what each session's rules accept to its target."""
 
     SOURCE = "tc_sessions.bpf.c"
@@ -115,6 +119,14 @@ class SessionMirror(BpfProgram):
         self._sender = None  # (name, ifindex) of the sender device once made
         self._slot_names = {}
         self._resolved = self._resolve(self._sessions)  # a bad target fails before anything is made
+        # hosts held in one session (watch_for(), follow_alerts(): steer.py): two whole rules
+        # each, first in that session, so all of the host's frames go there, past its cutoff
+        self._steer = None
+        self._watch_lock = threading.RLock()
+        self._alert_session = None  # its number
+        self._held_since = {}  # network -> time.monotonic_ns() its hold began
+        self._stamps = {}  # network -> first-frame stamps of retired generations (ns)
+        self._said_gone = False
 
     # --- targets --------------------------------------------------------------------
     def _resolve(self, sessions):
@@ -146,7 +158,7 @@ class SessionMirror(BpfProgram):
 
     # --- the maps -------------------------------------------------------------------
     def maps_created(self):
-        self._write_generation(0, self._sessions, self._resolved)
+        self._write_generation(0, self._effective(self._sessions), self._resolved)
         self._write_config()
 
     def _write_config(self):
@@ -173,7 +185,7 @@ class SessionMirror(BpfProgram):
             v = rules.Leaf()
             if i < len(bits["rules"]):
                 slot, r = bits["rules"][i]
-                v.session, v.accept = slot, int(r.action == "accept")
+                v.session, v.accept, v.whole = slot, int(r.action == "accept"), int(r.whole)
             rules[rules.Key(gen * RULES_MAX + i)] = v
         table = t("sessions")
         shadows = self._shadows(sessions)
@@ -214,19 +226,34 @@ class SessionMirror(BpfProgram):
             cut[cut.Key(gen)] = v
 
     def _fold(self, gen):
-        """Add generation gen's counters to the bases and zero them (before reuse)."""
+        """Add generation gen's counters to the bases and zero them (before reuse); keep
+        its held hosts' first-frame stamps."""
         for slot, s in enumerate(self._gen_sessions[gen]):
             c = self.percpu_totals("sess_stats", gen * SESS_MAX + slot)
             for k in SESSION_COUNTERS:
                 self._bases[(s.number, k)] = self._bases.get((s.number, k), 0) + c[k]
             self.zero_percpu("sess_stats", gen * SESS_MAX + slot)
-        rules = [(s, i) for s in self._gen_sessions[gen] for i in range(len(s.rules))]
-        hits = self.table("rule_hits")
-        for bit, (s, i) in enumerate(rules):
+        hits, first = self.table("rule_hits"), self.table("rule_first")
+        for bit, (s, r, i) in enumerate(self._rule_keys(gen)):
             k = hits.Key(gen * RULES_MAX + bit)
-            n = sum(hits[k])
-            self._rule_bases[(s.number, i)] = self._rule_bases.get((s.number, i), 0) + n
+            if r.whole:  # a held host's: its stamp, not the file's rule counts
+                stamp = first[first.Key(gen * RULES_MAX + bit)].value
+                if stamp:
+                    self._stamps.setdefault(r.src or r.dst, []).append(stamp)
+                    first[first.Key(gen * RULES_MAX + bit)] = first.Leaf(0)
+            else:
+                n = sum(hits[k])
+                self._rule_bases[(s.number, i)] = self._rule_bases.get((s.number, i), 0) + n
             hits[k] = hits.Leaf(*([0] * len(hits[k])))
+
+    def _rule_keys(self, gen):
+        """Generation gen's rules in bit order: (session, rule, position among the file's
+        rules of that session, None for a held host's)."""
+        out = []
+        for s in self._gen_sessions[gen]:
+            pos = itertools.count()
+            out += [(s, r, None if r.whole else next(pos)) for r in s.rules]
+        return out
 
     def set_sessions(self, sessions):
         """Replace every session, live: checked and resolved first, written to the
@@ -240,17 +267,23 @@ class SessionMirror(BpfProgram):
                 "(make it with flows=, vtap --flows N, or a cutoff in the sessions it starts with)"
             )
         resolved = self._resolve(sessions)
-        if self.bpf is not None:
-            with self._lock, interrupts.held():
-                nxt = 1 - self._gen
-                self._fold(nxt)
-                try:
-                    self._write_generation(nxt, sessions, resolved)
-                except Exception as e:
-                    raise BpfError(f"writing the sessions: {e}") from None
-                self._gen = nxt
-                self._write_config()
-        self._sessions, self._resolved = sessions, resolved
+        with self._watch_lock:  # the held hosts go into the new sessions as they are now
+            if self.bpf is not None:
+                self._write(sessions, resolved)
+            self._sessions, self._resolved = sessions, resolved
+
+    def _write(self, sessions, resolved):
+        """Write the sessions, with the held hosts, to the generation not in use, then switch."""
+        effective = self._effective(sessions)
+        with self._lock, interrupts.held():
+            nxt = 1 - self._gen
+            self._fold(nxt)
+            try:
+                self._write_generation(nxt, effective, resolved)
+            except Exception as e:
+                raise BpfError(f"writing the sessions: {e}") from None
+            self._gen = nxt
+            self._write_config()
 
     def refresh(self) -> bool:
         """Look the targets up again (routes, MTUs, sources); rewrite when they
@@ -466,12 +499,98 @@ class SessionMirror(BpfProgram):
                 return out
             hits = self.table("rule_hits")
             for gen in (0, 1):
-                rules = [(s, i) for s in self._gen_sessions[gen] for i in range(len(s.rules))]
-                for bit, (s, i) in enumerate(rules):
-                    key = (s.label, i + 1, str(s.rules[i])) if i < len(s.rules) else None
+                for bit, (s, r, i) in enumerate(self._rule_keys(gen)):
+                    key = (s.label, i + 1, str(r)) if i is not None else None
                     if key in out:
                         out[key] += sum(hits[hits.Key(gen * RULES_MAX + bit)])
             return out
+
+    # --- hosts held in a session: watch_for(), follow_alerts() (steer.py) ---------------
+    def set_alert_session(self, session):
+        """The session held hosts go into (its name or number): all of a held host's
+        frames, both ways, are copied to that session's target, past its cutoff."""
+        keys = {session, int(session)} if isinstance(session, str) and session.isdigit() else {session}
+        found = [s for s in self._sessions if keys & {s.name, s.number, s.label}]
+        if not found:
+            names = ", ".join(s.label for s in self._sessions)
+            raise InputError(f"no session {session!r} to hold hosts in (sessions: {names})")
+        if self._alert_session is not None and self._alert_session != found[0].number:
+            raise InputError("held hosts go into one session: it was chosen already")
+        self._alert_session = found[0].number
+
+    def watch_for(self, addr, seconds, session=None):
+        """Hold one host in `session` (name or number; set_alert_session()) for `seconds`."""
+        if session is not None:
+            self.set_alert_session(session)
+        super().watch_for(addr, seconds)
+
+    def follow_alerts(self, path, session=None, **kw):
+        """As the vTAP's (steer.Steered), each alert's hosts held in `session` (name or
+        number; set_alert_session())."""
+        if session is not None:
+            self.set_alert_session(session)
+        super().follow_alerts(path, **kw)
+
+    def _refuse_holding(self, what):
+        if self._alert_session is None:
+            raise InputError(f"no session takes held hosts: {what} (name one: session=, vtap --alert-session)")
+
+    def _effective(self, sessions):
+        """The sessions with the held hosts' rules first in the alert session: one from the
+        host and one to it, whole."""
+        held = self._steer.networks() if self._steer else []
+        if not held:
+            return sessions
+        extra = [Rule("accept", **{side: str(n)}, whole=True) for n in held for side in ("source", "destination")]
+        out = [
+            dataclasses.replace(s, rules=extra + list(s.rules)) if s.number == self._alert_session else s
+            for s in sessions
+        ]
+        if out == list(sessions) and not self._said_gone:  # the file's edit took the session away
+            self._said_gone = True
+            self.warn(f"session {self._alert_session} is gone from the sessions: the held hosts are copied nowhere")
+        return out
+
+    def apply_held(self):
+        with self._watch_lock:
+            now = time.monotonic_ns()
+            held = set(self.held())
+            for n in held - set(self._held_since):
+                self._held_since[n] = now
+            for n in set(self._held_since) - held:  # its hold is over: a later one starts afresh
+                del self._held_since[n]
+                self._stamps.pop(n, None)
+            if self.bpf is not None:
+                self._write(self._sessions, self._resolved)
+
+    def has_room(self, addr) -> bool:
+        return sum(len(s.rules) for s in self._effective(self._sessions)) + 2 <= RULES_MAX
+
+    def watches_alone(self, addr) -> bool:
+        return False  # no rule of the file's is a held host's: each has its own
+
+    def first_match_ns(self, addr) -> int:
+        """When a frame of addr's hold was first taken (CLOCK_MONOTONIC ns), 0 if not yet."""
+        net = ipaddress.ip_network(addr)
+        since = self._held_since.get(net)
+        if since is None or self.bpf is None:
+            return 0
+        with self._lock:
+            got = [t for t in self._stamps.get(net, []) if t >= since]
+            first = self.table("rule_first")
+            for gen in (0, 1):
+                for bit, (_, r, _) in enumerate(self._rule_keys(gen)):
+                    if r.whole and (r.src or r.dst) == net:
+                        t = first[first.Key(gen * RULES_MAX + bit)].value
+                        if t >= since:
+                            got.append(t)
+        return min(got, default=0)
+
+    def close(self):
+        """Stop following alerts first (its thread writes the tables), then as BpfProgram."""
+        if self._steer is not None:
+            self._steer.stop()
+        super().close()
 
     def describe(self) -> dict:
         d = super().describe()

@@ -37,6 +37,7 @@ SESSIONS = (["tests/test_sessions.py"], ["tests/test_vtap_sessions.py"])
 SESSION_TABLES = (["tests/test_sessions_file.py"], ["tests/test_sessions.py"])
 CUTOFF = (["tests/test_vtap_cutoff.py"], ["tests/test_vtap_cutoff.py", "tests/test_xdp_mirror.py", "-k", "cut"])
 ALERTS = (["tests/test_eve_follower.py"], ["tests/test_vtap_alerts.py"])
+SESSION_ALERTS = (["tests/test_session_alerts.py", "-k", "held"], ["tests/test_session_alerts.py"])
 WATCH_PY = (["tests/test_tc_mirror.py", "-k", "watch or cidr or bad"], ["tests/test_cli.py", "tests/test_tc_mirror.py"])
 
 MUTANTS = [
@@ -383,6 +384,22 @@ MUTANTS = [
         "if False:  # an alert's host",
         "a held host's entry lacks the whole flag: the loop steers nothing past the cutoff",
         (ALERTS[0], [*ALERTS[1], "tests/test_ids_loop.py"]),
+    ),
+    M(
+        "sessions-held-host-cut",
+        "ebpf/vtap/sessions/tc_sessions.bpf.c",
+        "if (s->cutoff && ci->before >= s->cutoff && !r->whole) {",
+        "if (s->cutoff && ci->before >= s->cutoff) {",
+        "a host held in a session is cut like the rest: the IDS never gets its whole traffic",
+        SESSION_ALERTS,
+    ),
+    M(
+        "sessions-held-first-copy-of-a-past-hold",
+        "ebpf/vtap/sessions/tc_sessions.py",
+        "got = [t for t in self._stamps.get(net, []) if t >= since]",
+        "got = list(self._stamps.get(net, []))",
+        "a host held again takes its last hold's first copy for this one's",
+        SESSION_ALERTS,
     ),
     M(
         "alerts-hold-never-ends",

@@ -82,12 +82,22 @@ def add_alert_options(p):
         metavar="N",
         help=f"--alerts: at most N hosts held at once; alerts for more are counted (default {MAX_HOSTS_DEFAULT})",
     )
+    p.add_argument(
+        "--alert-session",
+        metavar="NAME|NUMBER",
+        help="--alerts with --sessions: the file's session the held hosts go into (all of a held host's "
+        "frames, both ways, past that session's cutoff)",
+    )
 
 
-def alert_options(args) -> dict | None:
-    """follow_alerts()'s keywords from the options, or None without --alerts (UsageError: exit 2)."""
+def alert_options(args, sessions=False) -> dict | None:
+    """follow_alerts()'s keywords from the options, or None without --alerts (UsageError: exit 2).
+    sessions: for `--sessions`, where --alert-session names the session the hosts go into."""
+    if not sessions and getattr(args, "alert_session", None) is not None:
+        raise UsageError("--alert-session goes with --sessions: it names the file's session the held hosts go into")
     if not args.alerts:
-        given = [o for o in ("--alert-hold", "--alert-max") if getattr(args, o[2:].replace("-", "_")) is not None]
+        opts = ("--alert-hold", "--alert-max", "--alert-session")
+        given = [o for o in opts if getattr(args, o[2:].replace("-", "_"), None) is not None]
         if args.alert_watch != "both":
             given.append("--alert-watch")
         if given:
@@ -99,13 +109,19 @@ def alert_options(args) -> dict | None:
     most = MAX_HOSTS_DEFAULT if args.alert_max is None else args.alert_max
     if most < 1:
         raise UsageError(f"--alert-max must be at least 1, not {most}")
-    return {"path": args.alerts, "watch": args.alert_watch, "hold": hold, "max_hosts": most}
+    out = {"path": args.alerts, "watch": args.alert_watch, "hold": hold, "max_hosts": most}
+    if sessions:
+        if args.alert_session is None:
+            raise UsageError("--alerts with --sessions needs --alert-session NAME: the session the held hosts go into")
+        out["session"] = args.alert_session
+    return out
 
 
 def alerts_said(opts) -> str:
     if not opts:
         return ""
-    return f"; alerts from {opts['path']} ({opts['watch']}, held {opts['hold']:g} s, at most {opts['max_hosts']})"
+    into = f", into session {opts['session']}" if opts.get("session") is not None else ""
+    return f"; alerts from {opts['path']} ({opts['watch']}, held {opts['hold']:g} s, at most {opts['max_hosts']}{into})"
 
 
 def alerts_summary(c) -> str:

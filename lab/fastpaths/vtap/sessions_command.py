@@ -22,7 +22,7 @@ from lab.console import SIGNALS, CounterTable, UsageError, warn
 from lab.exporter import Rows
 from lab.netns import alive
 
-from .command_base import TapCommand
+from .command_base import TapCommand, alert_options, alerts_said, alerts_summary
 
 RATES = ("accepted", "sent")
 TOTALS = ("accepted", "rejected", "sent", "truncated", "sampled_out", "shadowed", "oversize", "failed")
@@ -102,7 +102,7 @@ class Printer(CounterTable):
         super().__init__(as_json, RATES, totals, HEADS, key="SESSION", rows_name="sessions")
         self.extra = {}
 
-    def header(self, tap, ifaces, direction, path):
+    def header(self, tap, ifaces, direction, path, alerts=None):
         msg = dict(
             sessions_file=path,
             ifaces=ifaces,
@@ -120,11 +120,12 @@ class Printer(CounterTable):
                 )
                 for s in tap.sessions
             ],
+            alerts=alerts,
         )
         self.attached(
             msg,
             f"vtap: tapping {', '.join(ifaces)} ({direction}); sessions from {path}: "
-            f"{describe(tap.sessions)}; Ctrl-C to stop",
+            f"{describe(tap.sessions)}{alerts_said(alerts)}; Ctrl-C to stop",
             names=[s.label for s in tap.sessions],
         )
 
@@ -172,8 +173,7 @@ class SessionsCommand(TapCommand):
             )
         if args.hook != "tc":
             raise UsageError("--sessions runs at the TC hook (--hook tc)")
-        if args.alerts:
-            raise UsageError("--alerts steers a watch-list (--monitor): it does not go with --sessions")
+        self.alerts = alert_options(args, sessions=True)
         if args.cutoff is not None:
             raise UsageError(
                 '--cutoff cannot go with --sessions: give the sessions to cut a cutoff in the file (cutoff = "1MiB"); '
@@ -218,19 +218,24 @@ class SessionsCommand(TapCommand):
                 warn(f"not tapping {name}: {why}")
         if not self.ifaces:
             raise UsageError("no interface to tap: none is UP besides lo and the sessions' local targets (use --iface)")
+        if self.alerts:  # a session the file does not have: said before anything is attached
+            tap.set_alert_session(self.alerts["session"])
         return tap
 
     def start(self, stack):
         self.tap.load_program()
         SIGNALS.check()
         self.tap.attach_many(self.ifaces, self.args.direction)
+        if self.alerts:  # after the hooks: a host an alert names is copied from then on
+            SIGNALS.check()
+            self.tap.follow_alerts(**self.alerts)
 
     def table(self):
         self.live = Printer(self.args.json, cutoff=bool(self.tap.flows))
         return self.live
 
     def header(self):
-        self.live.header(self.tap, self.ifaces, self.args.direction, self.args.sessions)
+        self.live.header(self.tap, self.ifaces, self.args.direction, self.args.sessions, self.alerts)
 
     def tick(self):
         """Its filters, the file (applied when it changed) and the targets' paths."""
@@ -248,4 +253,8 @@ class SessionsCommand(TapCommand):
                 self.path_said = str(e)
 
     def sample(self, final=False):
-        self.live.sample(*self.live.rows(self.tap), final=final)
+        totals, rows = self.live.rows(self.tap)
+        totals = {**totals, **self.tap.alert_counters()}  # the JSON's and the metrics' too
+        self.live.sample(totals, rows, final=final)
+        if final and self.alerts and not self.args.json:
+            self.live.emit(f"{'':8} {alerts_summary(totals)}")

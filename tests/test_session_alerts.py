@@ -1,0 +1,125 @@
+"""Hosts held in a session (SessionMirror.watch_for / follow_alerts, `vtap --sessions F
+--alerts EVE --alert-session NAME`): a held host's frames, both ways, go to the named
+session's target whole, past its cutoff, ahead of the file's rules, which keep their own
+counts; the first copy of each hold is stamped; a hold that ends takes the host away."""
+
+import re
+
+import pytest
+from helpers import Tool, run_flows
+from test_vtap_alerts import alert_line, until, write
+from test_vtap_sessions import tc_entries, vtap
+
+from ebpf import InputError
+from ebpf.vtap.sessions.config import Rule, Session
+from ebpf.vtap.sessions.tc_sessions import SessionMirror
+from lab.traffic import Flow
+
+PAYLOAD = 128 - 42  # the Flow's frames: 128 bytes, UDP
+
+
+def copied(tb, src, n=50):
+    """How many of n frames from src to the receiver reached the monitor (the same flow
+    each time: past a cutoff once it has sent ten)."""
+    _, rx, mon = run_flows(tb, [Flow("f", src, tb.dst4, count=n)])
+    assert rx["f"] == n
+    return mon["f"]
+
+
+def ids_session(tb, cutoff=PAYLOAD * 10):
+    """One session to the monitor whose only rule matches none of the tests' frames."""
+    return Session(
+        target=tb.monitor_iface, name="ids", cutoff=cutoff, rules=[Rule("accept", protocol="udp", destination_ports=7)]
+    )
+
+
+def test_a_held_host_goes_whole_into_its_session_and_leaves_with_its_hold(tb1):
+    with SessionMirror([ids_session(tb1)], netns=tb1.ns(tb1.tap_host)) as tap:
+        tap.attach(tb1.tap_iface, "ingress")
+        with pytest.raises(InputError, match="no session takes held hosts"):
+            tap.watch_for(tb1.src4, 5)
+        with pytest.raises(InputError, match=r"no session 'nope' to hold hosts in \(sessions: ids\)"):
+            tap.set_alert_session("nope")
+        assert copied(tb1, tb1.src4) == 0  # the file's rule takes none of it
+        tap.watch_for(tb1.src4, 4.0, session="ids")
+        # all 50, past the session's cutoff of ten datagrams: the held host's rules are whole
+        assert copied(tb1, tb1.src4) == 50 and copied(tb1, tb1.alt_src4) == 0
+        assert until(lambda: tap.alert_counters()["alert_first_copies"] == 1)
+        # the file's rule keeps its place and its count; the held rules are not the file's
+        assert tap.rule_counters() == {("ids", 1, "accept udp to any port 7"): 0}
+        assert tap.session_counters()["ids"]["sent"] == 50
+        assert until(lambda: tap.held() == [], seconds=10)
+        assert copied(tb1, tb1.src4) == 0
+        # held again: a new hold, not yet copied (the last hold's stamp is not its)
+        tap.watch_for(tb1.src4, 30.0)
+        assert tap.first_match_ns(tb1.src4) == 0
+        assert copied(tb1, tb1.src4) == 50
+        assert until(lambda: tap.alert_counters()["alert_first_copies"] == 2)
+        c = tap.alert_counters()
+    assert (c["alert_added"], c["alert_expired"], c["alert_hosts"]) == (2, 1, 1)
+
+
+def sessions_file(path, tb):
+    path.write_text(
+        f'[[session]]\nname = "ids"\ntarget = "{tb.monitor_iface}"\ncutoff = {PAYLOAD * 10}\n'
+        '  [[session.rule]]\n  action = "accept"\n  protocol = "udp"\n  destination_ports = "7"\n'
+    )
+    return path
+
+
+def test_vtap_sessions_with_alerts_on_the_command_line(tb1, tmp_path):
+    """`vtap --sessions F --alerts EVE --alert-session ids`: nothing copied until the alert,
+    then all of its source's frames to the session's target; the counters in the JSON."""
+    eve = tmp_path / "eve.json"
+    eve.touch()
+    f = sessions_file(tmp_path / "s.toml", tb1)
+    tool = Tool(
+        tb1.ns(tb1.tap_host),
+        "vtap",
+        "--sessions",
+        str(f),
+        "--iface",
+        tb1.tap_iface,
+        "--alerts",
+        str(eve),
+        "--alert-session",
+        "ids",
+        "--alert-watch",
+        "src",
+        interval=0.3,
+    )
+    try:
+        assert tool.attached["alerts"]["session"] == "ids"
+        assert copied(tb1, tb1.src4) == 0
+        write(eve, alert_line(tb1.src4, tb1.dst4))
+        tool.out.wait_for('"alert_hosts": 1', timeout=10)
+        assert copied(tb1, tb1.src4) == 50
+        final, _ = tool.stop()
+    finally:
+        tool.kill()
+    assert final["alerts"] == 1 and final["alert_added"] == 1 and final["sent"] == 50
+    assert final["alert_first_copies"] == 1 and final["alert_first_copy_median_s"] < 30
+
+
+@pytest.mark.parametrize(
+    "extra, status, says",
+    [
+        (["--alert-session", "nope"], 2, r"no session 'nope' to hold hosts in \(sessions: ids\)"),
+        ([], 2, r"--alerts with --sessions needs --alert-session NAME"),
+    ],
+)
+def test_alerts_into_a_session_bad_input_is_one_line_and_attaches_nothing(tb1, tmp_path, extra, status, says):
+    f = sessions_file(tmp_path / "s.toml", tb1)
+    ns = tb1.ns(tb1.tap_host)
+    r = vtap(ns, "--sessions", str(f), "--iface", tb1.tap_iface, "--alerts", str(tmp_path / "eve.json"), *extra)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == status and len(lines) == 1, r.stderr
+    assert re.search(says, lines[0]), lines[0]
+    assert tc_entries(ns, tb1.tap_iface) == []
+
+
+def test_alert_session_without_sessions_is_a_usage_error(tb1, tmp_path):
+    r = vtap(
+        tb1.ns(tb1.tap_host), "--monitor", tb1.monitor_iface, "--alerts", str(tmp_path / "e"), "--alert-session", "x"
+    )
+    assert r.returncode == 2 and "--alert-session goes with --sessions" in r.stderr

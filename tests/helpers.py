@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -371,3 +372,13 @@ def assert_run_averages(final, rows, key="packets"):
     for name, r in rows.items():
         lo, hi = r[key] / (s + 5e-4) - 0.05, r[key] / (s - 5e-4) + 0.05
         assert lo <= r[f"{key}_pps"] <= hi, (name, r, s)
+
+
+def assert_bench_refused(r, message, out_dir):
+    """A `python -m lab bench` run refused its input: exit status 1, one line on stderr
+    that says so (matching the regular expression `message`), nothing written."""
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("lab bench: error: "), r.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not list(Path(out_dir).iterdir())

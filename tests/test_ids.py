@@ -365,6 +365,7 @@ def test_traffic_in_a_vxlan_tunnel_alerts_on_the_inner_packets(tmp_path):
         (["--elephants", "2x1K"], r"--elephants: each transfer from 64K to 256M, not 1K"),
         (["--elephants", "2x1M", "--pcap", "/etc/hostname"], r"--elephants goes with the project's traffic"),
         (["--elephant-starts", "soon"], r"unknown --elephant-starts mode 'soon' \(choose from together, staggered\)"),
+        (["--elephant-starts", "staggered"], r"--elephant-starts goes with --elephants N x SIZE"),
     ],
 )
 def test_bench_bad_input_is_one_line(args, message, tmp_path):

@@ -106,3 +106,27 @@ def test_alert_session_without_sessions_is_a_usage_error(tb1, tmp_path):
         tb1.ns(tb1.tap_host), "--monitor", tb1.monitor_iface, "--alerts", str(tmp_path / "e"), "--alert-session", "x"
     )
     assert r.returncode == 2 and "--alert-session goes with --sessions" in r.stderr
+
+
+def test_held_hosts_take_two_rules_each_and_a_host_with_no_room_is_counted(tb1, capfd):
+    """The program takes 256 rules in all: beside a file of 252, two hosts fit and two do
+    not (counted, said once); a file edit that would not fit with the hosts held is refused
+    whole, the sessions in force kept."""
+    rules = [Rule("accept", protocol="udp", destination_ports=1000 + i) for i in range(252)]
+    ids = Session(target=tb1.monitor_iface, name="ids", rules=rules)
+    with SessionMirror([ids], netns=tb1.ns(tb1.tap_host)) as tap:
+        for i in range(1, 5):
+            tap.watch_for(f"198.18.9.{i}", 30, session="ids")
+        tap.load_program()  # the held hosts go in with the file's rules: 256
+        c = tap.alert_counters()
+        assert (c["alert_hosts"], c["alert_no_room"]) == (2, 2)
+        assert [str(n) for n in tap.held()] == ["198.18.9.1/32", "198.18.9.2/32"]
+        assert len(tap.rule_counters()) == 252
+        more = Session(target=tb1.monitor_iface, name="ids", rules=[*rules, Rule("reject")])
+        with pytest.raises(
+            InputError, match=r"257 rules with the 2 held hosts' \(two each\): the program takes at most 256"
+        ):
+            tap.set_sessions([more])
+        assert len(tap.sessions[0].rules) == 252
+    err = capfd.readouterr().err
+    assert err.count("no room for") == 1 and "256 rules in all, two a held host" in err

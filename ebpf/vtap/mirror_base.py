@@ -235,6 +235,9 @@ class MirrorBase(Steered, BpfProgram):
         nets = self._effective() or []
         return sum(n.version == addr.version for n in nets) < self.watch_max
 
+    def no_room_said(self, addr) -> str:
+        return f"no room for {addr} on the watch-list (watch_max {self.watch_max}): not watched"
+
     def watches_alone(self, addr) -> bool:
         """addr has an entry of its own in the list given (a held entry would be that one)."""
         return ipaddress.ip_network(addr) in set(self._given or [])

@@ -75,7 +75,7 @@ class Steer:
                 del self.holds.until[a]
                 self.holds.counters["added"] -= 1
                 self.counters["no_room"] += 1
-                self._once("room", f"no room for {a} on the watch-list (watch_max {self.tap.watch_max}): not watched")
+                self._once("room", self.tap.no_room_said(a))
             elif not self.tap.watches_alone(a):
                 self.waiting[a] = alert.written
         if self.holds.counters["capped"]:
@@ -176,7 +176,8 @@ class Steered:
     """What a tap that holds hosts offers its users (MirrorBase: beside its watch-list;
     SessionMirror: in one of its sessions). The tap sets `_steer = None` and `_watch_lock`
     (an RLock) and gives Steer what it asks: _refuse_holding(what), apply_held(),
-    has_room(addr), watches_alone(addr), first_match_ns(addr) and warn(msg)."""
+    has_room(addr), no_room_said(addr), watches_alone(addr), first_match_ns(addr) and
+    warn(msg)."""
 
     def watch_for(self, addr, seconds):
         """Hold one host for `seconds` (a later call renews it, to the later end); let go
@@ -197,6 +198,7 @@ class Steered:
         if self._steer is not None:
             self._steer.stop()
             with self._watch_lock:
+                self._steer.first_copies()  # a copy made since the thread's last round counts
                 self._steer.holds.until.clear()
                 self.apply_held()
 

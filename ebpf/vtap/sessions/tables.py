@@ -150,3 +150,18 @@ def write_tries(table, gen, tries):
         for (fam, side, net), bits in tries.items():
             if fam == family:
                 t[trie_key(t, gen, side, net)] = to_bits(t, bits)
+
+
+def write_array_u64(table, base, values):
+    """values[i] (u64) at key base + i, in one batch where the kernel has it."""
+    n = len(values)
+    key_size = ctypes.sizeof(table.Key)
+    keys = (table.Key * n).from_buffer_copy(
+        b"".join(k.to_bytes(key_size, sys.byteorder) for k in range(base, base + n))
+    )
+    leaves = (table.Leaf * n)(*values)
+    try:
+        table.items_update_batch(keys, leaves)
+    except Exception:  # an older kernel without batch operations on arrays
+        for i in range(n):
+            table[keys[i]] = leaves[i]

@@ -40,7 +40,7 @@ from ebpf.vtap import mirror_loops
 from ebpf.vtap.cutoff import FLOW_TIMEOUT_DEFAULT, FLOWS_DEFAULT, FLOWS_MAX
 from ebpf.vtap.sessions import encap
 from ebpf.vtap.sessions.config import KINDS, Rule, ordered
-from ebpf.vtap.sessions.tables import field_bits, write_array, write_tries
+from ebpf.vtap.sessions.tables import field_bits, write_array, write_array_u64, write_tries
 from ebpf.vtap.steer import Steered
 
 SESSIONS_H = defines("vtap/sessions/sessions.h")
@@ -123,7 +123,7 @@ class SessionMirror(Steered, BpfProgram):
         # each, first in that session, so all of the host's frames go there, past its cutoff
         self._steer = None
         self._watch_lock = threading.RLock()
-        self._alert_session = None  # its number
+        self._alert_session = None  # its name or number, as given
         self._held_since = {}  # network -> time.monotonic_ns() its hold began
         self._stamps = {}  # network -> first-frame stamps of retired generations (ns)
         self._said_gone = False
@@ -158,7 +158,8 @@ class SessionMirror(Steered, BpfProgram):
 
     # --- the maps -------------------------------------------------------------------
     def maps_created(self):
-        self._write_generation(0, self._effective(self._sessions), self._resolved)
+        with self._watch_lock:  # a host held before the load goes in with it
+            self._write_generation(0, self._effective(self._sessions), self._resolved)
         self._write_config()
 
     def _write_config(self):
@@ -213,6 +214,8 @@ class SessionMirror(Steered, BpfProgram):
             table[table.Key(gen * SESS_MAX + slot)] = v
         self._gen_sessions[gen] = list(sessions)
         self._cut[gen] = max((s.cutoff for s in sessions), default=0)
+        # no stamp of this generation's past rules is left for its new ones (_fold kept them)
+        write_array_u64(t("rule_first"), gen * RULES_MAX, [0] * RULES_MAX)
         if self.flows:  # the rules of the sessions with a cutoff: a frame that matches one is counted
             bits, first = 0, 0
             for s in sessions:
@@ -238,9 +241,9 @@ class SessionMirror(Steered, BpfProgram):
             k = hits.Key(gen * RULES_MAX + bit)
             if r.whole:  # a held host's: its stamp, not the file's rule counts
                 stamp = first[first.Key(gen * RULES_MAX + bit)].value
-                if stamp:
-                    self._stamps.setdefault(r.src or r.dst, []).append(stamp)
-                    first[first.Key(gen * RULES_MAX + bit)] = first.Leaf(0)
+                net = r.src or r.dst
+                if stamp and net in self._held_since:  # a host let go: its stamps go with it
+                    self._stamps.setdefault(net, []).append(stamp)
             else:
                 n = sum(hits[k])
                 self._rule_bases[(s.number, i)] = self._rule_bases.get((s.number, i), 0) + n
@@ -275,6 +278,10 @@ class SessionMirror(Steered, BpfProgram):
     def _write(self, sessions, resolved):
         """Write the sessions, with the held hosts, to the generation not in use, then switch."""
         effective = self._effective(sessions)
+        n = sum(len(s.rules) for s in effective)
+        if n > RULES_MAX:  # a file that fits alone, not with the hosts held now
+            held = len(self.held())
+            raise InputError(f"{n} rules with the {held} held hosts' (two each): the program takes at most {RULES_MAX}")
         with self._lock, interrupts.held():
             nxt = 1 - self._gen
             self._fold(nxt)
@@ -514,9 +521,11 @@ class SessionMirror(Steered, BpfProgram):
         if not found:
             names = ", ".join(s.label for s in self._sessions)
             raise InputError(f"no session {session!r} to hold hosts in (sessions: {names})")
-        if self._alert_session is not None and self._alert_session != found[0].number:
+        if self._alert_session is not None and self._alert_target(self._sessions) is not found[0]:
             raise InputError("held hosts go into one session: it was chosen already")
-        self._alert_session = found[0].number
+        # kept as given (a name, or a number), and looked up again at each write: an edit of
+        # the file that renumbers the sessions does not move the held hosts elsewhere
+        self._alert_session = int(session) if isinstance(session, str) and session.isdigit() else session
 
     def watch_for(self, addr, seconds, session=None):
         """Hold one host in `session` (name or number; set_alert_session()) for `seconds`."""
@@ -535,21 +544,28 @@ class SessionMirror(Steered, BpfProgram):
         if self._alert_session is None:
             raise InputError(f"no session takes held hosts: {what} (name one: session=, vtap --alert-session)")
 
+    def _alert_target(self, sessions):
+        """The session held hosts go into, among `sessions` (None: not there)."""
+        key = self._alert_session
+        return next((s for s in sessions if key in (s.name, s.label, s.number)), None)
+
     def _effective(self, sessions):
         """The sessions with the held hosts' rules first in the alert session: one from the
         host and one to it, whole."""
         held = self._steer.networks() if self._steer else []
         if not held:
             return sessions
+        target = self._alert_target(sessions)
+        if target is None:  # the file's edit took the session away: said once, until it is back
+            if not self._said_gone:
+                self._said_gone = True
+                self.warn(
+                    f"session {self._alert_session!r} is gone from the sessions: the held hosts are copied nowhere"
+                )
+            return sessions
+        self._said_gone = False
         extra = [Rule("accept", **{side: str(n)}, whole=True) for n in held for side in ("source", "destination")]
-        out = [
-            dataclasses.replace(s, rules=extra + list(s.rules)) if s.number == self._alert_session else s
-            for s in sessions
-        ]
-        if out == list(sessions) and not self._said_gone:  # the file's edit took the session away
-            self._said_gone = True
-            self.warn(f"session {self._alert_session} is gone from the sessions: the held hosts are copied nowhere")
-        return out
+        return [dataclasses.replace(s, rules=extra + list(s.rules)) if s is target else s for s in sessions]
 
     def apply_held(self):
         with self._watch_lock:
@@ -564,7 +580,11 @@ class SessionMirror(Steered, BpfProgram):
                 self._write(self._sessions, self._resolved)
 
     def has_room(self, addr) -> bool:
-        return sum(len(s.rules) for s in self._effective(self._sessions)) + 2 <= RULES_MAX
+        # the held hosts counted already include those this alert just added
+        return sum(len(s.rules) for s in self._effective(self._sessions)) <= RULES_MAX
+
+    def no_room_said(self, addr) -> str:
+        return f"no room for {addr} in the sessions: the program takes {RULES_MAX} rules in all, two a held host"
 
     def watches_alone(self, addr) -> bool:
         return False  # no rule of the file's is a held host's: each has its own

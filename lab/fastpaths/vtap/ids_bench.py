@@ -289,7 +289,10 @@ class Workload:
     def __init__(self, args, rates, tmpdir):
         self.elephants = parse_elephants(getattr(args, "elephants", "0"))
         # the elephants' start modes: each a pcap of its own (the same frames, other order)
-        self.starts = parse_starts(getattr(args, "elephant_starts", "together")) if self.elephants[0] else ["together"]
+        starts = parse_starts(getattr(args, "elephant_starts", "together"))
+        if not self.elephants[0] and starts != ["together"]:
+            raise ValueError("--elephant-starts goes with --elephants N x SIZE")
+        self.starts = starts if self.elephants[0] else ["together"]
         if self.elephants[0] and args.pcap is not None:
             raise ValueError("--elephants goes with the project's traffic, not --pcap")
         self.rules = Path(args.rules) if args.rules else attacks.RULES

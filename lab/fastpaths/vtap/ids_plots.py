@@ -294,7 +294,8 @@ def cutoff_table(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
     share of those expected, its drops (%), Mbps at the monitor and the byte saving against
     the uncut run, and the tap's ns per packet."""
     d = cutoff_runs(df, sigs)
-    by = ["rate_mbps", "elephant_starts", "cutoff"] if d["elephant_starts"].nunique() > 1 else ["rate_mbps", "cutoff"]
+    # what varies besides the rate and the cutoff is a level of its own, never pooled
+    by = ["rate_mbps", *(k for k in ("cpu_quota_pct", "monitor_at", "elephant_starts") if d[k].nunique() > 1), "cutoff"]
     g = d.groupby(by)
     out = pd.DataFrame(
         {
@@ -307,12 +308,11 @@ def cutoff_table(df: pd.DataFrame, sigs: pd.DataFrame) -> pd.DataFrame:
         }
     )
     uncut = out.xs(0, level="cutoff")["monitor_mbps"] if 0 in d["cutoff"].values else None
-    if uncut is not None:  # against the uncut run of the same rate (and starts)
+    if uncut is not None:  # against the uncut run of the same rate (quota, place, starts)
+        same = [key[:-1] if len(key) > 2 else key[0] for key in out.index]
         out["bytes_saved_pct"] = [
-            100 * (1 - row.monitor_mbps / uncut[key[:-1] if len(key) > 2 else key[0]])
-            if (key[:-1] if len(key) > 2 else key[0]) in uncut
-            else float("nan")
-            for key, row in out.iterrows()
+            100 * (1 - mbps / uncut[k]) if k in uncut else float("nan")
+            for k, mbps in zip(same, out["monitor_mbps"], strict=True)
         ]
     out = out.rename(index=cutoff_label, level="cutoff")
     return out.round(2)
@@ -325,6 +325,11 @@ def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
     reached it."""
     d = cutoff_runs(df, sigs)
     d = d[d["rate_mbps"].notna()]
+    # one quota and place per figure (the lowest quota's, the local monitor's): never pooled
+    first = d.sort_values(["cpu_quota_pct", "monitor_at"]).iloc[0] if len(d) else None
+    several = len(d[["cpu_quota_pct", "monitor_at"]].drop_duplicates()) > 1
+    if several:
+        d = d[(d["cpu_quota_pct"] == first["cpu_quota_pct"]) & (d["monitor_at"] == first["monitor_at"])]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     panels = [
         ("within_pct", 1.0, "alerts within the cutoff (% of expected)"),
@@ -356,5 +361,8 @@ def behind_cutoff(df: pd.DataFrame, sigs: pd.DataFrame):
     axes[0].set_ylim(0, 105)
     axes[1].set_ylim(0, 100)
     axes[0].legend(loc="lower left", fontsize="small")
+    if several:
+        q = first["cpu_quota_pct"]
+        fig.suptitle(f"quota {q if q == 'none' else q + ' %'}, monitor {first['monitor_at']}", fontsize="medium")
     fig.tight_layout()
     return fig

@@ -36,6 +36,7 @@ from pathlib import Path
 from ebpf import TcMirror
 from ebpf.errors import InputError
 from ebpf.vtap.cutoff import parse_size
+from ebpf.vtap.steer import INTERVAL
 from lab import testbeds
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
 from lab.daemons import suricata
@@ -203,7 +204,7 @@ def measure(args, trials, cpus=(0, 1), out=None, progress=True):
         "seed": plan.seed,
         "pcap_frames": plan.frames,
         "pcap_bytes": plan.bytes,
-        "poll_interval_s": 0.2,
+        "poll_interval_s": INTERVAL,
     }
     path = write_results(df, "ids_loop", params, out)
     waits_df.to_csv(waits_path(path), index=False)
@@ -244,7 +245,7 @@ def one_run(plan, tb, mode, cpus):
             rep = replay.send(seconds=plan.length + 10)
         c = tap.counters()
         mon.wait_idle(c["cloned"])
-        time.sleep(2 * 0.2)  # the last alerts' lines read, their hosts' first copies seen
+        time.sleep(2 * INTERVAL)  # the alerts file read once more: the last alerts counted
         alert = tap.alert_counters()
         waits = tap.alert_waits()
         offset = time.time() - time.monotonic()  # first_match_ns is CLOCK_MONOTONIC

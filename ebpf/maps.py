@@ -79,11 +79,12 @@ def count_hash(fd, key_size, value_size, chunk=4096) -> int:
 
 
 # --- tables on a map's descriptor -----------------------------------------------------------
-# BCC's table API (bcc/table.py), the part the lab uses, on libbpf's map calls: for a
-# process that holds maps without BCC (ebpf/loader.py). Keys and values are ctypes
+# BCC's table API (bcc/table.py), the part the lab uses, on libbpf's map calls: every
+# program's maps, made from its image (ebpf/images.py) without BCC. Keys and values are ctypes
 # objects of the map's Key and Leaf types, as BCC's are.
 
-HASHES = {1, 5, 9, 10, 11}  # keyed, not indexed: HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH, LPM_TRIE
+# keyed, not indexed: HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH, LPM_TRIE, HASH_OF_MAPS, DEVMAP_HASH
+HASHES = {1, 5, 9, 10, 11, 13, 25}
 PER_CPU = {5, 6, 10}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
 BPF_ANY = 0
 
@@ -159,6 +160,16 @@ class Table:
             self[key] = self.Leaf()
             return
         self._call("delete", libbpf().bpf_map_delete_elem(self.map_fd, ctypes.byref(key)), key)
+
+    def items_update_batch(self, keys, values):
+        """Write len(keys) entries in one call (BPF_MAP_UPDATE_BATCH): keys and values are
+        ctypes arrays of Key and Leaf, as BCC's method takes them."""
+        n = ctypes.c_uint32(len(keys))
+        opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+        err = libbpf().bpf_map_update_batch(self.map_fd, keys, values, ctypes.byref(n), ctypes.byref(opts))
+        self._call("batch update", err)
+        if n.value != len(keys):
+            raise BpfError(f"batch update in map {self.name}: {n.value} of {len(keys)} entries written")
 
     def pop(self, key, *default):
         try:

@@ -1,7 +1,7 @@
 """BpfProgram: the base of every kernel program class in this package.
 
 A subclass names its C file (kept beside it) and the functions it loads; the base
-compiles the C with BCC, turns clang and verifier failures into one-line
+compiles the C with BCC (once: ebpf/images.py keeps the result), turns clang and verifier failures into one-line
 exceptions that keep the log, attaches to TC clsact and XDP hooks, sums per-CPU counters,
 and detaches everything on close() or at the end of a `with` block.
 
@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from ebpf import cgroup, interrupts, loader, netdev, objinfo, privileges, tc, xdp
+from ebpf import cgroup, images, interrupts, netdev, objinfo, privileges, tc, xdp
 from ebpf.abi import defines
-from ebpf.compiler import _BCC_LOCK, bcc_compile, bcc_load, import_bcc, stderr_to
+from ebpf.compiler import _BCC_LOCK, import_bcc, stderr_to
 from ebpf.display import Shown
 from ebpf.errors import (
     AttachError,
@@ -105,13 +105,12 @@ class BpfProgram(Shown):
     # where the source includes them, with #line marks that keep compiler
     # errors pointing at the header's own lines.
     INLINE: tuple = ()
-    # Where compile() runs BCC: "process" (here; the BPF object stays, with the
-    # compiler), or "child": a short-lived child compiles and loads the functions of
-    # LOADS ((name, prog_type) pairs) and this process keeps only their descriptors,
-    # working on the maps through libbpf (ebpf/loader.py): a long-running controller's
-    # choice (lab lb), 60-160 MB less resident. Set it before anything compiles.
+    # Where compile() runs BCC when the compile is not kept yet (ebpf/images.py):
+    # "process" (here), or "child": a short-lived child compiles, and this process never
+    # maps the compiler (ebpf/loader.py): a long-running controller's choice (lab lb),
+    # 60-160 MB less resident. Either way the maps are created and the functions
+    # loaded here, from the compile's image, through libbpf (ebpf/maps.py's tables).
     compile_in = "process"
-    LOADS: tuple = ()
 
     def __init__(self, cflags=(), source=None):
         here = Path(inspect.getfile(type(self))).resolve().parent
@@ -145,27 +144,21 @@ class BpfProgram(Shown):
         raise BpfError(f"{name} is named by no INLINE of {type(self).__name__}")
 
     def compile(self):
-        """Compile the C text with BCC (maps are created here, programs not yet
-        loaded), then let the subclass fill its maps (maps_created). With
-        compile_in = "child", a short-lived child compiles and loads LOADS, and this
-        process holds only their descriptors (ebpf/loader.py)."""
+        """Compile the C text with BCC, or take the image a compile of the same inputs
+        left (ebpf/images.py); create the maps (programs not loaded yet), then let the
+        subclass fill them (maps_created)."""
         if self.bpf is not None:
             return self.bpf
         text = self.c_text()
         lacking = privileges.message()
-        if lacking:  # else BCC fails later, on some map, with an error about that map
+        if lacking:  # else creating the first map fails, with an error about that map
             raise PrivilegeError(lacking)
-        if self.compile_in == "child":
-            if not self.LOADS:
-                raise BpfError(f"{type(self).__name__} names no LOADS: it cannot be compiled in a child")
-            self.bpf = loader.load_in_child(text, self.cflags, self.source_path.name, self.LOADS)
-        else:
-            self.bpf = bcc_compile(text, self.cflags, self.source_path.name)
+        image = images.image_for(text, self.cflags, self.source_path.name, self.compile_in)
+        self.bpf = images.Loaded(image)
         try:
             self.maps_created()
         except BaseException:
-            with _BCC_LOCK:
-                self.bpf.cleanup()
+            self.bpf.cleanup()
             self.bpf = None
             raise
         return self.bpf
@@ -178,10 +171,11 @@ class BpfProgram(Shown):
     def load(self, function: str, prog_type: str, attach_type=None):
         """Load one function of the program ("SCHED_CLS", "XDP", ...) through the
         verifier; a rejection raises VerifierError with the verifier's reason.
-        attach_type: see compiler.bcc_load (cgroup programs need it)."""
+        attach_type: BCC's name of the expected attach type, which the kernel needs at
+        load for cgroup socket-address programs ("CGROUP_INET4_CONNECT", ...)."""
         if function in self._functions:
             return self._functions[function]
-        fn = bcc_load(self.compile(), function, prog_type, attach_type)
+        fn = self.compile().load_func(function, prog_type, attach_type)
         self._functions[function] = fn
         return fn
 
@@ -404,11 +398,7 @@ class BpfProgram(Shown):
 
     def _table_on(self, name, fd):
         """One of this program's tables (its key and value types) on another map's fd."""
-        t = self.table(name)
-        if hasattr(t, "on_fd"):  # compiled in a child: ebpf.maps' tables
-            return t.on_fd(fd)
-        # BCC's class for its map type; a per-CPU one wraps the value type itself
-        return type(t)(self.bpf, t.map_id, fd, t.Key, getattr(t, "sLeaf", t.Leaf))
+        return self.table(name).on_fd(fd)
 
     def detach(self):
         """Off every hook this object attached to; it stays loaded, to attach

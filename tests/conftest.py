@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,23 @@ def require(condition, what):
 
 def require_tool(name):
     require(shutil.which(name), f"tool {name!r}")
+
+
+def pytest_configure(config):
+    """Programs compiled once per run of the suite (ebpf/images.py), in a directory of this
+    run's own that its workers share: a run starts from no image, whatever a user's cache
+    holds, and leaves none behind. A VTL_BPF_CACHE given is used as given."""
+    if _WORKER or os.environ.get("VTL_BPF_CACHE"):
+        return
+    config._vtl_images = tempfile.mkdtemp(prefix="vtl-images-")
+    os.environ["VTL_BPF_CACHE"] = config._vtl_images
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_vtl_images", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("VTL_BPF_CACHE", None)
 
 
 def pytest_sessionstart(session):

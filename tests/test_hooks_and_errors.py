@@ -122,7 +122,7 @@ int unchecked(struct __sk_buff *skb)
 }
 """)
     with BpfProgram(source=bad) as prog:
-        prog.compile_in, prog.LOADS = compile_in, (("unchecked", "SCHED_CLS"),)
+        prog.compile_in = compile_in
         with pytest.raises(VerifierError) as e:
             prog.load("unchecked", "SCHED_CLS")
     msg = str(e.value)
@@ -136,7 +136,7 @@ def test_compile_error_names_the_file_and_line(tmp_path, compile_in):
     bad = tmp_path / "typo.c"
     bad.write_text("int f(struct __sk_buff *skb) { return undefined_name; }\n")
     prog = BpfProgram(source=bad)
-    prog.compile_in, prog.LOADS = compile_in, (("f", "SCHED_CLS"),)
+    prog.compile_in = compile_in
     with pytest.raises(CompileError) as e:
         prog.compile()
     assert "typo.c:1:" in str(e.value) and "undefined_name" in str(e.value)
@@ -154,7 +154,7 @@ def test_bcc_crashing_in_a_child_is_one_line_and_this_process_lives(tmp_path):
         "int f(struct __sk_buff *skb) { return 0; }\n"
     )
     prog = BpfProgram(source=bad)
-    prog.compile_in, prog.LOADS = "child", (("f", "SCHED_CLS"),)
+    prog.compile_in = "child"
     with pytest.raises(CompileError, match=r"incomplete.c: BCC crashed \(SIGSEGV\)") as e:
         prog.compile()
     assert "\n" not in str(e.value)
@@ -220,7 +220,7 @@ def test_a_program_whose_stack_outgrows_bpfs_says_so_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "done\n", "")
     prog = BpfProgram(source=hog)
-    prog.compile_in, prog.LOADS = "child", (("hog", "XDP"),)
+    prog.compile_in = "child"
     with pytest.raises(CompileError, match=r"compiling hog.bpf.c: .*stack limit of 512 bytes") as e:
         prog.compile()
     assert "\n" not in str(e.value)

@@ -12,7 +12,6 @@ from ebpf.program import BpfProgram
 class XdpPeerPass(BpfProgram):
     SOURCE = "xdp_peer_pass.bpf.c"
     FUNCTION = "xdp_peer_pass"
-    LOADS = (("xdp_peer_pass", "XDP"),)
 
     def attach(self, ifname, netns=None):
         return self.attach_xdp(self.FUNCTION, ifname, netns, "native")

@@ -167,7 +167,6 @@ def forwarding_problem(ifname, families, netns=None) -> str | None:
 class XdpLoadBalancer(BpfProgram):
     SOURCE = "xdp_lb.bpf.c"
     FUNCTION = "xdp_lb"
-    LOADS = (("xdp_lb", "XDP"),)
     ROWS = "backend"
     MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "tx", "pass", "drop")
     VERDICTS = ("tx", "pass", "drop")

@@ -94,11 +94,6 @@ def _endpoint_text(b) -> str:
 class TcPods(BpfProgram):
     SOURCE = "tc_pods.bpf.c"
     FUNCTION = "pods_from_pod"
-    LOADS = (
-        ("pods_from_pod", "SCHED_CLS"),
-        ("pods_from_node", "SCHED_CLS"),
-        *((f, "CGROUP_SOCK_ADDR", hook) for f, hook in SOCKET_HOOKS),
-    )
     ROWS = "pod"
     MAIN_COUNTERS = ("seen", "local_pod", "remote_pod", "tunneled", "unmatched", "redirect", "pass")
     VERDICTS = ("redirect", "pass", "drop")

@@ -23,6 +23,7 @@ kernel runs.
 import base64
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -35,7 +36,9 @@ from ebpf import errors, maps
 from ebpf.testrun import libbpf
 
 FORMAT = 1  # of an image; a change of what is kept changes it, and every key with it
-LOG_SIZE = 16 << 20  # the verifier's log, when a load failed: the reason is at its end
+LOG_SIZE = (
+    16 << 20
+) - 1  # the verifier's log when a load failed (the reason is at its end); kernels before 6.4 refuse more
 
 # BCC's names for program and cgroup attach types (bcc.BPF, bcc.BPFAttachType), as the
 # lab's classes pass them, in the kernel's numbers (uapi bpf.h)
@@ -338,30 +341,40 @@ class _MapCreateOpts(ctypes.Structure):
     ]
 
 
-class _ProgLoadOpts(ctypes.Structure):
-    """struct bpf_prog_load_opts (libbpf 1.1 bpf.h)."""
+class _ProgLoadAttr(ctypes.Structure):
+    """union bpf_attr for BPF_PROG_LOAD (uapi bpf.h), up to expected_attach_type: the
+    kernel's own ABI, given to the syscall itself (libbpf's options struct changes with
+    its version; 1.1 refuses the log fields of a later one without a word)."""
 
     _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("attempts", ctypes.c_int),
-        ("expected_attach_type", ctypes.c_uint32),
-        ("prog_btf_fd", ctypes.c_uint32),
-        ("prog_flags", ctypes.c_uint32),
-        ("prog_ifindex", ctypes.c_uint32),
-        ("kern_version", ctypes.c_uint32),
-        ("attach_btf_id", ctypes.c_uint32),
-        ("attach_btf_obj_fd", ctypes.c_uint32),
-        ("attach_prog_fd", ctypes.c_int),
-        ("func_info", ctypes.c_void_p),
-        ("func_info_cnt", ctypes.c_uint32),
-        ("func_info_rec_size", ctypes.c_uint32),
-        ("line_info", ctypes.c_void_p),
-        ("line_info_cnt", ctypes.c_uint32),
-        ("line_info_rec_size", ctypes.c_uint32),
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
         ("log_level", ctypes.c_uint32),
         ("log_size", ctypes.c_uint32),
-        ("log_buf", ctypes.c_void_p),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
     ]
+
+
+SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
+BPF_PROG_LOAD = 5
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prog_load(attr) -> int:
+    """The BPF_PROG_LOAD syscall: a descriptor, or -errno (EAGAIN tried again, as libbpf does)."""
+    for _ in range(5):
+        fd = _libc.syscall(SYS_BPF, BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr))
+        err = ctypes.get_errno() if fd < 0 else 0
+        if err != errno.EAGAIN:
+            return fd if fd >= 0 else -err
+    return -errno.EAGAIN
 
 
 def _lib():
@@ -375,15 +388,6 @@ def _lib():
             ctypes.c_uint32,
             ctypes.c_uint32,
             ctypes.POINTER(_MapCreateOpts),
-        ]
-        lib.bpf_prog_load.restype = ctypes.c_int
-        lib.bpf_prog_load.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.POINTER(_ProgLoadOpts),
         ]
         lib.bpf_btf_load.restype = ctypes.c_int
         lib.bpf_btf_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
@@ -469,16 +473,21 @@ class Loaded:
         for at, map_name in f["maps"]:
             struct.pack_into("<i", code, at * 8 + 4, self._tables[map_name].map_fd)  # the immediate only
         insns = (ctypes.c_char * len(code)).from_buffer(code)
-        opts = _ProgLoadOpts(sz=ctypes.sizeof(_ProgLoadOpts), kern_version=self.image["kern_version"])
-        if attach_type is not None:
-            opts.expected_attach_type = ATTACH_TYPES[attach_type]
-        args = (PROG_TYPES[prog_type], program_name(name), self.image["license"].encode(), insns, len(code) // 8)
-        lib = _lib()
-        fd = lib.bpf_prog_load(*args, ctypes.byref(opts))
-        if fd < 0 and fd != -1:  # anything but EPERM: again, with the verifier's log
+        license_ = ctypes.create_string_buffer(self.image["license"].encode())
+        attr = _ProgLoadAttr(
+            prog_type=PROG_TYPES[prog_type],
+            insn_cnt=len(code) // 8,
+            insns=ctypes.addressof(insns),
+            license=ctypes.addressof(license_),
+            kern_version=self.image["kern_version"],
+            prog_name=program_name(name),
+            expected_attach_type=ATTACH_TYPES[attach_type] if attach_type is not None else 0,
+        )
+        fd = _prog_load(attr)
+        if fd < 0 and fd != -errno.EPERM:  # again, with the verifier's log
             log = ctypes.create_string_buffer(LOG_SIZE)
-            opts.log_level, opts.log_size, opts.log_buf = 1, LOG_SIZE, ctypes.addressof(log)
-            fd = lib.bpf_prog_load(*args, ctypes.byref(opts))
+            attr.log_level, attr.log_size, attr.log_buf = 1, LOG_SIZE, ctypes.addressof(log)
+            fd = _prog_load(attr)
             text = log.value.decode(errors="replace").strip()
             if fd < 0 and text:
                 tail = "\n".join(text.splitlines()[-25:])

@@ -1,18 +1,16 @@
 """BCC, the compiler every program of this package is built with: importing it (or
-saying how to get it), compiling C text into maps, loading a function through the
-verifier, each failure as one line (CompileError, VerifierError) with its log. Used
-in-process by BpfProgram, and in a short-lived child by ebpf/loader.py.
+saying how to get it), compiling C text into maps, a failure as one line
+(CompileError) with its log. Used by ebpf/loader.py, in this process or a child.
 """
 
 import importlib.util
 import os
-import re
 import sys
 import tempfile
 import threading
 from contextlib import contextmanager
 
-from ebpf.errors import BpfError, CompileError, VerifierError
+from ebpf.errors import BpfError, CompileError
 
 # BCC's compiler (clang/LLVM inside libbcc) is not thread-safe, and the verifier's
 # log is caught by pointing the process's fd 2 elsewhere: one compile, load or
@@ -112,22 +110,6 @@ def stderr_to(buffer: list):
             buffer.append(tmp.read().decode(errors="replace"))
 
 
-def _verifier_summary(log: str) -> str:
-    """The line of a verifier log that says why: the last line that is neither an
-    instruction dump, a register state, nor the closing statistics."""
-    noise = re.compile(
-        r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
-        # a register state ("R1=ctx() R10=fp0"), not a reason that names one ("R2 unbounded
-        # memory access", which the summary once skipped for the statistics line after it)
-        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+(_[rw]+)?=)"
-    )
-    lines = [ln.strip() for ln in log.splitlines()]
-    for line in reversed(lines):
-        if not noise.match(line):
-            return line
-    return lines[-1] if lines else "no verifier log"
-
-
 def bcc_compile(text, cflags, source_name):
     """BCC's BPF object for the C text (its maps created), or CompileError with clang's
     first error line (and its whole output as .log)."""
@@ -142,27 +124,3 @@ def bcc_compile(text, cflags, source_name):
         first = next((ln for ln in diag.splitlines() if "error:" in ln), str(e))
         first = first.replace("/virtual/main.c", source_name)
         raise CompileError(f"compiling {source_name}: {first.strip()}", diag) from None
-
-
-def bcc_load(bpf, function, prog_type, attach_type=None):
-    """Load one function of a compiled program through the verifier; a rejection raises
-    VerifierError with the verifier's reason (and the log's end as .log). attach_type
-    (BCC's BPFAttachType name, e.g. "CGROUP_INET4_CONNECT") is the expected attach
-    type, which the kernel needs at load for cgroup socket-address programs."""
-    log = []
-    kw = {}
-    if attach_type is not None:
-        from bcc import BPFAttachType  # noqa: PLC0415 -- BCC is imported (bpf is its object)
-
-        kw["attach_type"] = getattr(BPFAttachType, attach_type)
-    try:
-        with _BCC_LOCK, stderr_to(log):
-            return bpf.load_func(function.encode(), getattr(type(bpf), prog_type), **kw)
-    except BpfError:
-        raise
-    except Exception as e:
-        text = "".join(log).strip()
-        if not text:  # no verifier log: the load failed before the verifier ran
-            raise BpfError(f"loading {function}: {e}") from None
-        tail = "\n".join(text.splitlines()[-25:])
-        raise VerifierError(f"verifier rejected {function}: {_verifier_summary(text)}", tail) from None

@@ -7,6 +7,8 @@ Two kinds, so that a command line can tell them apart (vtap exits 2 and 1):
   (clang, the verifier, a hook, a filter removed from outside).
 """
 
+import re
+
 
 class BpfError(Exception):
     """A kernel program could not be built, loaded, attached or configured."""
@@ -52,3 +54,19 @@ class KeptDatapathMismatch(InputError):
     """A program left attached (kept, or its process killed) is not what this one
     would load: another program, other maps, or state the new one cannot serve on.
     Nothing was changed."""
+
+
+def verifier_summary(log: str) -> str:
+    """The line of a verifier log that says why: the last line that is neither an
+    instruction dump, a register state, nor the closing statistics."""
+    noise = re.compile(
+        r"^(\d+:|;|processed \d+ insns|verification time|stack depth|mark_precise|"
+        # a register state ("R1=ctx() R10=fp0"), not a reason that names one ("R2 unbounded
+        # memory access", which the summary once skipped for the statistics line after it)
+        r"from \d+ to \d+|bpf: Failed to load program|HINT|\s*$|R\d+(_[rw]+)?=)"
+    )
+    lines = [ln.strip() for ln in log.splitlines()]
+    for line in reversed(lines):
+        if not noise.match(line):
+            return line
+    return lines[-1] if lines else "no verifier log"

@@ -11,8 +11,11 @@ later compile of the same inputs creates the maps and loads the functions from i
 through libbpf (ebpf/maps.py's tables), and the kernel's verifier checks every load
 as it checks BCC's. Every program, compiled now or earlier, is loaded this one way.
 
-    >>> image = image_for(text, cflags, "tc_mirror.bpf.c")      # doctest: +SKIP
+    >>> image = stored(key(text, cflags)) or describe(BPF(text=...), text, "tc_mirror.bpf.c")  # doctest: +SKIP
     >>> module = Loaded(image); module[b"stats"], module.load_func(b"tc_mirror", "SCHED_CLS").fd
+
+BpfProgram.compile() takes the image kept, or has ebpf/loader.py compile one (here or
+in a child), keeps it, and loads it.
 
 Where images are kept: $VTL_BPF_CACHE, else $XDG_CACHE_HOME/ebpf-vtap-lab/bpf
 (~/.cache/...); VTL_BPF_CACHE=off keeps none (every program compiled again). The
@@ -170,35 +173,6 @@ def store(k: str, image: dict):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def image_for(text: str, cflags, source_name: str, where: str = "process") -> dict:
-    """The image of this compile: the one kept under its key, or made now by BCC, here
-    (where="process") or in a short-lived child (where="child": this process never maps
-    the compiler; ebpf/loader.py), then kept."""
-    k = key(text, cflags)
-    image = stored(k)
-    if image is None:
-        if where == "child":
-            from ebpf import loader  # noqa: PLC0415 -- a compile that is not kept yet
-
-            image = loader.compile_in_child(text, cflags, source_name)
-        else:
-            image = compile_here(text, cflags, source_name)
-        store(k, image)
-    return image
-
-
-def compile_here(text: str, cflags, source_name: str) -> dict:
-    """BCC's compile in this process, as an image (BCC's own maps are let go after)."""
-    from ebpf.compiler import _BCC_LOCK, bcc_compile  # noqa: PLC0415 -- BCC only for a compile
-
-    bpf = bcc_compile(text, cflags, source_name)
-    try:
-        return describe(bpf, text, source_name)
-    finally:
-        with _BCC_LOCK:
-            bpf.cleanup()
 
 
 # --- an image from BCC's module (where BCC is: this process, or the compiling child) --------
@@ -460,8 +434,6 @@ class Loaded:
     def load_func(self, name, prog_type, attach_type=None) -> LoadedFunction:
         """Load one function (prog_type, attach_type: BCC's names) through the verifier; a
         rejection raises VerifierError with the verifier's reason (the log's end as .log)."""
-        from ebpf.compiler import _verifier_summary  # noqa: PLC0415 -- compiler imports this module
-
         name = name.decode() if isinstance(name, bytes) else name
         if name in self._functions:
             return self._functions[name]
@@ -491,7 +463,7 @@ class Loaded:
             text = log.value.decode(errors="replace").strip()
             if fd < 0 and text:
                 tail = "\n".join(text.splitlines()[-25:])
-                raise errors.VerifierError(f"verifier rejected {name}: {_verifier_summary(text)}", tail)
+                raise errors.VerifierError(f"verifier rejected {name}: {errors.verifier_summary(text)}", tail)
         if fd < 0:
             raise errors.BpfError(f"loading {name}: {os.strerror(-fd)}")
         self._functions[name] = LoadedFunction(name, fd)

@@ -1,5 +1,5 @@
-"""Compile in a short-lived child process, so that a long-running one never holds the
-compiler.
+"""Compile a C text into its image (ebpf/images.py) with BCC: in this process, or in a
+short-lived child process, so that a long-running one never holds the compiler.
 
 BCC compiles with the clang and LLVM linked into libbcc: importing it maps them into
 the process (about 60 MB resident, touched while the libraries are relocated) and a
@@ -22,12 +22,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ebpf import errors
+from ebpf import errors, images
 
 HERE = Path(__file__).resolve().parent
 
 
 # --- the parent ----------------------------------------------------------------------------
+
+
+def compile_here(text: str, cflags, source_name: str) -> dict:
+    """BCC's compile in this process, as an image (BCC's own maps are let go after)."""
+    from ebpf.compiler import _BCC_LOCK, bcc_compile  # noqa: PLC0415 -- BCC only for a compile
+
+    bpf = bcc_compile(text, cflags, source_name)
+    try:
+        return images.describe(bpf, text, source_name)
+    finally:
+        with _BCC_LOCK:
+            bpf.cleanup()
 
 
 def compile_in_child(text: str, cflags, source_name: str) -> dict:
@@ -80,11 +92,9 @@ def compile_in_child(text: str, cflags, source_name: str) -> dict:
 
 def _child(out):
     """Compile, describe; any failure is the reply."""
-    from ebpf import images  # noqa: PLC0415 -- the child's: BCC, in this process only
-
     request = json.load(sys.stdin)
     try:
-        reply = images.compile_here(request["text"], request["cflags"], request["source"])
+        reply = compile_here(request["text"], request["cflags"], request["source"])
     except errors.BpfError as e:
         reply = {"error": type(e).__name__, "args": [str(e), e.log] if hasattr(e, "log") else [str(e)]}
     except Exception as e:  # noqa: BLE001 -- anything else is still this compile's failure, said in one line

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from ebpf import cgroup, images, interrupts, netdev, objinfo, privileges, tc, xdp
+from ebpf import cgroup, images, interrupts, loader, netdev, objinfo, privileges, tc, xdp
 from ebpf.abi import defines
 from ebpf.compiler import _BCC_LOCK, import_bcc, stderr_to
 from ebpf.display import Shown
@@ -153,7 +153,12 @@ class BpfProgram(Shown):
         lacking = privileges.message()
         if lacking:  # else creating the first map fails, with an error about that map
             raise PrivilegeError(lacking)
-        image = images.image_for(text, self.cflags, self.source_path.name, self.compile_in)
+        key = images.key(text, self.cflags)
+        image = images.stored(key)
+        if image is None:
+            compile_ = loader.compile_in_child if self.compile_in == "child" else loader.compile_here
+            image = compile_(text, self.cflags, self.source_path.name)
+            images.store(key, image)
         self.bpf = images.Loaded(image)
         try:
             self.maps_created()

@@ -9,6 +9,7 @@ from helpers import RX4, WATCHED_SRC4, frames_in, invariant
 from pyroute2 import IPRoute
 
 from ebpf import BpfError, BpfProgram, CompileError, TcMirror, VerifierError, tc
+from ebpf.errors import verifier_summary
 from lab import netns
 from lab.traffic import Capture, Flow, Marker, build, send_frames
 
@@ -230,8 +231,6 @@ def test_the_verifiers_reason_is_told_from_its_register_states():
     """A reason that names a register ("R2 unbounded memory access") is the summary;
     a register state ("R1=ctx() R10=fp0") and the closing statistics are not (the
     summary once gave the statistics line for such a log)."""
-    from ebpf.compiler import _verifier_summary  # noqa: PLC0415 -- the one private helper tested
-
     log = (
         "748: (0f) r2 += r1\n"
         "R1=scalar(smin=0) R2=map_value(map=config,ks=4,vs=40)\n"
@@ -239,4 +238,4 @@ def test_the_verifiers_reason_is_told_from_its_register_states():
         "R2 unbounded memory access, make sure to bounds check any such access\n"
         "processed 504 insns (limit 1000000) max_states_per_insn 0 total_states 31 peak_states 31 mark_read 0\n"
     )
-    assert _verifier_summary(log) == "R2 unbounded memory access, make sure to bounds check any such access"
+    assert verifier_summary(log) == "R2 unbounded memory access, make sure to bounds check any such access"

@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -391,10 +392,25 @@ def _hung_in(output: str) -> str:
     return f"{frames[0][0]}:{frames[0][1]} in {frames[0][2]}" if frames else ""
 
 
+_IMAGES = []  # the compiled programs' directory every pytest of this process shares
+
+
+def _images_env() -> dict:
+    """One directory of program images (ebpf/images.py) for every pytest this process
+    starts: a program a mutant does not touch is compiled once, not once per run (an
+    image is kept under the hash of its whole text, so a mutant's is its own). Gone
+    when the process ends."""
+    if os.environ.get("VTL_BPF_CACHE"):
+        return {}
+    if not _IMAGES:
+        _IMAGES.append(tempfile.TemporaryDirectory(prefix="vtl-mutants-images-"))
+    return {"VTL_BPF_CACHE": _IMAGES[0].name}
+
+
 def run_tests(args, root=ROOT, timeout=TIMEOUT) -> tuple[bool, str, float]:
     """(killed?, by which test, seconds): pytest on `args`, stopping at the first failure."""
     t0 = time.monotonic()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **_images_env()}
     # faulthandler_timeout: a test that hangs dumps its stack before the timeout, which says where
     proc = subprocess.Popen(
         [

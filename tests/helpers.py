@@ -15,9 +15,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-
 from ebpf.instruments.xdp_sink import XdpSink
 from lab import netns, nft
 from lab.daemons.nginx import NginxServer
@@ -193,6 +190,15 @@ def nft_udp_counter(ns, port):
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def read_notebook(path):
+    """A notebook file, as nbformat reads it. nbformat and nbclient are imported here, not
+    at the top: they take 3 s of CPU to import (jsonschema), and every worker of the
+    suite imports every test module when it collects, the notebooks' or not."""
+    import nbformat  # noqa: PLC0415 -- see above
+
+    return nbformat.read(path, as_version=4)
+
+
 def execute_notebook(path, env):
     """A notebook run as Jupyter runs it (the kernel its metadata names, the
     project's own as `make lab` registers it; from the repository root) with
@@ -200,7 +206,9 @@ def execute_notebook(path, env):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        nb = nbformat.read(path, as_version=4)
+        from nbclient import NotebookClient  # noqa: PLC0415 -- read_notebook() says why
+
+        nb = read_notebook(path)
         NotebookClient(
             nb, timeout=600, kernel_name=nb.metadata.kernelspec.name, resources={"metadata": {"path": str(ROOT)}}
         ).execute()

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import nbformat
 import pandas as pd
 import pytest
-from helpers import assert_every_figure_shown_once, execute_notebook
+from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
 from matplotlib.colors import same_color
 from matplotlib.container import BarContainer
 
@@ -258,7 +257,7 @@ def test_notebook_on_the_reference_csv_shows_every_figure(tmp_path):
 
 def test_committed_notebook_holds_its_figures():
     """What a reader sees on opening the notebook without running it."""
-    assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4), FIGURES)
+    assert_every_figure_shown_once(read_notebook(NOTEBOOK), FIGURES)
 
 
 def test_every_figure_draws_a_mirror_in_its_colour_from_zero_with_legends_outside():

@@ -6,11 +6,10 @@ runs out)."""
 import json
 import re
 
-import nbformat
 import pandas as pd
 import pytest
 from conftest import ROOT
-from helpers import assert_every_figure_shown_once, execute_notebook
+from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
 from test_ids import lab_cmd, read_bench, tools  # noqa: F401 -- tools: the autouse fixture (Suricata, tcpreplay)
 
 from lab.traffic import attacks, elephants
@@ -103,4 +102,4 @@ def test_notebook05_runs_the_bench_and_shows_every_figure(tmp_path, cutoff_run):
 
 
 def test_committed_notebook05_holds_its_figures():
-    assert_every_figure_shown_once(nbformat.read(NB05, as_version=4), FIGURES05)
+    assert_every_figure_shown_once(read_notebook(NB05), FIGURES05)

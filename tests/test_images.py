@@ -11,7 +11,7 @@ import pytest
 from bcc import BPF, BPFAttachType
 from test_kernel_headers import PROGRAMS
 
-from ebpf import BpfError, BpfProgram, images, loader, objinfo
+from ebpf import BpfError, BpfProgram, images, objinfo
 from ebpf.pods.tc_pods import SOCKET_HOOKS
 
 # Every function each program has, with the type it is loaded as (and the attach type
@@ -55,7 +55,7 @@ def test_each_function_from_the_image_is_the_program_bcc_loads(name):
     prog = PROGRAMS[name]()
     text = prog.c_text()
     bcc = BPF(text=text.encode(), cflags=prog.cflags)
-    loaded = images.Loaded(loader.compile_here(text, prog.cflags, prog.source_path.name))
+    loaded = images.Loaded(images.describe(bcc, text, prog.source_path.name))  # one compile: both from it
     try:
         assert set(loaded.image["functions"]) == set(FUNCTIONS[name]), "a function the test does not load"
         for function, (prog_type, attach_type) in FUNCTIONS[name].items():

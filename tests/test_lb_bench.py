@@ -12,11 +12,10 @@ import sys
 import threading
 import time
 
-import nbformat
 import pandas as pd
 import pytest
 from conftest import ROOT, require_tool
-from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, start_until, wait_for
+from helpers import assert_every_figure_shown_once, execute_notebook, lb_bed, read_notebook, start_until, wait_for
 
 from ebpf import xdp
 from ebpf.instruments.xdp_sink import XdpSink
@@ -374,7 +373,7 @@ def test_notebook04_runs_the_bench_and_shows_every_figure(tmp_path):
 
 
 def test_committed_notebook04_holds_its_figures():
-    assert_every_figure_shown_once(nbformat.read(NB04, as_version=4), FIGURES04)
+    assert_every_figure_shown_once(read_notebook(NB04), FIGURES04)
 
 
 def _lb_run_dirs():

@@ -6,10 +6,9 @@ import json
 import subprocess
 import sys
 
-import nbformat
 import pandas as pd
 from conftest import ROOT
-from helpers import assert_every_figure_shown_once, execute_notebook
+from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
 
 from lab.fastpaths.pods import plots
 
@@ -83,7 +82,7 @@ def test_notebook_on_the_reference_csv_shows_every_figure(tmp_path):
 
 
 def test_committed_notebook_holds_its_figures():
-    assert_every_figure_shown_once(nbformat.read(NOTEBOOK, as_version=4), FIGURES)
+    assert_every_figure_shown_once(read_notebook(NOTEBOOK), FIGURES)
 
 
 def test_the_targets_table_says_each_target_met_or_not():

@@ -12,10 +12,9 @@ import sys
 import threading
 import time
 
-import nbformat
 import pytest
 from conftest import ROOT
-from helpers import execute_notebook, wait_for
+from helpers import execute_notebook, read_notebook, wait_for
 from jupyter_client.manager import start_new_kernel
 
 import lab
@@ -42,7 +41,7 @@ def _texts(cell):
 def test_quickstart_runs_cell_by_cell_in_the_projects_kernel():
     """The README's quick start, executed as JupyterLab runs it, by the kernel
     the README's command registers: every API call in the kernel's main thread."""
-    nb = nbformat.read(QUICKSTART, as_version=4)
+    nb = read_notebook(QUICKSTART)
     assert nb.metadata.kernelspec.name == "ebpf-vtap-lab"
     before = _not_others()
     nb = execute_notebook(QUICKSTART, {"VTL_QS_COUNT": "50", "VTL_QS_RATE": "400", "VTL_QS_SECONDS": "3"})
@@ -375,7 +374,7 @@ def test_lab_exports_what_a_notebook_imports():
 def test_notebooks_call_the_api_in_their_own_thread():
     """No notebook hides the API in a worker thread any more: each calls it as a user types it."""
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
         assert "ThreadPoolExecutor" not in code and "threading" not in code, path.name
         assert nb.metadata.kernelspec.name == "ebpf-vtap-lab", path.name

@@ -5,10 +5,9 @@ colours and axes."""
 import csv
 
 import matplotlib.pyplot as plt
-import nbformat
 import pandas as pd
 import pytest
-from helpers import ROOT, assert_every_figure_shown_once, execute_notebook
+from helpers import ROOT, assert_every_figure_shown_once, execute_notebook, read_notebook
 from matplotlib.colors import same_color
 from matplotlib.container import BarContainer
 
@@ -95,8 +94,8 @@ def test_notebooks_on_the_reference_csvs_show_every_figure(tmp_path):
 
 def test_committed_notebooks_hold_their_figures():
     """What a reader sees on opening them without running them."""
-    assert_every_figure_shown_once(nbformat.read(NB02, as_version=4), FIGURES02)
-    assert_every_figure_shown_once(nbformat.read(NB03, as_version=4), FIGURES03)
+    assert_every_figure_shown_once(read_notebook(NB02), FIGURES02)
+    assert_every_figure_shown_once(read_notebook(NB03), FIGURES03)
 
 
 def test_every_method_has_its_own_colour_and_bars_start_at_zero():

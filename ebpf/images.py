@@ -33,6 +33,7 @@ import os
 import re
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 from ebpf import errors, maps
@@ -164,6 +165,10 @@ def store(k: str, image: dict):
     d = cache_dir()
     if d is None:
         return
+    for stale in d.glob(".image-*.tmp"):  # a writer killed mid-write left it: gone after an hour
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 3600:
+                stale.unlink()
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".image-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

@@ -142,3 +142,14 @@ def test_off_keeps_nothing_and_a_directory_others_can_write_is_refused(tmp_path,
         _load(tmp_path)
     assert "\n" not in str(e.value)
     assert not list(cache.glob("*.json"))
+
+
+def test_a_write_a_killed_process_left_is_removed_once_it_is_old(tmp_path, cache):
+    cache.mkdir(mode=0o700)
+    old, fresh = cache / ".image-old.tmp", cache / ".image-fresh.tmp"
+    old.write_text("{")
+    fresh.write_text("{")  # another process writing now
+    os.utime(old, (0, 0))
+    assert _load(tmp_path) == ("count.bpf.c", 42)
+    assert not old.exists() and fresh.exists()
+    assert len(list(cache.glob("*.json"))) == 1

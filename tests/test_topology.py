@@ -205,13 +205,16 @@ def test_demo_runs_and_passes():
     assert lines[-1].startswith("PASS: ") and "WRONG" not in r.stdout
 
 
-@pytest.mark.parametrize("make", [testbeds.testbed1, testbeds.testbed3], ids=["testbed1", "testbed3"])
+@pytest.mark.parametrize(
+    "make", [testbeds.testbed1, testbeds.testbed2, testbeds.testbed3], ids=["testbed1", "testbed2", "testbed3"]
+)
 def test_a_built_testbed_is_quiet(make):
     """Once built, a testbed's links carry nothing until a test sends: exact counts
     rely on it. IPv6 hosts report their multicast groups (MLD) when their links
     come up, and repeat it: with MLDv2 a repeat went out up to 40 ms after the
     build, into an iperf3 test's count (one run in 15). The lab's hosts use MLDv1,
-    whose repeats the build waits for."""
+    whose repeats the build waits for. IPv4's IGMP the same: Testbed 2's bridge reported
+    its group up to a second after the build (so the window here is more than that)."""
     with make() as tb:
 
         def sent():
@@ -222,5 +225,5 @@ def test_a_built_testbed_is_quiet(make):
             }
 
         first = sent()
-        time.sleep(0.3)
+        time.sleep(1.2)
         assert sent() == first

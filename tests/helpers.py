@@ -301,10 +301,11 @@ N = 12  # UDP exchanges and TCP connections per family
 class Tool:
     """`python -m lab CMD ARGS --json` in a namespace, as a user runs it."""
 
-    def __init__(self, ns, cmd, *args, interval=0.5):
+    def __init__(self, ns, cmd, *args, interval=0.5, env=None):
         self.p = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "lab", cmd, *args, "--json", "--interval", str(interval)],
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ebpf import errors, maps
+from ebpf import cgroup, errors, maps, objinfo
 from ebpf.testrun import libbpf
 
 FORMAT = 1  # of an image; a change of what is kept changes it, and every key with it
@@ -44,23 +44,9 @@ LOG_SIZE = (
     16 << 20
 ) - 1  # the verifier's log when a load failed (the reason is at its end); kernels before 6.4 refuse more
 
-# BCC's names for program and cgroup attach types (bcc.BPF, bcc.BPFAttachType), as the
-# lab's classes pass them, in the kernel's numbers (uapi bpf.h)
+# BCC's names for program types, as the lab's classes pass them, in the kernel's numbers
+# (uapi bpf.h); a cgroup program's attach type by BCC's name is cgroup.ATTACH_TYPES
 PROG_TYPES = {"SOCKET_FILTER": 1, "SCHED_CLS": 3, "SCHED_ACT": 4, "TRACEPOINT": 5, "XDP": 6, "CGROUP_SOCK_ADDR": 18}
-ATTACH_TYPES = {
-    "CGROUP_INET4_BIND": 8,
-    "CGROUP_INET6_BIND": 9,
-    "CGROUP_INET4_CONNECT": 10,
-    "CGROUP_INET6_CONNECT": 11,
-    "CGROUP_UDP4_SENDMSG": 14,
-    "CGROUP_UDP6_SENDMSG": 15,
-    "CGROUP_UDP4_RECVMSG": 19,
-    "CGROUP_UDP6_RECVMSG": 20,
-    "CGROUP_INET4_GETPEERNAME": 29,
-    "CGROUP_INET6_GETPEERNAME": 30,
-    "CGROUP_INET4_GETSOCKNAME": 31,
-    "CGROUP_INET6_GETSOCKNAME": 32,
-}
 MAPS_OF_MAPS = {12, 13}  # ARRAY_OF_MAPS, HASH_OF_MAPS: created from an inner map
 # Flags the kernel adds to a map it makes, which it refuses when asked for: a devmap's
 # (and a devmap hash's) BPF_F_RDONLY_PROG (dev_map_alloc sets it; creation allows none)
@@ -183,38 +169,6 @@ def store(k: str, image: dict):
 # --- an image from BCC's module (where BCC is: this process, or the compiling child) --------
 
 
-class _MapInfo(ctypes.Structure):
-    """struct bpf_map_info (uapi bpf.h), up to map_extra."""
-
-    _fields_ = [
-        ("type", ctypes.c_uint32),
-        ("id", ctypes.c_uint32),
-        ("key_size", ctypes.c_uint32),
-        ("value_size", ctypes.c_uint32),
-        ("max_entries", ctypes.c_uint32),
-        ("map_flags", ctypes.c_uint32),
-        ("name", ctypes.c_char * 16),
-        ("ifindex", ctypes.c_uint32),
-        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
-        ("netns_dev", ctypes.c_uint64),
-        ("netns_ino", ctypes.c_uint64),
-        ("btf_id", ctypes.c_uint32),
-        ("btf_key_type_id", ctypes.c_uint32),
-        ("btf_value_type_id", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
-        ("map_extra", ctypes.c_uint64),
-    ]
-
-
-def _map_info(fd) -> _MapInfo:
-    info = _MapInfo()
-    size = ctypes.c_uint32(ctypes.sizeof(info))
-    err = libbpf().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size))
-    if err:
-        raise errors.BpfError(f"reading map fd {fd}: {os.strerror(-err)}")
-    return info
-
-
 def _btf_bytes(btf_id) -> bytes:
     """The raw BTF the kernel holds under this id (what BCC loaded for the module's maps)."""
     lib = libbpf()
@@ -248,7 +202,7 @@ def describe(bpf, text: str, source_name: str) -> dict:
     for i in range(lib.bpf_num_tables(bpf.module)):
         name = lib.bpf_table_name(bpf.module, i)
         fd = lib.bpf_table_fd(bpf.module, name)
-        info = _map_info(fd)
+        info = objinfo.map_info(fd)
         key_desc = lib.bpf_table_key_desc(bpf.module, name).decode()
         m = {
             "name": name.decode(),
@@ -366,7 +320,7 @@ def _lib():
             ctypes.c_uint32,
             ctypes.c_uint32,
             ctypes.c_uint32,
-            ctypes.POINTER(_MapCreateOpts),
+            ctypes.c_void_p,  # struct bpf_map_create_opts *: as xdp_mirror.py declares it too
         ]
         lib.bpf_btf_load.restype = ctypes.c_int
         lib.bpf_btf_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
@@ -458,7 +412,7 @@ class Loaded:
             license=ctypes.addressof(license_),
             kern_version=self.image["kern_version"],
             prog_name=program_name(name),
-            expected_attach_type=ATTACH_TYPES[attach_type] if attach_type is not None else 0,
+            expected_attach_type=cgroup.ATTACH_TYPES[attach_type] if attach_type is not None else 0,
         )
         fd = _prog_load(attr)
         if fd < 0 and fd != -errno.EPERM:  # again, with the verifier's log

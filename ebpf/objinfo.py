@@ -39,8 +39,8 @@ class _ProgInfo(ctypes.Structure):
     ]
 
 
-class _MapInfo(ctypes.Structure):
-    """The head of struct bpf_map_info (uapi bpf.h)."""
+class MapInfo(ctypes.Structure):
+    """struct bpf_map_info (uapi bpf.h), up to map_extra."""
 
     _fields_ = [
         ("type", ctypes.c_uint32),
@@ -50,6 +50,15 @@ class _MapInfo(ctypes.Structure):
         ("max_entries", ctypes.c_uint32),
         ("map_flags", ctypes.c_uint32),
         ("name", ctypes.c_char * 16),
+        ("ifindex", ctypes.c_uint32),
+        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+        ("netns_dev", ctypes.c_uint64),
+        ("netns_ino", ctypes.c_uint64),
+        ("btf_id", ctypes.c_uint32),
+        ("btf_key_type_id", ctypes.c_uint32),
+        ("btf_value_type_id", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("map_extra", ctypes.c_uint64),
     ]
 
 
@@ -91,8 +100,13 @@ def prog(fd) -> Prog:
     return Prog(info.id, bytes(info.tag).hex(), info.name.decode(), tuple(ids[:n]))
 
 
+def map_info(fd) -> MapInfo:
+    """All the kernel says of the map behind `fd` (its BTF ids, flags, ...)."""
+    return _info(fd, MapInfo())
+
+
 def map_(fd) -> Map:
-    info = _info(fd, _MapInfo())
+    info = map_info(fd)
     return Map(info.name.decode(), info.type, info.key_size, info.value_size, info.max_entries, info.map_flags)
 
 

@@ -36,7 +36,7 @@ import tomllib
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ebpf import BpfError, InputError, cgroup, netdev, tc
+from ebpf import BpfError, InputError, NoSuchInterface, cgroup, netdev, tc
 from ebpf.pods.tc_pods import PROTOS, TcPods, parse_endpoint
 from lab import hostcheck
 from lab.console import CounterTable, UsageError, require, warn
@@ -462,7 +462,8 @@ class PodsCommand(Command):
                     known = None
                 if known is not None and lxc in self.attached and self.prog.pods.get(lxc) == addrs:
                     continue
-                if known is not None and lxc in self.attached:  # a route added or removed since
+                was_attached = lxc in self.attached
+                if known is not None and was_attached:  # a route added or removed since
                     warn(f"pod behind {lxc}: addresses now {', '.join(map(str, addrs))}")
                 try:
                     if known is None and (problem := gateway_problem(lxc)):
@@ -472,6 +473,12 @@ class PodsCommand(Command):
                         self.attached[lxc] = self.prog.attach_pod(lxc)
                         if self.started:
                             warn(f"pod behind {lxc} ({', '.join(map(str, addrs))}): attached")
+                except NoSuchInterface as e:
+                    # its veth went while the scan that found it was being taken (a pod
+                    # deleted: its IPv6 route first, then the veth): an attached pod is gone
+                    self._drop(lxc, said=was_attached)
+                    if not was_attached:
+                        warn(f"pod behind {lxc}: not attached: {e}")
                 except (InputError, BpfError) as e:
                     self._drop(lxc, said=False)  # nothing of it left half-known
                     warn(f"pod behind {lxc}: not attached: {e}")

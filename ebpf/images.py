@@ -310,24 +310,6 @@ def _prog_load(attr) -> int:
     return -errno.EAGAIN
 
 
-def _lib():
-    lib = libbpf()
-    if not getattr(lib, "_images_declared", False):
-        lib.bpf_map_create.restype = ctypes.c_int
-        lib.bpf_map_create.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_uint32,
-            ctypes.c_uint32,
-            ctypes.c_uint32,
-            ctypes.c_void_p,  # struct bpf_map_create_opts *: as xdp_mirror.py declares it too
-        ]
-        lib.bpf_btf_load.restype = ctypes.c_int
-        lib.bpf_btf_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        lib._images_declared = True
-    return lib
-
-
 def program_name(function: str) -> bytes:
     """The name BCC gives a function's program (what bpftool and the lab's cleanup see)."""
     for p in _NAME_PREFIXES:
@@ -354,7 +336,7 @@ class Loaded:
     def __init__(self, image: dict):
         self.image = image
         self._tables, self._functions = {}, {}
-        lib = _lib()
+        lib = libbpf()
         btf_fd = -1
         try:
             if image["btf"]:

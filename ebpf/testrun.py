@@ -96,6 +96,11 @@ def libbpf():
         lib.bpf_prog_test_run_opts.restype = ctypes.c_int
         lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
         lib.bpf_map_update_elem.restype = ctypes.c_int
+        # (type, name, key size, value size, max entries, struct bpf_map_create_opts *)
+        lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, *[ctypes.c_uint32] * 3, ctypes.c_void_p]
+        lib.bpf_map_create.restype = ctypes.c_int
+        lib.bpf_btf_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        lib.bpf_btf_load.restype = ctypes.c_int
         _libbpf = lib
     return _libbpf
 

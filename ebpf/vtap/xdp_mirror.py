@@ -292,15 +292,6 @@ class XdpMirror(MirrorBase):
         in `pairs`. Written from inside the namespace: the kernel resolves a
         devmap entry's ifindex in the writer's namespace (xdp_redirect.py)."""
         lib = libbpf()
-        lib.bpf_map_create.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_uint32,
-            ctypes.c_uint32,
-            ctypes.c_uint32,
-            ctypes.c_void_p,
-        ]
-        lib.bpf_map_create.restype = ctypes.c_int
         fd = self._inner.get(egress)
         if fd is None:
             fd = lib.bpf_map_create(BPF_MAP_TYPE_DEVMAP, b"vtap_pair", 4, 4, 2, None)

@@ -6,6 +6,7 @@ the registry, lab.fastpath), and demo, bench, jupyter, mutants, cleanup.
     python -m lab bench vtap-throughput --testbed 1,2 --trials 5
     python -m lab bench generators --sizes 64,1518
     python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backend 198.18.5.11:8080
+    python -m lab hosts check -i hosts.yml --bench vtap-throughput
     python -m lab cleanup
 """
 
@@ -198,6 +199,15 @@ def commands(fps, find_benches) -> list[Command]:
             _late("lab.jupyter:add_arguments"),
             _late("lab.jupyter:main"),
             error_name="lab jupyter",
+            as_root=False,
+        ),
+        # local root is not needed: the hosts are reached by ssh, as their inventory says
+        Command(
+            "hosts",
+            "the lab on your own machines, named in an Ansible inventory: check, setup, facts, cleanup",
+            _late("lab.hosts.command:add_arguments"),
+            _late("lab.hosts.command:main"),
+            error_name="lab hosts",
             as_root=False,
         ),
         Command(

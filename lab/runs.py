@@ -18,7 +18,9 @@ from pathlib import Path
 
 from lab import netns
 
-RUN_DIR = Path("/run/vtap-lab")
+# VTL_RUN_DIR: a lab instance's own (each namespace host of lab.hosts.nshosts has one,
+# under its lab_dir, as it has its own namespace prefix)
+RUN_DIR = Path(os.environ.get("VTL_RUN_DIR") or "/run/vtap-lab")
 CLEANUP = "python -m lab cleanup (from Python: lab.remove_leftovers())"
 LIVE_RUNS: set[str] = set()  # run ids this process has built and not torn down
 _said: set[str] = set()  # dead runs already said (notice)

@@ -46,8 +46,10 @@ packages=(
   nginx libnginx-mod-stream haproxy wrk           # the load balancer's backends, peers and load (issue 11)
   gcc libc6-dev curl                              # cc builds the open-loop generator (lab/traffic/openloop.c); curl for tests
   prometheus                                      # promtool: the tests check every tool's --metrics with it
+  openssh-server                                  # sshd for the namespace hosts the hosts tests reach with Ansible
 )
-services=(nginx haproxy prometheus)               # daemons their packages start in the root namespace
+services=(nginx haproxy prometheus ssh)           # daemons their packages start in the root namespace
+declare -A pidfile=([ssh]=/run/sshd.pid)          # where one's pid file is not /run/<service>.pid
 backported=(suricata)                             # the IDS run: only bookworm-backports has it
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=() missing_bp=()
@@ -71,17 +73,30 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_bp[@]} -gt 0 ]; then
   run apt-get update -q
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
+    # Debian's policy-rc.d (exit 101: "not allowed"): the packages' daemons are not started
+    # at all while they install, so no sshd, nginx or HAProxy listens in the root
+    # namespace even for a moment. Ours only when the machine has none, removed after.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\n# scripts/setup.sh of eBPF vTAP Lab, while it installs packages\nexit 101\n' > "$policy"
+      chmod 755 "$policy"
+      trap 'rm -f "$policy"' EXIT
+    fi
     run apt-get install -y -q --no-install-recommends "${missing[@]}"
-    # nginx and haproxy start a system daemon on the root namespace's port 80, and
-    # prometheus its server on 9090; the lab runs its own daemons, in its
-    # namespaces, and leaves the root namespace alone (of prometheus it uses promtool).
+    if grep -qs "eBPF vTAP Lab" "$policy"; then rm -f "$policy"; trap - EXIT; fi
+    # nginx and haproxy start a system daemon on the root namespace's port 80,
+    # prometheus its server on 9090 and openssh-server sshd on 22; the lab runs its own
+    # daemons, in its namespaces, and leaves the root namespace alone (of prometheus it
+    # uses promtool; sshd runs only in the hosts tests' namespaces). Where policy-rc.d
+    # was the machine's own, they may have started: stopped and disabled here.
     for svc in "${services[@]}"; do
       if command -v systemctl >/dev/null && systemctl is-enabled "$svc" >/dev/null 2>&1; then
         systemctl disable --now "$svc" >/dev/null 2>&1 || true
         say "disabled the $svc service its package enabled (the lab runs its own daemons, in its namespaces)"
       fi
-      if [ -f "/run/$svc.pid" ] && kill -0 "$(cat "/run/$svc.pid")" 2>/dev/null; then
-        kill "$(cat "/run/$svc.pid")" && say "stopped the $svc daemon its package started"
+      pid=${pidfile[$svc]:-/run/$svc.pid}
+      if [ -f "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null; then
+        kill "$(cat "$pid")" && say "stopped the $svc daemon its package started"
       fi
     done
   fi
@@ -131,7 +146,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing the project and its Python dependencies into .venv (editable; output in $log)"
   run .venv/bin/python -m pip install --upgrade pip
-  run .venv/bin/python -m pip install -e ".[test,notebooks]"
+  run .venv/bin/python -m pip install -e ".[test,notebooks,hosts]"
   echo "$want" > "$stamp"
 fi
 

@@ -75,7 +75,25 @@ class LabError(Exception):
     """A lab operation failed; the message says which and why, in one line."""
 
 
+# On a host the user named in an inventory (lab.hosts), the lab's runner works in
+# the host's own network namespace, on the interfaces the inventory names and no
+# other: there, and only in a process that said so (host_mode()), the namespace
+# None means "this one". Everywhere else None is refused like any name not ours,
+# so no slip can put a lab program or address in a machine's root namespace.
+HOST_MODE = False
+
+
+def host_mode():
+    """This process is a lab runner on a user's host (lab.hosts.runner): None names its own namespace."""
+    global HOST_MODE
+    HOST_MODE = True
+
+
 def _check_ours(name):
+    if name is None:
+        if not HOST_MODE:
+            raise LabError("refusing to work in this namespace: the lab works in its own namespaces only")
+        return
     if not name.startswith(PREFIX) or "/" in name or name in (PREFIX, ".", ".."):
         raise LabError(f"refusing to touch namespace {name!r}: lab namespaces are named {PREFIX}*")
 
@@ -85,6 +103,8 @@ def _errno_text():
 
 
 def exists(name) -> bool:
+    if name is None:
+        return HOST_MODE
     return (NETNS_DIR / name).exists()
 
 
@@ -191,7 +211,7 @@ def ipr(name) -> netdev.Netlink:
     one, forks nothing, works from any thread: see ebpf.netdev.ipr)."""
     _check_ours(name)
     try:
-        return netdev.ipr(str(NETNS_DIR / name))
+        return netdev.ipr(None if name is None else str(NETNS_DIR / name))
     except BpfError as e:
         raise LabError(str(e)) from None
 
@@ -200,6 +220,9 @@ def ipr(name) -> netdev.Netlink:
 def entered(name):
     """Run the body with this thread inside namespace `name` (ebpf.netdev.entered)."""
     _check_ours(name)
+    if name is None:  # a host runner, in its host's namespace: already there
+        yield
+        return
     inside = netdev.entered(str(NETNS_DIR / name))
     try:
         inside.__enter__()
@@ -225,6 +248,8 @@ def read_sysctl(name, key):
 def command(name, argv):
     """argv run inside namespace `name` (ip netns exec also gives it its own /sys)."""
     _check_ours(name)
+    if name is None:
+        return [*map(str, argv)]
     return ["ip", "netns", "exec", name, *map(str, argv)]
 
 

@@ -12,6 +12,8 @@ On veth a native XDP program also turns on the device's NAPI, which is what
 lets it receive XDP_TX frames from its peer at all.
 """
 
+import ipaddress
+
 from ebpf.errors import InputError
 from ebpf.program import BpfProgram
 
@@ -22,7 +24,10 @@ class XdpSink(BpfProgram):
     SOURCE = "xdp_sink.bpf.c"
     FUNCTION = "xdp_sink"
 
-    def __init__(self, verdict="drop", source=None, redirect_ifindex=None):
+    def __init__(self, verdict="drop", source=None, redirect_ifindex=None, match=None):
+        """match: (IPv4 source, UDP destination port): count (and give the verdict to)
+        only those frames, and pass every other on uncounted (a real NIC's LLDP and
+        neighbour discovery)."""
         if verdict not in VERDICTS:
             raise InputError(f"unknown sink verdict {verdict!r} ({', '.join(VERDICTS)})")
         if (verdict == "redirect") != (redirect_ifindex is not None):
@@ -32,6 +37,13 @@ class XdpSink(BpfProgram):
             flags.append("-DSINK_SWAP_MACS")
         if redirect_ifindex is not None:
             flags.append(f"-DSINK_REDIRECT_IFINDEX={int(redirect_ifindex)}")
+        if match is not None:
+            src, dport = match
+            # the address as the packet holds it (network order), read as a host-order u32
+            flags += [
+                f"-DSINK_MATCH_SRC4={int.from_bytes(ipaddress.IPv4Address(src).packed, 'little')}U",
+                f"-DSINK_MATCH_DPORT={int(dport)}",
+            ]
         super().__init__(flags, source)
         self.verdict = verdict
 

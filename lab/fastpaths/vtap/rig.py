@@ -20,6 +20,12 @@ What it sets up, and why (all inside lab namespaces):
   destination port that never reads (Rig.udp_sink): without it, ICMP errors
   were over a quarter of the DUT's time, the same for every mirror, which hid
   the differences between them (no mirror: 1773 ns/pkt before, 936 after).
+
+The steps are per role, so that a run is the same steps whether its roles are
+namespaces on this machine (ThroughputRig, all of them in this process) or hosts
+the user named (lab.hosts: one runner per role, each on its own host, running
+these same classes there): CountingSide for a receiver or a monitor, DutSide for
+the tap, and the bench's generator for the sender.
 """
 
 import os
@@ -31,56 +37,185 @@ from lab.metrics import CpuSampler, threaded_napi
 from lab.rig import Rig
 
 
-class ThroughputRig(Rig):
-    def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001, dut_sink=True):
-        super().__init__(testbed, gen_cpu, dut_cpu)
-        self.sinks = {}
+class CountingSide:
+    """Where frames are counted: an XDP sink on (ns, ifname). verdict drop for a
+    receiver or monitor, pass for the DUT (frames go on to tc and the stack).
+    match (IPv4 source, UDP port): only the lab's frames (on hosts, whose NICs
+    also get LLDP and neighbour discovery)."""
+
+    def __init__(self, verdict, ns, ifname, match=None):
+        self.verdict, self.ns, self.ifname, self.match = verdict, ns, ifname, match
+        self.sink = None
+
+    def open(self):
+        self.sink = XdpSink(self.verdict, match=self.match)
+        try:
+            self.sink.attach(self.ifname, netns=self.ns)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def reset(self):
+        self.sink.reset_counters()
+
+    def counters(self) -> dict:
+        return self.sink.counters()
+
+    def close(self):
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            sink.close()
+
+
+class DutSide:
+    """The tap node: its receiving interface counted (a pass sink), its receive work
+    in a NAPI thread pinned to dut_cpu, TSO off where it forwards into a sink, a
+    UDP sink where it is the receiver; and per run the peer attached, measured
+    (CPU, the peer's counters) and detached."""
+
+    def __init__(self, ns, ifname, dut_cpu, gen_cpu, forwarding_ifaces=(), udp_port=None, sink=True, match=None):
+        self.ns, self.ifname, self.dut_cpu, self.gen_cpu = ns, ifname, dut_cpu, gen_cpu
+        self.forwarding_ifaces, self.udp_port, self.match = list(forwarding_ifaces), udp_port, match
+        self.counting = CountingSide("pass", ns, ifname, match) if sink else None
         self.napi_pids = []
-        self.dut_ns = testbed.ns(testbed.tap_host)
-        self.dut_iface = testbed.tap_iface
-        self.udp_port = udp_port
-        self.dut_sink = dut_sink  # count arrivals at the DUT with an XDP pass sink (see Peer.owns_dut_xdp)
+        self._run = None
 
-    # --- set-up ------------------------------------------------------------
-    def set_up(self):
-        tb = self.tb
-        # arrivals at the DUT: counted, then on to tc and the stack
-        if self.dut_sink:
-            self._sink("dut", "pass", self.dut_ns, self.dut_iface)
-        if tb.receiver != tb.tap_host:
-            self._sink("receiver", "drop", tb.ns(tb.receiver), tb.receiver_iface)
-        self._sink("monitor", "drop", tb.ns(tb.monitor), tb.monitor_capture_iface)
-        if "collector" in tb.topo.hosts:
-            # vTAP sessions' tunnels, counted where they leave the tap node (at the
-            # next hop, which the sink makes the last): the router's forwarding
-            # is not the DUT's work
-            self._sink("collector", "drop", tb.ns("router"), "eth0")
-        if tb.receiver == tb.tap_host:
-            self.udp_sink(self.dut_ns, self.udp_port)
-        for link in tb.topo.links:
-            for end in (link.a, link.b):
-                if end.host == tb.tap_host and end.name != self.dut_iface:
-                    netns.run(self.dut_ns, ["ethtool", "-K", end.name, "tso", "off"], capture_output=True)
-        self.napi_pids = threaded_napi(self.dut_ns, self.dut_iface, self.dut_cpu)
-
-    def _sink(self, label, verdict, ns, ifname):
-        s = XdpSink(verdict)
-        self.sinks[label] = s  # registered first, so close() frees it even if attach fails
-        s.attach(ifname, netns=ns)
+    def set_up(self, rig):
+        if self.counting:
+            self.counting.open()
+        if self.udp_port is not None:
+            rig.udp_sink(self.ns, self.udp_port)
+        for name in self.forwarding_ifaces:
+            netns.run(self.ns, ["ethtool", "-K", name, "tso", "off"], capture_output=True)
+        self.napi_pids = threaded_napi(self.ns, self.ifname, self.dut_cpu)
 
     def pin_napi(self, cpu):
         for pid in self.napi_pids:
             os.sched_setaffinity(pid, {cpu})
 
+    def begin(self, peer):
+        """The peer attached and ready, the count and the CPU sampling started."""
+        lifted = False
+        if peer.owns_dut_xdp and self.counting and self.counting.sink is not None:
+            self.counting.close()  # the peer's own XDP program counts arrivals with its verdicts
+            lifted = True
+        try:
+            peer.attach()
+            if peer.takes_dut_core:
+                # the peer's process gets the DUT core to itself; the kernel's
+                # receive work moves to the generator's core for this run
+                self.pin_napi(self.gen_cpu)
+            peer.ready()
+            if self.counting and self.counting.sink is not None:
+                self.counting.reset()
+            base = peer.counters()
+            cpu = CpuSampler(interval=1.0).start()
+        except BaseException:
+            self._undo(peer, lifted)
+            raise
+        self._run = (peer, lifted, base, cpu)
+
+    def end(self) -> dict:
+        """CPU sampling stopped, the counts and the peer's growth read, the peer detached."""
+        peer, lifted, base, cpu = self._run
+        self._run = None
+        try:
+            cpu.stop()
+            counts = {"dut": self.counting.counters()} if self.counting and self.counting.sink is not None else {}
+            grown = peer.counters()
+        finally:
+            self._undo(peer, lifted)
+        return {
+            "counts": counts,
+            "cpu": cpu,
+            "mirrored": {k: v - base.get(k, 0) for k, v in grown.items() if isinstance(v, int)},
+        }
+
+    def _undo(self, peer, lifted):
+        try:
+            if peer.takes_dut_core:
+                self.pin_napi(self.dut_cpu)
+            peer.detach()
+        finally:
+            if lifted:
+                self.counting.open()
+
+    def close(self) -> list[str]:
+        if self.counting:
+            try:
+                self.counting.close()
+            except Exception as e:
+                return [f"dut sink: {e}"]
+        return []
+
+
+class ThroughputRig(Rig):
+    def __init__(self, testbed, gen_cpu=0, dut_cpu=1, udp_port=5001, dut_sink=True):
+        super().__init__(testbed, gen_cpu, dut_cpu)
+        self.sides = {}  # label -> CountingSide (receiver, monitor, collector)
+        self.dut_ns = testbed.ns(testbed.tap_host)
+        self.dut_iface = testbed.tap_iface
+        self.udp_port = udp_port
+        tb = testbed
+        forwarding = [
+            end.name
+            for link in tb.topo.links
+            for end in (link.a, link.b)
+            if end.host == tb.tap_host and end.name != self.dut_iface
+        ]
+        self.dut = DutSide(
+            self.dut_ns,
+            self.dut_iface,
+            self.dut_cpu,
+            self.gen_cpu,
+            forwarding,
+            udp_port if tb.receiver == tb.tap_host else None,
+            sink=dut_sink,  # count arrivals at the DUT with an XDP pass sink (see Peer.owns_dut_xdp)
+        )
+
+    @property
+    def sinks(self) -> dict:
+        """{label: XdpSink} of every counting sink attached now."""
+        out = {k: s.sink for k, s in self.sides.items() if s.sink is not None}
+        if self.dut.counting and self.dut.counting.sink is not None:
+            out["dut"] = self.dut.counting.sink
+        return out
+
+    @property
+    def napi_pids(self):
+        return self.dut.napi_pids
+
+    # --- set-up ------------------------------------------------------------
+    def set_up(self):
+        tb = self.tb
+        self.dut.set_up(self)  # arrivals at the DUT: counted, then on to tc and the stack
+        if tb.receiver != tb.tap_host:
+            self._side("receiver", tb.ns(tb.receiver), tb.receiver_iface)
+        self._side("monitor", tb.ns(tb.monitor), tb.monitor_capture_iface)
+        if "collector" in tb.topo.hosts:
+            # vTAP sessions' tunnels, counted where they leave the tap node (at the
+            # next hop, which the sink makes the last): the router's forwarding
+            # is not the DUT's work
+            self._side("collector", tb.ns("router"), "eth0")
+
+    def _side(self, label, ns, ifname):
+        side = CountingSide("drop", ns, ifname)
+        self.sides[label] = side  # registered first, so close() frees it even if attach fails
+        side.open()
+
+    def pin_napi(self, cpu):
+        self.dut.pin_napi(cpu)
+
     def tear_down(self):
         """Free the sinks (the sockets and the testbed go after, in Rig.close)."""
-        failed = []
-        for label, s in self.sinks.items():
+        failed = self.dut.close()
+        for label, side in self.sides.items():
             try:
-                s.close()
+                side.close()
             except Exception as e:
                 failed.append(f"{label} sink: {e}")
-        self.sinks.clear()
+        self.sides.clear()
         return failed
 
     # --- one run -------------------------------------------------------------
@@ -88,41 +223,13 @@ class ThroughputRig(Rig):
         """One bounded load run with `peer` (lab.peer.Peer) doing the DUT's job.
         Returns raw measurements: the send report, each sink's counts, the CPU
         sampler, and how much each of the peer's counters grew."""
-        lifted = self._lift_dut_sink() if peer.owns_dut_xdp else None
+        self.dut.begin(peer)
         try:
-            peer.attach()
-            try:
-                if peer.takes_dut_core:
-                    # the peer's process gets the DUT core to itself; the kernel's
-                    # receive work moves to the generator's core for this run
-                    self.pin_napi(self.gen_cpu)
-                peer.ready()
-                for s in self.sinks.values():
-                    s.reset_counters()
-                base = peer.counters()
-                with CpuSampler(interval=1.0) as cpu:
-                    report = generator.send(count=count, seconds=seconds, rate_pps=rate_pps)
-                    time.sleep(settle)  # let queues drain into the sinks
-                counts = {k: s.counters() for k, s in self.sinks.items()}
-                grown = peer.counters()
-            finally:
-                if peer.takes_dut_core:
-                    self.pin_napi(self.dut_cpu)
-                peer.detach()
+            for side in self.sides.values():
+                side.reset()
+            report = generator.send(count=count, seconds=seconds, rate_pps=rate_pps)
+            time.sleep(settle)  # let queues drain into the sinks
+            counts = {k: s.counters() for k, s in self.sides.items()}
         finally:
-            if lifted:
-                self._sink("dut", "pass", self.dut_ns, self.dut_iface)
-        return {
-            "report": report,
-            "counts": counts,
-            "cpu": cpu,
-            "mirrored": {k: v - base.get(k, 0) for k, v in grown.items() if isinstance(v, int)},
-        }
-
-    def _lift_dut_sink(self):
-        """Take the counting sink off the DUT's interface, for a peer that puts its
-        own XDP program there (it counts with its verdicts instead)."""
-        sink = self.sinks.pop("dut", None)
-        if sink is not None:
-            sink.close()
-        return sink is not None
+            measured = self.dut.end()
+        return {**measured, "report": report, "counts": {**measured["counts"], **counts}}

@@ -21,11 +21,14 @@ busy = elapsed - idle - iowait is right (to /proc/stat's 10 ms) at any load. The
 mpstat columns keep the tick's split of that busy time.
 """
 
+import errno
 import json
 import os
 import platform
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -33,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+
+from ebpf.netdev import ifindex_of
 
 from . import netns
 from .counters import IFACE_FIELDS, IfaceCounters, iface_counters  # noqa: F401 (their old home)
@@ -128,6 +133,14 @@ class CpuSampler:
         self._readings = []  # (monotonic time, read_proc_stat())
         self._stop = threading.Event()
         self._thread = None
+
+    @classmethod
+    def of(cls, readings):
+        """A sampler over readings taken elsewhere: [(monotonic time, read_proc_stat()), ...]
+        (a host's runner reads at the first and the last frame of its own window)."""
+        sampler = cls()
+        sampler._readings = list(readings)
+        return sampler
 
     def start(self):
         self._readings = [(time.monotonic(), read_proc_stat())]
@@ -331,17 +344,72 @@ def napi_threads(ifname=None):
     return found
 
 
+_NETDEV_CMD_NAPI_GET, _NAPI_IFINDEX, _NAPI_PID = 11, 1, 4  # include/uapi/linux/netdev.h
+
+
+def _genl_family(sock, name) -> int:
+    payload = struct.pack("BBH", 3, 1, 0) + _nlattr(2, name.encode() + b"\0")  # CTRL_CMD_GETFAMILY, _NAME
+    sock.send(struct.pack("IHHII", 16 + len(payload), 0x10, 1, 1, 0) + payload)
+    data = sock.recv(65536)
+    if struct.unpack_from("H", data, 4)[0] == 2:  # NLMSG_ERROR: no such family (a kernel before 6.3)
+        raise OSError(errno.ENOENT, f"no {name} netlink family")
+    return struct.unpack("H", _nlattrs(data[20:])[1][:2])[0]  # CTRL_ATTR_FAMILY_ID
+
+
+def _nlattr(kind, payload):
+    body = struct.pack("HH", 4 + len(payload), kind) + payload
+    return body + b"\0" * (-len(body) % 4)
+
+
+def _nlattrs(data):
+    out, i = {}, 0
+    while i + 4 <= len(data):
+        length, kind = struct.unpack_from("HH", data, i)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = data[i + 4 : i + length]
+        i += (length + 3) & ~3
+    return out
+
+
+def napi_kthreads(ns, ifname) -> list[int]:
+    """The pids of the interface's threaded-NAPI kthreads, from the kernel's netdev
+    netlink family (NAPI_GET, 6.8+): by the device itself, not by a kthread's name,
+    which names only the device ("napi/eth1-8195"), and every host of lab.hosts.nshosts
+    has an eth1. A kthread the kernel keeps when threading is turned off and on again
+    is found too."""
+    with netns.ipr(ns) as ip:
+        ifindex = ifindex_of(ip, ifname, ns)
+    with netns.entered(ns):  # (not /sys/class/net: setns() leaves /sys the caller's)
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16)  # NETLINK_GENERIC
+    with sock:
+        sock.settimeout(2)
+        family = _genl_family(sock, "netdev")
+        payload = struct.pack("BBH", _NETDEV_CMD_NAPI_GET, 1, 0) + _nlattr(_NAPI_IFINDEX, struct.pack("I", ifindex))
+        sock.send(struct.pack("IHHII", 16 + len(payload), family, 0x301, 2, 0) + payload)  # REQUEST | DUMP
+        pids = []
+        while True:
+            data, i = sock.recv(65536), 0
+            while i + 16 <= len(data):
+                length, kind = struct.unpack_from("IH", data, i)
+                if kind in (2, 3):  # NLMSG_ERROR, NLMSG_DONE
+                    return sorted(pids)
+                attrs = _nlattrs(data[i + 20 : i + length])
+                if _NAPI_PID in attrs and struct.unpack("I", attrs[_NAPI_IFINDEX][:4])[0] == ifindex:
+                    pids.append(struct.unpack("I", attrs[_NAPI_PID][:4])[0])
+                i += (length + 3) & ~3
+
+
 def threaded_napi(ns, ifname, cpu=None) -> list[int]:
     """Switch the interface's NAPI to a kthread of its own and pin that to `cpu`
     (if given), so that its receive work runs there and is counted there. The
     interface must have NAPI (on veth: an XDP program, or GRO). Returns the
     kthreads' pids."""
-    before = set(napi_threads())
     netns.run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{ifname}/threaded"])
     deadline = time.monotonic() + 5
     pids = []
     while not pids and time.monotonic() < deadline:
-        pids = sorted(set(napi_threads()) - before)
+        pids = napi_kthreads(ns, ifname)
         time.sleep(0.02)
     if not pids:
         raise netns.LabError(f"threaded NAPI on {ifname} in {ns}: no napi kthread appeared")

@@ -115,6 +115,16 @@ def _prune(root: Path):
 def run_play(inventory, hosts, tasks, name, extravars=None, timeout=600, become=None) -> PlayResult:
     """Run one play of `tasks` on `hosts` (names) of `inventory` (a path). Returns per-host
     results; raises InventoryError only when Ansible itself cannot run."""
+    play = {"name": name, "hosts": ",".join(hosts), "gather_facts": False, "tasks": tasks}
+    if become is not None:
+        play["become"] = become
+    return run_plays(inventory, hosts, [play], name, extravars, timeout)
+
+
+def run_plays(inventory, hosts, plays, name, extravars=None, timeout=600, on_event=None, cancel=None) -> PlayResult:
+    """Run `plays` (one ansible-playbook) on `hosts` of `inventory`. on_event(event) sees
+    each of Ansible's events as it happens (a bench writes each run's rows from them);
+    cancel() -> True stops Ansible (Ctrl-C)."""
     import ansible_runner  # noqa: PLC0415 -- its import takes a second: only for the commands that reach hosts
 
     playbook = ansible_bin("ansible-playbook")  # says the fix when the extra is not installed
@@ -124,13 +134,10 @@ def run_play(inventory, hosts, tasks, name, extravars=None, timeout=600, become=
     private = root / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}-{os.getpid()}"
     private.mkdir(mode=0o700)
     os.makedirs(environment()["ANSIBLE_SSH_CONTROL_PATH_DIR"], mode=0o700, exist_ok=True)
-    play = {"name": name, "hosts": ",".join(hosts), "gather_facts": False, "tasks": tasks}
-    if become is not None:
-        play["become"] = become
     started = time.monotonic()
     r = ansible_runner.run(
         private_data_dir=str(private),
-        playbook=[play],
+        playbook=plays,
         inventory=str(inventory),
         # ansible-runner finds ansible-playbook on PATH: this Python's first (the project's .venv)
         envvars={**environment(), "PATH": f"{os.path.dirname(playbook)}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
@@ -138,6 +145,8 @@ def run_play(inventory, hosts, tasks, name, extravars=None, timeout=600, become=
         quiet=True,
         timeout=timeout,
         forks=max(5, len(hosts)),
+        **({"event_handler": lambda ev: (on_event(ev), True)[1]} if on_event else {}),
+        **({"cancel_callback": cancel} if cancel else {}),
     )
     out = {h: HostResult(h) for h in hosts}
     for ev in r.events:
@@ -154,6 +163,8 @@ def run_play(inventory, hosts, tasks, name, extravars=None, timeout=600, become=
             out[host].results[task] = res
         elif kind == "runner_on_unreachable":
             out[host].ok, out[host].unreachable, out[host].message = False, True, _message(res)
+    if r.status == "canceled":
+        raise KeyboardInterrupt
     if r.status in ("timeout", "error") or (r.status == "failed" and all(h.ok for h in out.values())):
         # Ansible failed before any host said anything: its own words, from its output
         lines = [ln.strip() for ln in (r.stdout.read() if r.stdout else "").splitlines() if ln.strip()]

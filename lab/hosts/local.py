@@ -2,6 +2,7 @@
 was before the lab changed it, and the host's cleanup, which puts them back.
 
     python -m lab.hosts.local cleanup       # what `python -m lab hosts cleanup` runs on each host
+    python -m lab.hosts.local prepare JSON  # a bench's interfaces: recorded, then addressed, up, promiscuous
 
 The record lives on the host (lab_dir/.lab-state/before.json), written before the
 first change to an interface and kept until that interface is restored, so that a
@@ -14,6 +15,7 @@ What is recorded and restored: up/down, MTU, addresses, the offloads the lab tur
 threaded NAPI, and the per-interface sysctls the lab sets.
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from lab.paths import REPO
 
@@ -67,6 +70,7 @@ def snapshot(ifname) -> dict:
     return {
         "ifname": ifname,
         "up": bool(link["flags"] & 1),
+        "promisc": bool(link["flags"] & 0x100),
         "mtu": link.get_attr("IFLA_MTU"),
         "addresses": addrs,
         "clsact": "clsact" in qdiscs,
@@ -108,46 +112,77 @@ def restore(ifname) -> list[str]:
     if was is None:
         return []
     now = snapshot(ifname)
-    done = []
+    done, failed = [], []
+
+    def step(what, action):
+        # every step is tried; one that fails keeps the record, so a later cleanup tries again
+        try:
+            action()
+            done.append(what)
+        except (OSError, NetlinkError, subprocess.CalledProcessError) as e:
+            failed.append(f"{what}: {getattr(e, 'strerror', None) or e}")
+
     with IPRoute() as ip:
         idx = ip.link_lookup(ifname=ifname)[0]
         if now["xdp"] and not was["xdp"]:
-            ip.link("set", index=idx, xdp_fd=-1)
-            done.append("XDP program detached")
+            step("XDP program detached", lambda: ip.link("set", index=idx, xdp_fd=-1))
         if now["clsact"] and not was["clsact"]:
-            ip.tc("del", "clsact", idx)
-            done.append("clsact qdisc removed")
-        for a in set(now["addresses"]) - set(was["addresses"]):
+            step("clsact qdisc removed", lambda: ip.tc("del", "clsact", idx))
+        for a in sorted(set(now["addresses"]) - set(was["addresses"])):
             address, plen = a.split("/")
-            ip.addr("del", index=idx, address=address, prefixlen=int(plen))
-            done.append(f"address {a} removed")
-        for a in set(was["addresses"]) - set(now["addresses"]):
+            step(
+                f"address {a} removed",
+                lambda ad=address, pl=plen: ip.addr("del", index=idx, address=ad, prefixlen=int(pl)),
+            )
+        for a in sorted(set(was["addresses"]) - set(now["addresses"])):
             address, plen = a.split("/")
-            ip.addr("add", index=idx, address=address, prefixlen=int(plen))
-            done.append(f"address {a} put back")
+            step(
+                f"address {a} put back",
+                lambda ad=address, pl=plen: ip.addr("add", index=idx, address=ad, prefixlen=int(pl)),
+            )
         if now["mtu"] != was["mtu"]:
-            ip.link("set", index=idx, mtu=was["mtu"])
-            done.append(f"MTU {now['mtu']} -> {was['mtu']}")
+            step(f"MTU {now['mtu']} -> {was['mtu']}", lambda: ip.link("set", index=idx, mtu=was["mtu"]))
+        if now["promisc"] != was.get("promisc", False):
+            on = "on" if was["promisc"] else "off"
+            step(f"promiscuous {on}", lambda: _ip_link(ifname, "promisc", on))
         if now["up"] != was["up"]:
-            ip.link("set", index=idx, state="up" if was["up"] else "down")
-            done.append("up" if was["up"] else "down")
+            state = "up" if was["up"] else "down"
+            step(state, lambda: ip.link("set", index=idx, state=state))
     turned = {k: v for k, v in was["offloads"].items() if now["offloads"].get(k) != v}
     if turned:
-        subprocess.run(["ethtool", "-K", ifname, *[x for kv in turned.items() for x in kv]], capture_output=True)
-        done.append("offloads " + ", ".join(f"{k} {v}" for k, v in turned.items()))
+        argv = ["ethtool", "-K", ifname, *[x for kv in turned.items() for x in kv]]
+        step(
+            "offloads " + ", ".join(f"{k} {v}" for k, v in turned.items()),
+            lambda: subprocess.run(argv, capture_output=True, check=True),
+        )
     if was["threaded"] is not None and now["threaded"] != was["threaded"]:
-        Path(f"/sys/class/net/{ifname}/threaded").write_text(was["threaded"])
-        done.append(f"threaded NAPI {was['threaded']}")
+        # a device with no NAPI left (its XDP program gone) refuses the write, and has
+        # nothing running threaded either: as it was
+        path = Path(f"/sys/class/net/{ifname}/threaded")
+        step(f"threaded NAPI {was['threaded']}", lambda: _write_unless_unsupported(path, was["threaded"]))
     for key, value in was["sysctls"].items():
         if value is not None and now["sysctls"].get(key) != value:
-            Path(f"/proc/sys/{key}").write_text(value)
-            done.append(f"{key.replace('/', '.')} {value}")
+            step(f"{key.replace('/', '.')} {value}", lambda k=key, v=value: Path(f"/proc/sys/{k}").write_text(v))
+    if failed:
+        return [f"{ifname}: {what}" for what in done] + [f"{ifname}: FAILED {what}" for what in failed]
     del record[ifname]
     if record:
         _save(record)
     else:
         RECORD.unlink(missing_ok=True)
     return [f"{ifname}: {what}" for what in done] or [f"{ifname}: as it was"]
+
+
+def _ip_link(ifname, *args):
+    subprocess.run(["ip", "link", "set", "dev", ifname, *args], check=True, capture_output=True)
+
+
+def _write_unless_unsupported(path, value):
+    try:
+        path.write_text(value)
+    except OSError as e:
+        if e.errno != errno.EOPNOTSUPP:
+            raise
 
 
 def restore_all() -> list[str]:
@@ -163,18 +198,75 @@ def restore_all() -> list[str]:
     return done
 
 
+RUNS = STATE / "runs"  # each bench run's runners' directories (lab.hosts.runner)
+
+
+def prepare(items) -> list[str]:
+    """A bench's interfaces on this host, each recorded first: [{"iface", "address"
+    (or None), "promisc"}]; up, the address added, promiscuous where asked (a monitor's
+    NIC would drop the copies, which carry another host's MAC, before XDP sees them)."""
+    done = []
+    for item in items:
+        name = item["iface"]
+        was = remember(name)
+        with IPRoute() as ip:
+            idx = ip.link_lookup(ifname=name)[0]
+            if item.get("address") and item["address"] not in was["addresses"]:
+                address, plen = item["address"].split("/")
+                ip.addr("replace", index=idx, address=address, prefixlen=int(plen))
+                done.append(f"{name}: address {item['address']}")
+            ip.link("set", index=idx, state="up")
+        if item.get("promisc"):
+            subprocess.run(["ip", "link", "set", "dev", name, "promisc", "on"], check=True)
+            done.append(f"{name}: promiscuous")
+    return done
+
+
+def abort_runners(grace=10.0) -> list[str]:
+    """Every runner still running on this host stopped: told (`abort`: a sender then
+    never sends), given `grace` seconds to detach by itself, then killed."""
+    import signal  # noqa: PLC0415 -- cleanup only
+    import time  # noqa: PLC0415
+
+    pids = {}
+    for d in RUNS.glob("*/*") if RUNS.exists() else []:
+        pid = _read(d / "pid")
+        if pid and pid.isdigit() and not (d / "result.json").exists() and not (d / "error").exists():
+            (d / "abort").write_text("\n")
+            pids[int(pid)] = d
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = {p: d for p, d in pids.items() if _alive(p)}
+        time.sleep(0.05)
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [f"runner {d.parent.name}/{d.name} killed (it did not stop within {grace:.0f} s)" for d in pids.values()]
+
+
+def _alive(pid) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def cleanup() -> list[str]:
-    """This host's lab cleanup: every lab run here (its own prefix's, live or not:
-    the controller asked), then every interface back as it was."""
+    """This host's lab cleanup: its runners stopped, every lab run here (its own
+    prefix's, live or not: the controller asked), then every interface back as it was."""
     from lab.cleanup import cleanup as lab_cleanup  # noqa: PLC0415 -- every fast path's modules: for cleanup only
 
-    return [*lab_cleanup(all_runs=True), *restore_all()]
+    return [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prepare"] and len(argv) == 2:
+        for line in prepare(json.loads(argv[1])):
+            print(line)
+        return 0
     if argv != ["cleanup"]:
-        print("usage: python -m lab.hosts.local cleanup", file=sys.stderr)
+        print("usage: python -m lab.hosts.local cleanup | prepare JSON", file=sys.stderr)
         return 2
     for line in cleanup():
         print(line)

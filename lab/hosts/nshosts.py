@@ -243,6 +243,22 @@ class NamespaceHosts:
         kw.setdefault("text", True)
         return netns.run(self.topo.ns("ctl"), argv, **kw)
 
+    # --- faults, for the tests --------------------------------------------------------
+    def lose(self, name):
+        """The host gone as a machine goes: every sshd of it killed, its management link down."""
+        for pid in netns.pids(self.ns(name)):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                    os.kill(pid, 9)
+            except (OSError, ProcessLookupError):
+                pass
+        netns.run(self.ns(name), ["ip", "link", "set", "dev", "eth0", "down"])
+
+    def revive(self, name):
+        netns.run(self.ns(name), ["ip", "link", "set", "dev", "eth0", "up"])
+        self._start_sshd(name)
+        self._wait_for_ssh()
+
     # --- teardown -----------------------------------------------------------------
     def close(self):
         try:

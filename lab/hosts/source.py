@@ -26,11 +26,11 @@ FILES = ".lab-files"  # the files it holds (the next setup removes those a new t
 SOURCE = ".lab-source"  # for people: commit, tree, dirty, when, from where
 
 
-def _git(*args, repo=REPO) -> str:
+def _git(*args, repo=REPO, strip=True) -> str:
     p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if p.returncode != 0:
         raise InventoryError(f"git {' '.join(args)} in {repo}: {p.stderr.strip() or 'failed'}")
-    return p.stdout.strip()
+    return p.stdout.strip() if strip else p.stdout
 
 
 @dataclass
@@ -57,7 +57,11 @@ def current(allow_dirty=False, repo=REPO) -> Source:
             "fix: run the lab from a clone of its repository"
         )
     commit = _git("rev-parse", "HEAD", repo=repo)
-    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--untracked-files=no", repo=repo).splitlines() if ln]
+    dirty = [
+        ln[3:]
+        for ln in _git("status", "--porcelain", "--untracked-files=no", repo=repo, strip=False).splitlines()
+        if ln
+    ]
     if dirty and not allow_dirty:
         raise InventoryError(
             f"the checkout has uncommitted changes to {len(dirty)} tracked file{'s' if len(dirty) > 1 else ''} "

@@ -10,6 +10,7 @@ interleave (see common.interleaved). One CSV row per run.
 import argparse
 import contextlib
 import sys
+import types
 
 import pandas as pd
 
@@ -125,6 +126,13 @@ def add_arguments(p):
         "--truncate", default="0", help=f"{SESSIONS}: bytes a copy keeps, 0 for whole, a list (default %(default)s)"
     )
     p.add_argument(
+        "-i",
+        "--inventory",
+        metavar="FILE",
+        help="run on the hosts an Ansible inventory names (roles sender, tap, receiver, monitor; "
+        f"docs/hosts.md) instead of namespaces; mirrors there: {', '.join(HOSTS_MIRRORS)}",
+    )
+    p.add_argument(
         "--cutoff",
         default="0",
         help=f"{CUTOFF}: the per-flow cutoff, bytes of payload per flow and direction (64K, 1MiB), a list; "
@@ -136,6 +144,34 @@ def main(args):
     tbs = common.parse_list(args.testbed, int, [1, 2, 3], "testbed")
     sizes = common.parse_list(args.sizes, int, what="size")
     mirrors, cpus = common.checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
+    if args.inventory:
+        if args.peers == ",".join(MIRROR_ORDER):  # not chosen: those that run on hosts
+            mirrors = list(HOSTS_MIRRORS)
+        if args.rate is not None and args.rate <= 0:
+            raise ValueError(f"--rate must be a positive number of packets/s, not {args.rate}")
+        df, path, failure = run_hosts(
+            args.inventory,
+            sizes,
+            mirrors,
+            args.trials,
+            args.duration,
+            args.generator,
+            args.flows,
+            cpus,
+            args.out,
+            rate_pps=args.rate,
+        )
+        if len(df):
+            print_summary(df)
+        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
+        if failure:
+            print(
+                f"lab bench: error: host {failure['host']}, run {failure['run']} ({failure.get('label', '')}): "
+                f"{failure['error']}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
     if args.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
         for name in mirrors:
             missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
@@ -172,6 +208,174 @@ def main(args):
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
+
+
+# what runs on hosts (lab.hosts): the mirrors that need no namespace of the lab's own (OVS
+# runs daemons of its own; the XDP vTAP and sessions need Testbed 3's router)
+HOSTS_MIRRORS = ("none", "ebpf", "ebpf-helper", "tc-mirred", "nft-dup")
+
+
+class _HostCpu:
+    """A DUT host's CPU summary, as its runner sent it: what row() reads of a CpuSampler."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def summary(self):
+        if not self.records:  # no frame reached the DUT: no window, no CPU of its own
+            return pd.DataFrame(
+                [{"cpu": c, "busy_ns": 0.0, **dict.fromkeys(CPU_COLUMNS, 0.0)} for c in range(2)]
+            ).set_index("cpu")
+        return pd.DataFrame(self.records).set_index("cpu")
+
+
+def run_hosts(
+    inventory,
+    sizes,
+    mirrors,
+    trials,
+    duration,
+    generator="xdp",
+    flows=4,
+    cpus=(0, 1),
+    out=None,
+    rate_pps=None,
+    progress=True,
+    allow_dirty=True,
+):
+    """The sweep on the hosts an Ansible inventory names (Testbed 1: the receiver is the
+    tap host). Returns (DataFrame, CSV path, failure or None); rows of every finished run
+    are in the CSV whatever happened after them (lab.hosts.bench)."""
+    from lab.hosts import Hosts  # noqa: PLC0415 -- Ansible: only for a bench on hosts
+    from lab.hosts import bench as hosts_bench  # noqa: PLC0415
+    from lab.hosts.inventory import InventoryError  # noqa: PLC0415
+    from lab.traffic.report import SendReport  # noqa: PLC0415
+
+    others = [m for m in mirrors if m not in HOSTS_MIRRORS]
+    if others:
+        raise ValueError(f"mirror {others[0]} does not run on hosts yet (there: {', '.join(HOSTS_MIRRORS)})")
+    gen_cpu, dut_cpu = cpus
+    hosts = Hosts(inventory)
+    inv = hosts.inventory
+    roles = inv.roles(NAME)
+    report = hosts.check(NAME, generator=generator, allow_dirty=allow_dirty)
+    if not report.ok:
+        raise InventoryError("the hosts are not ready (nothing was started): " + " | ".join(report.problems()))
+    s, t, r, m = (roles[k][0] for k in ("sender", "tap", "receiver", "monitor"))
+    if r.name != t.name:
+        raise InventoryError(
+            f"receiver {r.name} is not the tap host {t.name}: Testbed 2 (a tap that bridges to a receiver) does not "
+            "run on hosts yet; fix: the tap host as the receiver (Testbed 1)"
+        )
+    s_if, t_if, t_mon, m_if = s.iface("sender"), t.iface("tap"), t.iface("tap", "monitor"), m.iface("monitor")
+    net = hosts_bench.test_addresses(inv, s)
+    src4, dst4 = str(net[1]), str(net[2])
+    plen = net.prefixlen
+    port = 5001
+    mac = {h.name: report.facts[h.name]["ifaces"] for h in (s, t)}
+    deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
+    base = {"bench": NAME, "deadline_s": deadline, "src4": src4, "port": port}
+    runs = []
+    for trial, size, name in common.interleaved(trials, sizes, list(mirrors)):
+        specs = {
+            "sender": {
+                **base,
+                "role": "sender",
+                "iface": s_if,
+                "dst4": dst4,
+                "src_mac": mac[s.name][s_if]["mac"],
+                "dst_mac": mac[t.name][t_if]["mac"],
+                "size": size,
+                "flows": flows,
+                "generator": generator,
+                "gen_cpu": gen_cpu,
+                "duration": duration,
+                "rate_pps": rate_pps,
+            },
+            "tap": {
+                **base,
+                "role": "tap",
+                "iface": t_if,
+                "monitor_iface": t_mon,
+                "dut_cpu": dut_cpu,
+                "gen_cpu": gen_cpu,
+                "receiver_here": True,
+                "mirror": name,
+                "kw": {},
+            },
+            "monitor": {**base, "role": "monitor", "iface": m_if},
+        }
+        runs.append((f"{name} {size}B trial {trial}", specs))
+
+    def make_row(label, results):
+        name, size, _, trial = label.replace("B", "").split()
+        rep = results["sender"]["report"]
+        if rep is None:
+            raise HostsRunError(f"{label}: the sender never sent (its runner's deadline passed)")
+        m_ = {
+            "report": SendReport(**rep),
+            "counts": {**results["tap"]["counts"], "monitor": results["monitor"]["counts"]["monitor"]},
+            "cpu": _HostCpu(results["tap"]["cpu"]),
+            "mirrored": results["tap"]["mirrored"],
+        }
+        # row() reads a mirror's name (and the cutoff's setting: none on hosts)
+        out_row = row(1, types.SimpleNamespace(name=name, cutoff=0), int(size), int(trial), m_, dut_cpu, rate_pps)
+        # rates over each host's own window (from its first counted frame to its last)
+        for col, counted, window in (
+            ("receiver", m_["counts"]["dut"], results["tap"]["window_s"]),
+            ("monitor", m_["counts"]["monitor"], results["monitor"]["window_s"]),
+        ):
+            out_row[f"{col}_pps"] = counted["packets"] / window if window else 0.0
+            out_row[f"{col}_mbps"] = (
+                (counted["bytes"] + common.FCS * counted["packets"]) * 8 / window / 1e6 if window else 0.0
+            )
+        out_row.update(
+            place="hosts",
+            sender_host=s.name,
+            tap_host=t.name,
+            receiver_host=r.name,
+            monitor_host=m.name,
+            tap_window_s=results["tap"]["window_s"],
+            monitor_window_s=results["monitor"]["window_s"],
+        )
+        return out_row
+
+    prepare = {}
+    for host, item in (
+        (s, {"iface": s_if, "address": f"{src4}/{plen}"}),
+        (t, {"iface": t_if, "address": f"{dst4}/{plen}"}),
+        (t, {"iface": t_mon}),
+        (m, {"iface": m_if, "promisc": True}),
+    ):
+        prepare.setdefault(host.name, []).append(item)
+    sweep = hosts_bench.Sweep(
+        NAME, runs, make_row, duration, meta={"csv_name": "vtap_throughput", "facts": report.facts}
+    )
+    params = {
+        "testbeds": [1],
+        "sizes": sizes,
+        "mirrors": list(mirrors),
+        "trials": trials,
+        "duration_s": duration,
+        "generator": generator,
+        "flows": flows,
+        "gen_cpu": gen_cpu,
+        "dut_cpu": dut_cpu,
+        "rate_pps": rate_pps,
+        "inventory": str(inv.path),
+    }
+    bar = common.Progress(len(runs)) if progress else None
+    role_hosts = {"sender": s.name, "tap": t.name, "monitor": m.name}
+    rows, path, failure = hosts_bench.run_sweep(hosts, sweep, role_hosts, prepare, out, params, bar)
+    return (
+        common.columns_first(rows, COLUMNS + ["place", "sender_host", "tap_host", "receiver_host", "monitor_host"]),
+        path,
+        failure,
+    )
+
+
+class HostsRunError(ValueError):
+    pass
 
 
 def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):

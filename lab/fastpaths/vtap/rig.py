@@ -79,6 +79,7 @@ class DutSide:
         self.forwarding_ifaces, self.udp_port, self.match = list(forwarding_ifaces), udp_port, match
         self.counting = CountingSide("pass", ns, ifname, match) if sink else None
         self.napi_pids = []
+        self._threaded = None
         self._run = None
 
     def set_up(self, rig):
@@ -88,6 +89,10 @@ class DutSide:
             rig.udp_sink(self.ns, self.udp_port)
         for name in self.forwarding_ifaces:
             netns.run(self.ns, ["ethtool", "-K", name, "tso", "off"], capture_output=True)
+        # read as the namespace sees it (ip netns exec mounts its /sys; setns() would not)
+        self._threaded = netns.run(
+            self.ns, ["cat", f"/sys/class/net/{self.ifname}/threaded"], capture_output=True, text=True
+        ).stdout.strip()
         self.napi_pids = threaded_napi(self.ns, self.ifname, self.dut_cpu)
 
     def pin_napi(self, cpu):
@@ -142,12 +147,21 @@ class DutSide:
                 self.counting.open()
 
     def close(self) -> list[str]:
+        failed = []
+        if self.napi_pids and self._threaded is not None:
+            # as it was, while the sink still gives the device its NAPI (without one the
+            # kernel refuses the write): on a host, the next run's runner makes its own
+            try:
+                netns.run(self.ns, ["sh", "-c", f"echo {self._threaded} > /sys/class/net/{self.ifname}/threaded"])
+            except Exception as e:
+                failed.append(f"threaded NAPI: {e}")
+            self.napi_pids = []
         if self.counting:
             try:
                 self.counting.close()
             except Exception as e:
-                return [f"dut sink: {e}"]
-        return []
+                failed.append(f"dut sink: {e}")
+        return failed
 
 
 class ThroughputRig(Rig):

@@ -1,0 +1,293 @@
+"""A bench on the user's hosts: the controller's side.
+
+    bench vtap-throughput -i hosts.yml      # lab.fastpaths.vtap.bench hands its sweep here
+
+1. check: every host of the bench's roles (lab.hosts.check); nothing starts anywhere
+   while any problem stands.
+2. prepare: each host records its interfaces as they are (lab.hosts.local, kept on
+   the host), then gets its test address, up, promiscuous where it counts copies.
+3. the sweep, one ansible-playbook for all of it, a play per run: start a runner
+   per role (async: the runners do the whole run by themselves), wait until all
+   are ready, `go` to the sender (which returns when it has sent), `stop` to the
+   others (which return their counts). Each run's row is written to the CSV as its
+   results arrive; a failure stops the sweep at that run (any_errors_fatal).
+4. always (success, failure, Ctrl-C): every host's runners stopped and its
+   interfaces put back (local cleanup), and the sidecar says what happened.
+"""
+
+import ipaddress
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+
+from lab.metrics import write_results
+
+from . import Hosts, engine
+from .inventory import InventoryError
+
+RUNS_DIR = ".lab-state/runs"  # under each host's lab_dir (lab.hosts.local.RUNS)
+DEFAULT_NET = "198.19.0.0/24"  # the test link's addresses, unless the inventory gives lab_addresses
+START_MARGIN = 120  # s a runner may take to be ready (a first compile on a slow host) before its run
+STOP_MARGIN = 30  # s after the sender for the others to stop and report
+
+
+class HostsBenchError(InventoryError):
+    """A bench on hosts failed: which host, which run, why (one line)."""
+
+
+@dataclass
+class Sweep:
+    """What a bench on hosts hands over: its roles and, per run, each role's spec."""
+
+    bench: str
+    runs: list  # [(run label, {role: spec})]
+    row: callable  # (label, {role: result}) -> a CSV row
+    duration: float
+    meta: dict = field(default_factory=dict)
+
+
+def _python(lab):
+    return f"{lab}/.venv/bin/python"
+
+
+LAB = "{{ lab_dir | default('/opt/vtap-lab') }}"
+ENV = "{{ lab_env | default({}) }}"
+
+
+def _play(run_no, label, specs, role_hosts, bench_id, duration):
+    """One run as a play: the runners started, ready, go, stop."""
+    rid = f"{run_no:04d}"
+    runners = {}  # host -> [(role, dir, spec)]
+    for role, spec in specs.items():
+        host = role_hosts[role]
+        d = f"{RUNS_DIR}/{bench_id}/{rid}-{role}"
+        runners.setdefault(host, []).append({"role": role, "dir": d, "spec": json.dumps(spec)})
+    sender = role_hosts["sender"]
+    return {
+        "name": f"run {rid}: {label}",
+        "hosts": ",".join(runners),
+        "gather_facts": False,
+        "any_errors_fatal": True,
+        "vars": {"runners": runners},
+        "tasks": [
+            # the runners started, each in a session of its own, and waited for until ready
+            _raw(
+                f"run {rid} start",
+                "start {% for r in runners[inventory_hostname] %}" + f"{LAB}/" + "{{ r.dir }} {{ r.spec | quote }} "
+                "{% endfor %}",
+                START_MARGIN,
+            ),
+            {
+                **_raw(
+                    f"run {rid} go",
+                    f"go {LAB}/{{{{ runners[inventory_hostname] | selectattr('role', 'equalto', 'sender') "
+                    "| map(attribute='dir') | first }} ",
+                    duration + STOP_MARGIN,
+                ),
+                "when": f"inventory_hostname == {sender!r}",
+            },
+            {
+                **_raw(
+                    f"run {rid} stop",
+                    "stop {% for r in runners[inventory_hostname] if r.role != 'sender' %}" + f"{LAB}/"
+                    "{{ r.dir }} {% endfor %}",
+                    STOP_MARGIN,
+                ),
+                "when": "runners[inventory_hostname] | rejectattr('role', 'equalto', 'sender') | list | length > 0",
+            },
+        ],
+    }
+
+
+def _raw(name, args, timeout):
+    """A runner command as Ansible's `raw` task: the command line straight over the ssh
+    connection Ansible keeps open, no module sent and unpacked first (each run has three
+    of these on every host: a module's round trip was a second each)."""
+    env = "{% for k, v in (lab_env | default({})).items() %}{{ k }}={{ v | string | quote }} {% endfor %}"
+    return {
+        "name": name,
+        "raw": f"cd {LAB} && exec env {env}{_python(LAB)} -m lab.hosts.runner {args}--timeout {int(timeout)}",
+        "timeout": int(timeout + 30),
+    }
+
+
+def prepare_play(items_by_host):
+    return {
+        "name": "prepare",
+        "hosts": ",".join(items_by_host),
+        "gather_facts": False,
+        "any_errors_fatal": True,
+        "vars": {"items": {h: json.dumps(v) for h, v in items_by_host.items()}},
+        "tasks": [
+            {
+                "name": "interfaces recorded and prepared",
+                "command": {
+                    "argv": [_python(LAB), "-m", "lab.hosts.local", "prepare", "{{ items[inventory_hostname] }}"],
+                    "chdir": LAB,
+                },
+                "environment": ENV,
+                "timeout": 60,
+            }
+        ],
+    }
+
+
+def test_addresses(inventory, host) -> ipaddress.IPv4Network:
+    net = host.vars.get("lab_addresses") or DEFAULT_NET
+    try:
+        return ipaddress.ip_network(net)
+    except ValueError as e:
+        raise InventoryError(f"{host.name}: lab_addresses {net!r}: {e}") from None
+
+
+def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params, progress=None):
+    """The sweep's plays, then the hosts' cleanup, whatever happened. Returns (rows, path,
+    failure or None); raises KeyboardInterrupt after its cleanup when interrupted."""
+    inv = hosts.inventory
+    bench_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
+    names = sorted(set(role_hosts.values()))
+    rows, results, failure, path = [], {}, None, None
+    started = time.monotonic()
+    timing = {"runs": [], "prepare_s": None}
+    interrupted = False
+
+    def write():
+        nonlocal path
+        import pandas as pd  # noqa: PLC0415 -- the bench's own import already holds it
+
+        df = pd.DataFrame(rows)
+        extra = {
+            "hosts": {
+                "inventory": inv.resolved(),
+                "roles": role_hosts,
+                "facts": sweep.meta.get("facts"),
+                "artifacts": hosts.last_artifacts,
+                "bench_id": bench_id,
+                "failure": failure,
+                "orchestration": timing,
+            }
+        }
+        if path is None:
+            path = write_results(df, sweep.meta["csv_name"], params, out, extra=extra)
+        else:  # the same files, rewritten with every run: a failure later keeps what was measured
+            df.to_csv(path, index=False)
+            meta = json.loads(path.with_suffix(".json").read_text())
+            meta.update({"rows": len(df), "columns": list(df.columns), **extra})
+            path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    run_started = {}
+
+    def on_event(ev):
+        nonlocal failure
+        data = ev.get("event_data", {})
+        task = data.get("task", "")
+        kind = ev.get("event")
+        if not task.startswith("run "):
+            return
+        rid = task.split()[1]
+        if task.endswith(" start") and kind == "playbook_on_task_start":
+            run_started[rid] = time.monotonic()
+        if kind in ("runner_on_failed", "runner_on_unreachable") and failure is None:
+            res = data.get("res") or {}
+            failure = {
+                "run": rid,
+                "label": sweep.runs[int(rid)][0],
+                "host": data.get("host"),
+                "task": task,
+                "error": _runner_error(res) or engine._message(res),
+            }
+            return
+        if kind != "runner_on_ok" or not (task.endswith(" go") or task.endswith(" stop")):
+            return
+        for line in (data.get("res") or {}).get("stdout", "").splitlines():
+            said = json.loads(line)
+            results.setdefault(rid, {})[said["dir"].rsplit("-", 1)[1]] = said.get("result")
+        label, specs = sweep.runs[int(rid)]
+        if set(results[rid]) >= set(specs):
+            try:
+                rows.append(sweep.row(label, results.pop(rid)))
+            except Exception as e:  # said, and the sweep stops at this run like any failure
+                failure = {"run": rid, "label": label, "host": None, "task": "results", "error": f"{e}"}
+                return
+            wall = time.monotonic() - run_started.get(rid, started)
+            timing["runs"].append({"run": rid, "wall_s": round(wall, 3), "duration_s": sweep.duration})
+            write()
+            if progress:
+                progress.step(f"{label}")
+
+    try:
+        t0 = time.monotonic()
+        r = engine.run_plays(inv.path, names, [prepare_play(prepare_items)], "prepare", timeout=600)
+        hosts.last_artifacts = r.artifacts
+        timing["prepare_s"] = round(time.monotonic() - t0, 3)
+        if not r.ok:
+            bad = next(h for h in r.hosts.values() if not h.ok)
+            failure = {"run": None, "host": bad.host, "task": "prepare", "error": bad.line()}
+        else:
+            plays = [
+                _play(i, label, specs, role_hosts, bench_id, sweep.duration)
+                for i, (label, specs) in enumerate(sweep.runs)
+            ]
+            bound = len(plays) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
+            try:
+                r = engine.run_plays(inv.path, names, plays, "sweep", timeout=int(bound), on_event=on_event)
+                hosts.last_artifacts = r.artifacts
+            except KeyboardInterrupt:
+                interrupted = True
+            if failure is None and not interrupted and not r.ok:
+                bad = next(h for h in r.hosts.values() if not h.ok)
+                failure = {"run": None, "host": bad.host, "task": bad.failed_task, "error": bad.line()}
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        cleaned = _cleanup(hosts, names)
+        if failure is not None or interrupted or path is None:
+            if interrupted and failure is None:
+                failure = {"run": None, "host": None, "task": "interrupted", "error": "Ctrl-C"}
+            if failure is not None:
+                failure["cleanup"] = cleaned
+            write()
+    for host, said in cleaned.items():  # the bench's own result stands; what was not put back is said
+        if said.startswith("not cleaned") or "FAILED" in said:
+            print(
+                f"lab bench: warning: {host}: {said}; fix: python -m lab hosts cleanup -i {inv.path}", file=sys.stderr
+            )
+    if interrupted:
+        raise KeyboardInterrupt
+    return rows, path, failure
+
+
+def _runner_error(res):
+    """A runner's own error line, from the JSON lines a wait/go/stop printed."""
+    for line in (res.get("stdout") or "").splitlines():
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if said.get("error"):
+            return f"{said['dir'].rsplit('/', 1)[-1]}: {said['error']}"
+    return None
+
+
+def _cleanup(hosts, names) -> dict:
+    """Every reachable host's runners stopped and interfaces put back; {host: what, or why not}."""
+    task = {
+        "name": "lab cleanup",
+        "command": {"argv": [_python(LAB), "-m", "lab.hosts.local", "cleanup"], "chdir": LAB},
+        "environment": ENV,
+        "timeout": 60,
+    }
+    try:
+        r = engine.run_play(hosts.inventory.path, names, [task], "bench-cleanup", timeout=120)
+    except (InventoryError, KeyboardInterrupt) as e:
+        return {h: f"not cleaned: {e}" for h in names}
+    return {
+        h: (
+            "; ".join(res.results.get("lab cleanup", {}).get("stdout", "").splitlines())
+            if res.ok
+            else f"not cleaned: {res.line()}"
+        )
+        for h, res in r.hosts.items()
+    }

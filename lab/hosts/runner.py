@@ -1,0 +1,189 @@
+"""The on-host runner: one role of one bench run, on the host that plays it, with
+the lab's own code in that host's lab_dir.
+
+    python -m lab.hosts.runner start DIR SPEC [DIR SPEC ...]   # runners started; returns when all are ready
+    python -m lab.hosts.runner go DIR               # the sender: send now; prints its result
+    python -m lab.hosts.runner stop DIR...          # the counting sides: stop; prints their results
+    python -m lab.hosts.runner run DIR              # (what start starts) one role's whole sequence
+
+DIR holds the run's spec (spec.json, written by the controller) and the runner's
+state: `ready`, `go`, `stop`, `result.json`, `error`. `start` runs each runner
+in a session of its own (it outlives the ssh connection, as Ansible's async
+tasks do, without their polling) and returns once every one is ready; the
+controller then touches `go` and `stop` through short Ansible tasks. Nothing is
+polled from the controller during the load window, so it takes no CPU from the
+hosts while they measure: the waiting is done here, on files of this host. The
+commands other than `run` import nothing but Python's standard library: each is a
+task of every run, on every host.
+
+A runner enforces its own deadline (spec["deadline_s"] from its start): past it
+it stops waiting, stops sending, detaches and leaves its result, whether or not
+the controller is still there. Ansible's own async timeout is set longer, so it
+never kills a runner before its cleanup has run.
+
+The roles' steps are the bench's (lab.fastpaths.<fast path>.hosts.ROLES), the same
+classes a namespace run uses; this module only runs them in the host's own
+network namespace (lab.netns.host_mode) and carries their results.
+"""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+BENCHES = {"vtap-throughput": "lab.fastpaths.vtap.hosts"}
+POLL = 0.02  # s between looks at a state file
+
+
+class Signals:
+    """A runner's side of the files: says ready, waits for go or stop (or its deadline)."""
+
+    def __init__(self, run_dir: Path, deadline: float):
+        self.dir, self.deadline = run_dir, deadline
+        self.expired = threading.Event()
+
+    def ready(self):
+        (self.dir / "ready").write_text(f"{os.getpid()}\n")
+
+    def wait(self, name) -> bool:
+        """Until DIR/name exists (True), or the deadline passes or the run is aborted
+        (`abort`: a cleanup, which must not make a waiting sender send) (False)."""
+        while not (self.dir / name).exists():
+            if time.monotonic() >= self.deadline or (self.dir / "abort").exists():
+                self.expired.set()
+                return False
+            time.sleep(POLL)
+        return True
+
+    def poll(self, name) -> bool:
+        """One look: DIR/name is there, or the deadline passed, or the run was aborted."""
+        if (self.dir / name).exists():
+            return True
+        if time.monotonic() >= self.deadline or (self.dir / "abort").exists():
+            self.expired.set()
+            return True
+        return False
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def run(run_dir: Path) -> int:
+    from lab import netns  # noqa: PLC0415 -- pyroute2 and the bench: for the runner itself only
+
+    started = time.monotonic()
+    spec = json.loads((run_dir / "spec.json").read_text())
+    (run_dir / "pid").write_text(f"{os.getpid()}\n")
+    netns.host_mode()  # this host's own namespace, on the interfaces the spec names
+    signals = Signals(run_dir, started + float(spec["deadline_s"]))
+    try:
+        role = importlib.import_module(BENCHES[spec["bench"]]).ROLES[spec["role"]]
+        result = role(spec, signals)
+        result["expired"] = signals.expired.is_set()
+        tmp = run_dir / "result.tmp"
+        tmp.write_text(json.dumps(result, default=str))
+        os.replace(tmp, run_dir / "result.json")
+        return 0
+    except BaseException as e:
+        line = f"{spec['role']}: {type(e).__name__}: {e}".splitlines()[0]
+        (run_dir / "error").write_text(line + "\n" + traceback.format_exc())
+        return 1
+
+
+def start(pairs, timeout) -> int:
+    """Each (DIR, spec) written and its runner started in a session of its own; then
+    until all are ready (or one failed)."""
+    dirs = []
+    for d, spec in pairs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "spec.json").write_text(spec)
+        with open(d / "log", "w") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "lab.hosts.runner", "run", str(d)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # no SIGHUP when the ssh session that started it ends
+                cwd=os.getcwd(),
+            )
+        dirs.append(d)
+    return _say(_await(dirs, "ready", timeout), "ready")
+
+
+def _state(d: Path, want) -> str | None:
+    if (d / "error").exists():
+        return "error"
+    if (d / want).exists():
+        return want
+    return None
+
+
+def _await(dirs, want, timeout) -> dict:
+    """{dir: want | "error" | "timeout"} once each runner has reached `want` or failed."""
+    deadline = time.monotonic() + timeout
+    states = {}
+    while True:
+        for d in dirs:
+            states[d] = states.get(d) or _state(d, want)
+        if all(states.values()):
+            return states
+        if time.monotonic() >= deadline:
+            return {d: s or "timeout" for d, s in states.items()}
+        time.sleep(POLL)
+
+
+def _say(states, want) -> int:
+    """One JSON line per runner; exit 1 when any failed (its error's first line said)."""
+    failed = 0
+    for d, state in states.items():
+        out = {"dir": str(d), "state": state}
+        if state == "error":
+            out["error"] = (d / "error").read_text().splitlines()[0]
+            failed += 1
+        elif state == "timeout":
+            out["error"] = f"no {want} within the wait (the runner's pid: {_read(d / 'pid')})"
+            failed += 1
+        elif want == "result.json":
+            out["result"] = json.loads((d / "result.json").read_text())
+        print(json.dumps(out, default=str))
+    return 1 if failed else 0
+
+
+def _read(path):
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] not in ("start", "run", "go", "stop"):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    action, dirs, timeout = argv[0], [], 60.0
+    rest = argv[1:]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--timeout":
+            timeout = float(rest.pop(0))
+        else:
+            dirs.append(arg)
+    if action == "run":
+        return run(Path(dirs[0]))
+    if action == "start":  # DIR SPEC pairs
+        return start([(Path(d), s) for d, s in zip(dirs[::2], dirs[1::2], strict=True)], timeout)
+    dirs = [Path(d) for d in dirs]
+    for d in dirs:  # go, stop: say it, then wait for the results
+        if not (d / "error").exists():
+            (d / action).write_text("\n")
+    return _say(_await(dirs, "result.json", timeout), "result.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

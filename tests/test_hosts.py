@@ -1,0 +1,390 @@
+"""The lab on the user's own hosts (lab.hosts), tested on namespaces as hosts: a rack
+of three namespaces each running Debian's sshd (lab.hosts.nshosts), reached by
+Ansible from a controller namespace of its own, with the inventory a user writes.
+
+Built and set up once for this file (`hosts setup`: the checkout's tracked files
+into each host's lab_dir and scripts/setup.sh run there, from a wheelhouse: the
+namespaces have no way out to PyPI). Everything is driven through the command
+line as a user types it, in the controller's namespace.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lab import netns
+from lab.hosts.check import judge
+from lab.hosts.inventory import Host
+from lab.hosts.library import lab_facts
+from lab.hosts.nshosts import NamespaceHosts
+from lab.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "hosts"
+PY = str(Path(sys.executable))
+
+
+# --- the facts' parsers, on real NICs' output ----------------------------------------------
+def test_ethtool_of_real_nics_is_read_as_it_says():
+    read = lambda name: (FIXTURES / name).read_text()  # noqa: E731
+    assert lab_facts.parse_ethtool_i(read("mlx5-ethtool-i.txt")) == {
+        "driver": "mlx5_core",
+        "version": "6.1.0-18-amd64",
+        "firmware-version": "16.35.2000 (MT_0000000012)",
+        "bus-info": "0000:41:00.0",
+    }
+    veth = lab_facts.parse_ethtool_i(read("veth-ethtool-i.txt"))
+    assert veth["driver"] == "veth" and veth["firmware-version"] is None and veth["bus-info"] is None
+    assert lab_facts.parse_ethtool_l(read("mlx5-ethtool-l.txt")) == {
+        "max": {"rx": None, "tx": None, "other": None, "combined": 63},
+        "current": {"rx": None, "tx": None, "other": None, "combined": 32},
+    }
+    assert lab_facts.parse_ethtool_l(read("ixgbe-ethtool-l.txt"))["current"] == {
+        "rx": None,
+        "tx": None,
+        "other": 1,
+        "combined": 16,
+    }
+    assert lab_facts.parse_ethtool_l(read("veth-ethtool-l.txt"))["current"]["rx"] == 1
+    k = lab_facts.parse_ethtool_k(read("mlx5-ethtool-k.txt"))
+    assert k["features"]["generic-receive-offload"] is True
+    assert k["features"]["large-receive-offload"] is False
+    assert k["fixed"] == ["rx-gro-hw"]
+    assert lab_facts.parse_ethtool_a(read("mlx5-ethtool-a.txt")) == {"autonegotiate": False, "rx": True, "tx": True}
+    assert lab_facts.parse_os_release(read("os-release-debian12.txt"))["VERSION_ID"] == "12"
+    assert lab_facts.parse_os_release(read("os-release-ubuntu2204.txt"))["ID"] == "ubuntu"
+    # a veth has no speed (EINVAL), a device without NUMA says -1
+    assert lab_facts.sysfs_int(None) is None and lab_facts.sysfs_int("-1\n") is None
+    assert lab_facts.sysfs_int("25000\n") == 25000
+    assert lab_facts.features_of(0b1000111) == ["basic", "redirect", "ndo-xmit", "ndo-xmit-sg"]
+
+
+def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
+    facts = {
+        "uid": 1000,
+        "os": {"id": "ubuntu", "version_id": "22.04", "pretty": "Ubuntu 22.04.4 LTS"},
+        "kernel": "5.15.0-100-generic",
+        "btf": True,
+        "bpf_jit": 1,
+        "lab": {"dir": "/opt/vtap-lab", "present": True, "commit": "a" * 40, "setup": "a" * 40, "python": True},
+        "management": {"addresses": ["10.0.0.12"], "ifaces": ["eno1"]},
+        "ifaces": {
+            "eno1": {"present": True, "up": True, "xdp_features": ["basic"], "xdp_features_known": True},
+            "ens1": {
+                "present": True,
+                "up": False,
+                "xdp_features": [],
+                "xdp_features_known": True,
+                "ethtool": {"driver": "r8169"},
+                "pause": {"rx": True},
+            },
+        },
+        "irqbalance": True,
+        "governor": "powersave",
+    }
+    v = judge(
+        Host("beta", {}, ["tap"]),
+        facts,
+        {"tap": "ens1", "tap:monitor": "eno1", "receiver": "ens9"},
+        "b" * 40,
+        "vtap-throughput",
+    )
+    text = "\n".join(v.problems)
+    assert "not root (uid 1000)" in text and "ansible_become" in text
+    assert "Ubuntu 22.04.4 LTS" in text and "Debian 12" in text
+    assert "kernel 5.15.0-100-generic" in text
+    assert "another tree" in text and "hosts setup" in text
+    assert "eno1 (tap:monitor) holds the address Ansible reaches" in text
+    assert "ens1 (tap) is down; fix: ip link set dev ens1 up" in text
+    assert "(r8169) has no native XDP" in text
+    assert "ens9 (receiver) is missing" in text
+    assert len(v.problems) == 8, v.problems
+    assert any("irqbalance" in a for a in v.advice) and any("pause frames" in a for a in v.advice)
+    assert any("powersave" in a for a in v.advice)
+
+
+# --- the rack ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    """The project's Python dependencies as files: the hosts' scripts/setup.sh installs from
+    here (PIP_NO_INDEX), as a rack without a way to PyPI would."""
+    d = tmp_path_factory.mktemp("wheelhouse")
+    subprocess.run(
+        [PY, "-m", "pip", "download", "-q", "-d", str(d), f"{ROOT}[test,notebooks,hosts]", "pip", "setuptools"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return d
+
+
+@pytest.fixture(scope="module")
+def rack(wheelhouse):
+    r = NamespaceHosts().build()
+    try:
+        r.setup_env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_COMPILE": "1"}
+        r.inventory = r.write_inventory(extra_vars={"lab_setup_env": r.setup_env})
+        # --dirty: what is on the hosts is this working tree exactly (a mutant's edit too)
+        p = lab(r, "hosts", "setup", "--dirty", timeout=900)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.count(": set up") == 3, p.stdout
+        yield r
+    finally:
+        r.close()
+
+
+def lab(rack, *args, inventory=None, timeout=300):
+    """`python -m lab ARGS -i INVENTORY` in the controller's namespace."""
+    argv = [PY, "-m", "lab", *args[:2], "-i", str(inventory or rack.inventory), *args[2:]]
+    return rack.run_controller(argv, cwd=ROOT, timeout=timeout)
+
+
+def on_host(rack, host, argv, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return netns.run(rack.ns(host), argv, check=False, **kw)
+
+
+def link(rack, host, ifname):
+    p = on_host(rack, host, ["ip", "-j", "-d", "addr", "show", "dev", ifname])
+    info = json.loads(p.stdout)[0]
+    return {
+        "addrs": sorted(f"{a['local']}/{a['prefixlen']}" for a in info["addr_info"] if a["family"] == "inet"),
+        "promisc": "PROMISC" in info["flags"],
+        "xdp": "xdp" in info,
+        "mtu": info["mtu"],
+    }
+
+
+def test_setup_a_second_time_changes_nothing_and_says_so(rack):
+    p = lab(rack, "hosts", "setup", "--dirty")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count(": unchanged") == 3 and "nothing to do" in p.stdout
+    for name in rack.names:  # each host's own lab_dir, stamped with this tree
+        stamp = (rack.lab_dir(name) / ".lab-commit").read_text().strip()
+        assert stamp == (rack.lab_dir(name) / ".lab-setup").read_text().strip()
+        assert (rack.lab_dir(name) / ".venv/bin/python").exists()
+
+
+def test_check_says_ready_and_facts_say_what_it_read(rack):
+    p = lab(rack, "hosts", "check", "--bench", "vtap-throughput", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    report = json.loads(p.stdout)
+    assert report["ok"] and set(report["hosts"]) == {"alpha", "beta", "gamma"}
+    beta = report["hosts"]["beta"]
+    assert beta["roles"] == ["receiver", "tap"]
+    assert beta["facts"]["ifaces"]["eth2"]["ethtool"]["driver"] == "veth"
+    assert "basic" in beta["facts"]["ifaces"]["eth1"]["xdp_features"]
+    assert beta["facts"]["management"]["ifaces"] == ["eth0"]
+    p = lab(rack, "hosts", "facts", "--json")
+    assert p.returncode == 0, p.stderr
+    facts = json.loads(p.stdout)
+    assert facts["artifacts"] and Path(facts["artifacts"]).is_dir()
+    assert facts["inventory"]["hosts"]["alpha"]["vars"]["ansible_ssh_private_key_file"] == "<removed>"
+    assert set(facts["hosts"]) == {"alpha", "beta", "gamma"}
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"host_vars": {"gamma": {"ansible_host": "198.18.1.99"}}}, "gamma: unreachable at 198.18.1.99"),
+        (
+            {"roles": {"tap": {"beta": {"lab_iface": "eth0", "lab_monitor_iface": "eth2"}}}},
+            "eth0 (receiver, tap) holds the address Ansible reaches this host on",
+        ),
+        ({"roles": {"monitor": {"gamma": {"lab_iface": "eth7"}}}}, "gamma: interface eth7 (monitor) is missing"),
+        ({"host_vars": {"alpha": {"lab_dir": "/nonexistent/lab"}}}, "the lab is not in /nonexistent/lab"),
+    ],
+    ids=["unreachable", "management-iface", "missing-iface", "no-lab"],
+)
+def test_check_refuses_each_bad_host_in_one_line_with_its_fix(rack, tmp_path, change, said):
+    roles = json.loads(json.dumps(rack.role_vars))
+    for role, members in change.get("roles", {}).items():
+        roles[role] = members
+    inv = rack.write_inventory(tmp_path / "hosts.yml", roles=roles, host_vars=change.get("host_vars"))
+    p = lab(rack, "hosts", "check", "--bench", "vtap-throughput", inventory=inv)
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if said in ln]
+    assert len(lines) == 1, p.stderr
+    assert "fix:" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "roles, said",
+    [
+        ({"sender": {}}, "the role 'sender' has no host"),
+        (
+            {"monitor": {"gamma": {"lab_iface": "eth1"}, "alpha": {"lab_iface": "eth1"}}},
+            "the role 'monitor' has 2 hosts (gamma, alpha), it takes 1",
+        ),
+    ],
+    ids=["no-sender", "two-monitors"],
+)
+def test_an_inventory_that_does_not_fit_the_bench_is_refused_before_any_host_is_asked(rack, tmp_path, roles, said):
+    merged = {**json.loads(json.dumps(rack.role_vars)), **roles}
+    merged = {k: v for k, v in merged.items() if v}
+    inv = rack.write_inventory(tmp_path / "hosts.yml", roles=merged)
+    p = lab(rack, "hosts", "check", "--bench", "vtap-throughput", inventory=inv)
+    assert p.returncode == 2 and said in p.stderr and "fix:" in p.stderr, p.stderr
+    p = lab(rack, "bench", "vtap-throughput", "--sizes", "64", "--trials", "1", "--duration", "1", inventory=inv)
+    assert p.returncode == 1 and said in p.stderr, p.stderr
+
+
+def bench(rack, out, *extra, inventory=None, **kw):
+    args = ["bench", "vtap-throughput", "--sizes", "64", "--duration", "1", "--rate", "20000", "--out", str(out)]
+    return lab(rack, *args, *extra, inventory=inventory, **kw)
+
+
+def test_the_bench_on_hosts_counts_every_frame_where_it_goes_and_puts_every_interface_back(rack, tmp_path):
+    before = {
+        (h, i): link(rack, h, i) for h, i in (("alpha", "eth1"), ("beta", "eth1"), ("beta", "eth2"), ("gamma", "eth1"))
+    }
+    p = bench(rack, tmp_path, "--peers", "none,ebpf,tc-mirred", "--trials", "1", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (csv,) = tmp_path.glob("vtap_throughput-*.csv")
+    df = pd.read_csv(csv)
+    assert sorted(df["mirror"]) == ["ebpf", "none", "tc-mirred"]
+    assert (df["sent_packets"] == 20000).all()
+    # every frame sent arrived at the tap (the receiver), every watched one at the monitor, none for `none`
+    assert (df["dut_packets"] == df["sent_packets"]).all()
+    assert (df["receiver_packets"] == df["sent_packets"]).all()
+    copies = df.set_index("mirror")["monitor_packets"]
+    assert copies["none"] == 0 and copies["ebpf"] == 20000 and copies["tc-mirred"] == 20000
+    assert (df["sender_host"] == "alpha").all() and (df["tap_host"] == "beta").all()
+    assert (df["monitor_host"] == "gamma").all() and (df["place"] == "hosts").all()
+    assert df["receiver_pps"].between(15000, 25000).all(), df["receiver_pps"]
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert set(meta["hosts"]["facts"]) == {"alpha", "beta", "gamma"}
+    assert meta["hosts"]["roles"] == {"sender": "alpha", "tap": "beta", "monitor": "gamma"}
+    assert meta["hosts"]["failure"] is None and len(meta["hosts"]["orchestration"]["runs"]) == 3
+    # every interface as it was: addresses, promiscuous mode, no XDP program; no record left
+    for (h, i), was in before.items():
+        assert link(rack, h, i) == was, (h, i)
+    for name in rack.names:
+        assert not (rack.lab_dir(name) / ".lab-state/before.json").exists()
+
+
+def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack, tmp_path):
+    topo = Topology("bystander")  # a lab run of this machine's own, beside the rack
+    topo.add_host("a")
+    topo.add_host("b")
+    topo.add_link("a", "b")
+    with topo:
+        for host, iface, address in (("alpha", "eth1", "198.19.7.1/24"), ("gamma", "eth1", "198.19.7.3/24")):
+            item = json.dumps([{"iface": iface, "address": address, "promisc": True}])
+            # what a bench's prepare step runs there (lab.hosts.bench), by hand
+            p = on_host(
+                rack,
+                host,
+                [str(rack.lab_dir(host) / ".venv/bin/python"), "-m", "lab.hosts.local", "prepare", item],
+                cwd=rack.lab_dir(host),
+                env={**os.environ, **rack.host_vars(host)["lab_env"]},
+            )
+            assert p.returncode == 0, p.stderr
+            assert link(rack, host, iface)["promisc"] and address in link(rack, host, iface)["addrs"]
+        only_alpha = rack.write_inventory(tmp_path / "alpha.yml", roles={"sender": {"alpha": {"lab_iface": "eth1"}}})
+        p = lab(rack, "hosts", "cleanup", inventory=only_alpha)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "eth1: address 198.19.7.1/24 removed" in p.stdout and "promiscuous off" in p.stdout
+        assert link(rack, "alpha", "eth1") == {"addrs": [], "promisc": False, "xdp": False, "mtu": 1500}
+        # gamma was not named: its interface and its record are as they were
+        assert link(rack, "gamma", "eth1")["promisc"]
+        assert (rack.lab_dir("gamma") / ".lab-state/before.json").exists()
+        assert all(netns.exists(h.ns) for h in topo.hosts.values())  # the machine's own run, intact
+        p = lab(rack, "hosts", "cleanup")
+        assert p.returncode == 0, p.stderr
+        assert link(rack, "gamma", "eth1") == {"addrs": [], "promisc": False, "xdp": False, "mtu": 1500}
+        assert all(netns.exists(h.ns) for h in topo.hosts.values())
+
+
+def _wait_for_rows(out, n, proc, seconds=120):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for csv in out.glob("vtap_throughput-*.csv"):
+            try:
+                if len(pd.read_csv(csv)) >= n:
+                    return csv
+            except (pd.errors.EmptyDataError, FileNotFoundError):
+                pass
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} rows in {seconds} s")
+
+
+def _start_bench(rack, out, trials):
+    argv = [
+        PY,
+        "-m",
+        "lab",
+        "bench",
+        "vtap-throughput",
+        "-i",
+        str(rack.inventory),
+        "--sizes",
+        "64",
+        "--duration",
+        "1",
+        "--rate",
+        "20000",
+        "--peers",
+        "none,ebpf",
+        "--trials",
+        str(trials),
+        "--out",
+        str(out),
+    ]
+    return subprocess.Popen(
+        netns.command(rack.ns("ctl"), argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _clean(rack, hosts):
+    for name in hosts:
+        assert not (rack.lab_dir(name) / ".lab-state/before.json").exists(), name
+        assert not link(rack, name, "eth1")["xdp"] and not link(rack, name, "eth1")["addrs"], name
+
+
+def test_ctrl_c_stops_the_bench_keeps_its_rows_and_cleans_every_host(rack, tmp_path):
+    proc = _start_bench(rack, tmp_path, trials=10)
+    csv = _wait_for_rows(tmp_path, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    df = pd.read_csv(csv)
+    assert 1 <= len(df) < 20 and (df["receiver_packets"] == df["sent_packets"]).all()
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert meta["hosts"]["failure"]["task"] == "interrupted"
+    _clean(rack, rack.names)
+
+
+def test_a_host_lost_mid_bench_stops_it_names_it_and_the_others_are_cleaned(rack, tmp_path):
+    proc = _start_bench(rack, tmp_path, trials=10)
+    csv = _wait_for_rows(tmp_path, 1, proc)
+    lost = time.monotonic()
+    rack.lose("gamma")
+    try:
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - lost
+        assert proc.returncode == 1, out + err
+        assert "host gamma" in err, err
+        # within one run's bound: its start margin, its length and the ssh timeouts
+        assert took < 120 + 1 + 30, took
+        df = pd.read_csv(csv)
+        assert len(df) >= 1 and (df["receiver_packets"] == df["sent_packets"]).all()
+        meta = json.loads(csv.with_suffix(".json").read_text())
+        failure = meta["hosts"]["failure"]
+        assert failure["host"] == "gamma" and failure["run"] is not None
+        assert failure["cleanup"]["gamma"].startswith("not cleaned")
+        _clean(rack, ["alpha", "beta"])
+    finally:
+        rack.revive("gamma")
+        p = lab(rack, "hosts", "cleanup")
+        assert p.returncode == 0, p.stdout + p.stderr
+    _clean(rack, rack.names)

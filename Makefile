@@ -4,7 +4,7 @@
 #   make lab    set up, then open JupyterLab on the notebooks (127.0.0.1 only; PORT=8890 to start elsewhere)
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test lab mutants cleanup
+.PHONY: setup demo lint test test-hosts lab mutants cleanup
 setup:
 	@scripts/setup.sh
 
@@ -19,6 +19,11 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The lab on your own hosts (`python -m lab hosts`), tested on namespaces with sshd as hosts
+# (tests/test_hosts.py; part of `make test` too): about five minutes on its own.
+test-hosts: setup
+	$(PY) -m pytest -n 0 tests/test_hosts.py $(PYTEST_ARGS)
 
 lab: setup
 	$(PY) -m lab jupyter $(if $(PORT),--port $(PORT))

@@ -50,6 +50,7 @@ HEADERS = (
     ],
     ["tests/test_tc_mirror.py", "tests/test_redirect.py"],
 )
+HOSTS = (["tests/test_hosts.py::test_a_host_judged_from_facts_says_each_problem_with_its_fix"], ["tests/test_hosts.py"])
 EXIT = (
     ["tests/test_one_exit.py", "tests/test_xdp_lb_fixtures.py", "tests/test_redirect_fixtures.py"],
     ["tests/test_tc_mirror.py", "tests/test_redirect.py"],
@@ -294,6 +295,31 @@ SHARED = [
         "\t\tif (parse_tcphdr(&nh, data_end, &tcph) < 0)\n\t\t\treturn PARSE_OTHER;",
         "a TCP header cut short taken for another protocol",
         EXIT,
+    ),
+    # the lab on hosts (lab.hosts): what a wrong line would break without a word
+    M(
+        "hosts-tap-ifaces-swapped",
+        "lab/fastpaths/vtap/bench.py",
+        't.iface("tap"), t.iface("tap", "monitor")',
+        't.iface("tap", "monitor"), t.iface("tap")',
+        "on hosts, the tap taps its monitor interface and copies to its test interface",
+        HOSTS,
+    ),
+    M(
+        "hosts-restore-skipped",
+        "lab/hosts/local.py",
+        "return [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]",
+        "return [*abort_runners(), *lab_cleanup(all_runs=True)]",
+        "a host's interfaces left as a bench changed them (addresses, promiscuous, offloads)",
+        HOSTS,
+    ),
+    M(
+        "hosts-failure-not-recorded",
+        "lab/hosts/bench.py",
+        '                failure["cleanup"] = cleaned\n            write()',
+        '                failure["cleanup"] = cleaned',
+        "a bench stopped by a lost host: its sidecar does not say which host or run",
+        HOSTS,
     ),
     M(
         "partial-fold",

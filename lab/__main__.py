@@ -44,6 +44,7 @@ examples:
   python -m lab bench vtap-throughput --testbed 1,2 --trials 5
   python -m lab bench generators --sizes 64,1518
   python -m lab bench NAME --help           # a bench's options, defaults and examples
+  python -m lab hosts check -i hosts.yml    # your own machines, named in an Ansible inventory
   python -m lab cleanup                     # remove what a crashed run left behind
 """
 

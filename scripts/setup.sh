@@ -141,12 +141,16 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0)' 
   rm -rf .venv
   run /usr/bin/python3 -m venv --system-site-packages .venv
 fi
+# VTL_SETUP_EXTRAS: the project's extras to install (`python -m lab hosts setup` gives a
+# bench host only "hosts": it runs runners, not the suite or JupyterLab)
+extras=${VTL_SETUP_EXTRAS:-test,notebooks,hosts}
+[[ "$extras" =~ ^[a-z,]+$ ]] || die "VTL_SETUP_EXTRAS=$extras: a comma-separated list of the project's extras"
 stamp=.venv/.installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing the project and its Python dependencies into .venv (editable; output in $log)"
   run .venv/bin/python -m pip install --upgrade pip
-  run .venv/bin/python -m pip install -e ".[test,notebooks,hosts]"
+  run .venv/bin/python -m pip install -e ".[$extras]"
   echo "$want" > "$stamp"
 fi
 
@@ -154,8 +158,10 @@ fi
 # Notebooks run on "eBPF vTAP Lab" (ebpf-vtap-lab): .venv's python, where bcc and
 # the project import. Registered inside .venv (jupyter's --sys-prefix), so that
 # `.venv/bin/jupyter kernelspec list` shows it; it says a line only when it did.
-said=$(.venv/bin/python -m lab.jupyter --register-only) || die "registering the Jupyter kernel failed (see above)"
-[ -z "$said" ] || say "${said#lab jupyter: }"
+if [[ ",$extras," == *",notebooks,"* ]]; then  # (a bench host's set-up has no JupyterLab)
+  said=$(.venv/bin/python -m lab.jupyter --register-only) || die "registering the Jupyter kernel failed (see above)"
+  [ -z "$said" ] || say "${said#lab jupyter: }"
+fi
 
 # --- check ---------------------------------------------------------------------
 .venv/bin/python - <<'EOF' || die "the environment does not work; see the error above"

@@ -288,7 +288,9 @@ def _setup_tasks(tar, listing, tree):
         {
             "name": "set-up (scripts/setup.sh)",
             "command": {"argv": [f"{lab}/scripts/setup.sh"], "chdir": lab},
-            "environment": "{{ (lab_env | default({})) | combine(lab_setup_env | default({})) }}",
+            # a bench host runs runners, not the suite or JupyterLab: the `hosts` extra only
+            "environment": "{{ {'VTL_SETUP_EXTRAS': 'hosts'} | combine(lab_env | default({})) "
+            "| combine(lab_setup_env | default({})) }}",
             "timeout": 3000,
         },
         {

@@ -243,6 +243,12 @@ def abort_runners(grace=10.0) -> list[str]:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    zygote = _read(STATE / "zygote.pid")  # the runners' warm parent (lab.hosts.runner)
+    if zygote and zygote.isdigit() and _alive(int(zygote)):
+        try:
+            os.kill(int(zygote), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     return [f"runner {d.parent.name}/{d.name} killed (it did not stop within {grace:.0f} s)" for d in pids.values()]
 
 

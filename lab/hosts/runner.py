@@ -95,22 +95,110 @@ def run(run_dir: Path) -> int:
         return 1
 
 
-def start(pairs, timeout) -> int:
-    """Each (DIR, spec) written and its runner started in a session of its own; then
-    until all are ready (or one failed)."""
-    dirs = []
-    for d, spec in pairs:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "spec.json").write_text(spec)
-        with open(d / "log", "w") as log:
+ZYGOTE_IDLE = 120  # s without a run after which a host's zygote exits by itself
+
+
+def _zygote_socket() -> Path:
+    return Path(os.environ.get("VTL_HOST_STATE") or Path.cwd() / ".lab-state") / "zygote.sock"
+
+
+def zygote(sock_path: Path) -> int:
+    """A process that has imported what runners need (pyroute2, pandas, the benches'
+    roles: a second and more of CPU) and forks one runner per run, each a fresh process
+    with its own deadline and cleanup, in a session of its own. It exits after
+    ZYGOTE_IDLE seconds without a run; a host's cleanup stops it."""
+    import signal  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from lab import netns  # noqa: F401,PLC0415 -- imported once here, for every runner forked
+
+    for module in BENCHES.values():
+        importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runners are reaped by the kernel
+    sock_path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    mine = os.stat(sock_path).st_ino  # a successor may bind the same path: never unlink its socket
+    server.listen(16)
+    server.settimeout(ZYGOTE_IDLE)
+    (sock_path.parent / "zygote.pid").write_text(f"{os.getpid()}\n")
+    stamp = Path.cwd() / ".lab-commit"  # the tree it imported: another one set up since means stale
+    born = _read(stamp)
+    try:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                return 0
+            with conn:
+                run_dir = Path(conn.recv(4096).decode())
+                if _read(stamp) != born:
+                    conn.sendall(b"stale")
+                    return 0
+                if os.fork() == 0:  # the runner: a session of its own, its output to DIR/log
+                    server.close()
+                    os.setsid()
+                    log = os.open(run_dir / "log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.dup2(log, 1)
+                    os.dup2(log, 2)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    code = 1
+                    try:
+                        code = run(run_dir)
+                    finally:
+                        os._exit(code)
+                conn.sendall(b"ok")
+    finally:
+        try:
+            if os.stat(sock_path).st_ino == mine:
+                sock_path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _via_zygote(run_dir: Path) -> bool:
+    """Ask this host's zygote to fork the runner; start one first if none answers."""
+    import socket  # noqa: PLC0415
+
+    path = _zygote_socket()
+    for attempt in range(3):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(10)
+                s.connect(str(path))
+                s.sendall(str(run_dir.resolve()).encode())
+                said = s.recv(16)
+            if said == b"ok":
+                return True
+            path.unlink(missing_ok=True)  # "stale": it imported another tree, and is leaving
+        except OSError:
+            if attempt == 2:
+                return False
+            path.unlink(missing_ok=True)  # a socket its dead zygote left
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / "zygote.log", "a") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "lab.hosts.runner", "run", str(d)],
+                [sys.executable, "-m", "lab.hosts.runner", "zygote", str(path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # no SIGHUP when the ssh session that started it ends
-                cwd=os.getcwd(),
             )
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(POLL)
+    return False
+
+
+def start(pairs, timeout) -> int:
+    """Each (DIR, spec) written and its runner started in a session of its own (forked
+    by the host's zygote, warm); then until all are ready (or one failed)."""
+    dirs = []
+    for d, spec in pairs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "spec.json").write_text(spec)
+        if not _via_zygote(d):
+            (d / "error").write_text("start: no runner could be started (see .lab-state/zygote.log)\n")
         dirs.append(d)
     return _say(_await(dirs, "ready", timeout), "ready")
 
@@ -163,7 +251,7 @@ def _read(path):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("start", "run", "go", "stop"):
+    if len(argv) < 2 or argv[0] not in ("start", "run", "go", "stop", "zygote"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     action, dirs, timeout = argv[0], [], 60.0
@@ -176,6 +264,8 @@ def main(argv=None):
             dirs.append(arg)
     if action == "run":
         return run(Path(dirs[0]))
+    if action == "zygote":
+        return zygote(Path(dirs[0]))
     if action == "start":  # DIR SPEC pairs
         return start([(Path(d), s) for d, s in zip(dirs[::2], dirs[1::2], strict=True)], timeout)
     dirs = [Path(d) for d in dirs]

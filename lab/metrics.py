@@ -142,6 +142,14 @@ class CpuSampler:
         sampler._readings = list(readings)
         return sampler
 
+    def within(self, start, end):
+        """The sampler over the fewest readings that span [start, end] (time.monotonic()
+        seconds; bpf_ktime_get_ns() is the same clock): a host's CPU over its own window."""
+        times = [t for t, _ in self._readings]
+        first = max([i for i, t in enumerate(times) if t <= start], default=0)
+        last = min([i for i, t in enumerate(times) if t >= end], default=len(times) - 1)
+        return CpuSampler.of(self._readings[first : last + 1])
+
     def start(self):
         self._readings = [(time.monotonic(), read_proc_stat())]
         self._stop.clear()

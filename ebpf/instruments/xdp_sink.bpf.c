@@ -18,7 +18,8 @@
  * it counts only the lab's own frames (IPv4 UDP from that source to that port),
  * and passes every other frame on uncounted: on a real NIC, LLDP, neighbour
  * discovery and the host's own traffic arrive too, and must neither be counted
- * nor dropped.
+ * nor dropped. With -D SINK_WINDOW it also keeps the time of the first and the
+ * last counted frame (per CPU): the window a host's rates are taken over.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -33,6 +34,10 @@
 struct sink_stats {
 	__u64 packets;
 	__u64 bytes;  /* frame bytes, Ethernet header included */
+#ifdef SINK_WINDOW
+	__u64 first_ns; /* bpf_ktime_get_ns() of this CPU's first and last counted frame: */
+	__u64 last_ns;  /* a host's own window of a run, with nothing polled during it */
+#endif
 };
 
 /* One per-CPU entry: no atomics, user space sums the CPUs. */
@@ -63,6 +68,13 @@ int xdp_sink(struct xdp_md *ctx)
 	s = stats.lookup(&zero);
 
 	if (s) { /* the verifier insists on the NULL check even for index 0 */
+#ifdef SINK_WINDOW
+		__u64 now = bpf_ktime_get_ns();
+
+		if (!s->packets)
+			s->first_ns = now;
+		s->last_ns = now;
+#endif
 		s->packets++;
 		s->bytes += ctx->data_end - ctx->data;
 	}

@@ -24,10 +24,11 @@ class XdpSink(BpfProgram):
     SOURCE = "xdp_sink.bpf.c"
     FUNCTION = "xdp_sink"
 
-    def __init__(self, verdict="drop", source=None, redirect_ifindex=None, match=None):
+    def __init__(self, verdict="drop", source=None, redirect_ifindex=None, match=None, window=False):
         """match: (IPv4 source, UDP destination port): count (and give the verdict to)
         only those frames, and pass every other on uncounted (a real NIC's LLDP and
-        neighbour discovery)."""
+        neighbour discovery). window: keep the first and last counted frame's times
+        (window_seconds()), where nothing may poll during a run."""
         if verdict not in VERDICTS:
             raise InputError(f"unknown sink verdict {verdict!r} ({', '.join(VERDICTS)})")
         if (verdict == "redirect") != (redirect_ifindex is not None):
@@ -37,6 +38,9 @@ class XdpSink(BpfProgram):
             flags.append("-DSINK_SWAP_MACS")
         if redirect_ifindex is not None:
             flags.append(f"-DSINK_REDIRECT_IFINDEX={int(redirect_ifindex)}")
+        if window:
+            flags.append("-DSINK_WINDOW")
+        self.window = window
         if match is not None:
             src, dport = match
             # the address as the packet holds it (network order), read as a host-order u32
@@ -51,7 +55,20 @@ class XdpSink(BpfProgram):
         return self.attach_xdp(self.FUNCTION, ifname, netns, mode)
 
     def counters(self) -> dict:
-        return self.percpu_totals("stats")
+        if not self.window:
+            return self.percpu_totals("stats")
+        table = self.table("stats")
+        per_cpu = [v for v in table.getvalue(table.Key(0))]
+        seen = [v for v in per_cpu if v.packets]
+        first = min(v.first_ns for v in seen) / 1e9 if seen else None  # CLOCK_MONOTONIC seconds
+        last = max(v.last_ns for v in seen) / 1e9 if seen else None
+        return {
+            "packets": sum(v.packets for v in per_cpu),
+            "bytes": sum(v.bytes for v in per_cpu),
+            "window_s": last - first if seen else 0.0,
+            "first_s": first,
+            "last_s": last,
+        }
 
     def reset_counters(self):
         self.zero_percpu("stats")

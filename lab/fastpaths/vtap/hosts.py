@@ -16,10 +16,8 @@ Each takes the run's spec and the runner's signals, and returns its result (JSON
 
 import os
 import socket
-import time
 
 from lab.bench import common
-from lab.metrics import CpuSampler, read_proc_stat
 from lab.rig import Rig
 from lab.traffic import GENERATORS
 
@@ -53,43 +51,6 @@ def sender(spec, signals):
         gen.close()
 
 
-POLL = 0.005  # s between looks at a sink's count: the window's edges are this exact
-
-
-class Window:
-    """This host's own window of a run: from the last look before its first counted
-    frame to the look after its last, found by reading its sink every POLL seconds
-    (and /proc/stat with it, where the host is the DUT: its CPU over that window).
-    Rates are taken over each host's own window: no clock is compared with another
-    host's."""
-
-    def __init__(self, packets, cpu=False):
-        self.packets, self.cpu = packets, cpu
-        self.first = self.last = None  # (time, proc stat) readings
-
-    def _reading(self):
-        return (time.monotonic(), read_proc_stat() if self.cpu else None)
-
-    def watch(self, signals):
-        """Until `stop` (or the runner's deadline)."""
-        seen, before = self.packets(), self._reading()
-        while not signals.poll("stop"):
-            time.sleep(POLL)
-            n, now = self.packets(), self._reading()
-            if n != seen:
-                self.first = self.first or before
-                self.last = now
-                seen = n
-            before = now
-
-    @property
-    def seconds(self) -> float:
-        return self.last[0] - self.first[0] if self.first else 0.0
-
-    def sampler(self):
-        return CpuSampler.of([self.first, self.last] if self.first else [])
-
-
 class _Sockets:
     """What Rig.udp_sink() keeps its sockets in, for a runner that has no testbed."""
 
@@ -115,26 +76,29 @@ def tap(spec, signals):
         [spec["monitor_iface"]],
         spec["port"] if spec.get("receiver_here") else None,
         match=match,
+        window=True,  # the tap's own window: its sink's first and last frame, nothing polled
+        cpu_interval=0.1,  # /proc/stat every 0.1 s: the CPU over that window, within 0.1 s each side
     )
     peer = None
-    # this runner's own polling stays off the DUT's core
-    os.sched_setaffinity(0, {spec["gen_cpu"]})
+    os.sched_setaffinity(0, {spec["gen_cpu"]})  # the runner itself stays off the DUT's core
     try:
         dut.set_up(held)
         peer = MIRRORS[spec["mirror"]](None, spec["iface"], spec["monitor_iface"], cpu=spec["dut_cpu"], **spec["kw"])
-        dut.begin(peer)
-        window = Window(lambda: dut.counting.counters()["packets"], cpu=True)
+        dut.begin(peer)  # CPU sampled from here to end(), as in namespaces
         try:
             signals.ready()
-            window.watch(signals)
+            signals.wait("stop")
         finally:
             measured = dut.end()
-        cpu = window.sampler()
+        dut_counts = measured["counts"]["dut"]
+        cpu = measured["cpu"]
+        if dut_counts["first_s"] is not None:
+            cpu = cpu.within(dut_counts["first_s"], dut_counts["last_s"])
         return {
             "counts": measured["counts"],
             "mirrored": measured["mirrored"],
-            "cpu": cpu.summary().reset_index().to_dict("records") if window.first else [],
-            "window_s": window.seconds,
+            "cpu": cpu.summary().reset_index().to_dict("records"),
+            "window_s": dut_counts["window_s"],
         }
     finally:
         if peer is not None:
@@ -144,13 +108,13 @@ def tap(spec, signals):
 
 
 def counting(spec, signals):
-    side = CountingSide("drop", None, spec["iface"], (spec["src4"], spec["port"])).open()
+    side = CountingSide("drop", None, spec["iface"], (spec["src4"], spec["port"]), window=True).open()
     try:
         side.reset()
-        window = Window(lambda: side.counters()["packets"])
         signals.ready()
-        window.watch(signals)
-        return {"counts": {spec["role"]: side.counters()}, "window_s": window.seconds}
+        signals.wait("stop")
+        counted = side.counters()
+        return {"counts": {spec["role"]: counted}, "window_s": counted["window_s"]}
     finally:
         side.close()
 

@@ -43,12 +43,13 @@ class CountingSide:
     match (IPv4 source, UDP port): only the lab's frames (on hosts, whose NICs
     also get LLDP and neighbour discovery)."""
 
-    def __init__(self, verdict, ns, ifname, match=None):
-        self.verdict, self.ns, self.ifname, self.match = verdict, ns, ifname, match
+    def __init__(self, verdict, ns, ifname, match=None, window=False):
+        self.verdict, self.ns, self.ifname, self.match, self.window = verdict, ns, ifname, match, window
         self.sink = None
 
     def open(self):
-        self.sink = XdpSink(self.verdict, match=self.match)
+        # window: the sink keeps its first and last frame's times (a host's own window)
+        self.sink = XdpSink(self.verdict, match=self.match, window=self.window)
         try:
             self.sink.attach(self.ifname, netns=self.ns)
         except BaseException:
@@ -74,10 +75,23 @@ class DutSide:
     UDP sink where it is the receiver; and per run the peer attached, measured
     (CPU, the peer's counters) and detached."""
 
-    def __init__(self, ns, ifname, dut_cpu, gen_cpu, forwarding_ifaces=(), udp_port=None, sink=True, match=None):
+    def __init__(
+        self,
+        ns,
+        ifname,
+        dut_cpu,
+        gen_cpu,
+        forwarding_ifaces=(),
+        udp_port=None,
+        sink=True,
+        match=None,
+        window=False,
+        cpu_interval=1.0,
+    ):
         self.ns, self.ifname, self.dut_cpu, self.gen_cpu = ns, ifname, dut_cpu, gen_cpu
         self.forwarding_ifaces, self.udp_port, self.match = list(forwarding_ifaces), udp_port, match
-        self.counting = CountingSide("pass", ns, ifname, match) if sink else None
+        self.counting = CountingSide("pass", ns, ifname, match, window) if sink else None
+        self.cpu_interval = cpu_interval
         self.napi_pids = []
         self._threaded = None
         self._run = None
@@ -115,7 +129,7 @@ class DutSide:
             if self.counting and self.counting.sink is not None:
                 self.counting.reset()
             base = peer.counters()
-            cpu = CpuSampler(interval=1.0).start()
+            cpu = CpuSampler(interval=self.cpu_interval).start()
         except BaseException:
             self._undo(peer, lifted)
             raise

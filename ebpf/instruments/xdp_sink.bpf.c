@@ -23,9 +23,18 @@
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
+#ifdef SINK_MATCH_DPORT
+/* uapi in.h includes <linux/socket.h>, which on BCC's include path is the kernel's
+ * own (and 199 headers with it): uapi's socket.h instead, its guard set, as
+ * parsing_helpers.h does */
+#include <uapi/linux/socket.h>
+#ifndef _LINUX_SOCKET_H
+#define _LINUX_SOCKET_H
+#endif
 #include <uapi/linux/in.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/udp.h>
+#endif
 
 #ifndef SINK_VERDICT
 #define SINK_VERDICT XDP_DROP

@@ -19,6 +19,7 @@ from lab import testbeds
 from lab.bench import common
 from lab.bench.xdp_cost import BpfRunStats, run_stats
 from lab.metrics import CPU_COLUMNS, write_results
+from lab.netns import LabError
 from lab.traffic import GENERATORS
 
 from .peers import MIRRORS, EbpfSessionsMirror
@@ -145,6 +146,8 @@ def main(args):
     sizes = common.parse_list(args.sizes, int, what="size")
     mirrors, cpus = common.checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
     if args.inventory:
+        if tbs != [1]:
+            raise ValueError("--testbed with -i: 1 only (the tap host is the receiver); Testbed 2 is still to come")
         if args.peers == ",".join(MIRROR_ORDER):  # not chosen: those that run on hosts
             mirrors = list(HOSTS_MIRRORS)
         if args.rate is not None and args.rate <= 0:
@@ -463,8 +466,20 @@ def run(
     stream=sys.stdout,
     rate_pps=None,
     sessions=None,
+    inventory=None,
 ):
-    """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test."""
+    """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test.
+    inventory: an Ansible inventory's path: the sweep on the hosts it names (Testbed 1;
+    run_hosts()), which raises after writing what it measured when a host failed."""
+    if inventory is not None:
+        if list(testbed_nos) != [1]:
+            raise ValueError("on hosts, Testbed 1 only (the tap host is the receiver); Testbed 2 is still to come")
+        df, path, failure = run_hosts(
+            inventory, sizes, mirrors, trials, duration, generator, flows, cpus, out, rate_pps, progress
+        )
+        if failure:
+            raise LabError(f"host {failure['host']}, run {failure['run']}: {failure['error']} (rows so far: {path})")
+        return df, path
     sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0], "cutoffs": [0]}
     gen_cpu, dut_cpu = cpus
     rows = []

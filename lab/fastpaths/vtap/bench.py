@@ -86,6 +86,8 @@ examples:
                                             # the cutoff's cost: off, cutting, on but never reached
   python -m lab bench vtap-throughput --sizes 64 --peers none,ebpf --trials 1 --duration 1
                                             # a smoke test: 2 runs of 1 s
+  python -m lab bench vtap-throughput -i hosts.yml --sizes 64,1518 --peers none,ebpf,tc-mirred
+                                            # on your own machines (python -m lab hosts check first)
 """
 
 
@@ -131,7 +133,7 @@ def add_arguments(p):
         "--inventory",
         metavar="FILE",
         help="run on the hosts an Ansible inventory names (roles sender, tap, receiver, monitor; "
-        f"docs/hosts.md) instead of namespaces; mirrors there: {', '.join(HOSTS_MIRRORS)}",
+        f"docs/hosts.md); mirrors there: {', '.join(HOSTS_MIRRORS)} (default: namespaces on this machine)",
     )
     p.add_argument(
         "--cutoff",

@@ -141,16 +141,16 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0)' 
   rm -rf .venv
   run /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-# VTL_SETUP_EXTRAS: the project's extras to install (`python -m lab hosts setup` gives a
-# bench host only "hosts": it runs runners, not the suite or JupyterLab)
+# VTL_SETUP_EXTRAS: the project's extras to install, or "none" (`python -m lab hosts setup`
+# gives a bench host none: it runs the lab's runners, not the suite, JupyterLab or Ansible)
 extras=${VTL_SETUP_EXTRAS:-test,notebooks,hosts}
-[[ "$extras" =~ ^[a-z,]+$ ]] || die "VTL_SETUP_EXTRAS=$extras: a comma-separated list of the project's extras"
+[[ "$extras" =~ ^[a-z,]+$ ]] || die "VTL_SETUP_EXTRAS=$extras: a comma-separated list of the project's extras, or none"
 stamp=.venv/.installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing the project and its Python dependencies into .venv (editable; output in $log)"
   run .venv/bin/python -m pip install --upgrade pip
-  run .venv/bin/python -m pip install -e ".[$extras]"
+  if [ "$extras" = none ]; then run .venv/bin/python -m pip install -e .; else run .venv/bin/python -m pip install -e ".[$extras]"; fi
   echo "$want" > "$stamp"
 fi
 

@@ -113,12 +113,12 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
 # --- the rack ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory):
-    """The project's Python dependencies as files (a bench host's: the `hosts` extra): the
+    """The project's Python dependencies as files (a bench host's: no extra): the
     hosts' scripts/setup.sh installs from here (PIP_NO_INDEX), as a rack without a way to
     PyPI would."""
     d = tmp_path_factory.mktemp("wheelhouse")
     subprocess.run(
-        [PY, "-m", "pip", "download", "-q", "-d", str(d), f"{ROOT}[hosts]", "pip", "setuptools"],
+        [PY, "-m", "pip", "download", "-q", "-d", str(d), str(ROOT), "pip", "setuptools"],
         check=True,
         capture_output=True,
         timeout=600,

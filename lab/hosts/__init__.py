@@ -288,8 +288,8 @@ def _setup_tasks(tar, listing, tree):
         {
             "name": "set-up (scripts/setup.sh)",
             "command": {"argv": [f"{lab}/scripts/setup.sh"], "chdir": lab},
-            # a bench host runs runners, not the suite or JupyterLab: the `hosts` extra only
-            "environment": "{{ {'VTL_SETUP_EXTRAS': 'hosts'} | combine(lab_env | default({})) "
+            # a bench host runs the lab's runners, not the suite, JupyterLab or Ansible: no extra
+            "environment": "{{ {'VTL_SETUP_EXTRAS': 'none'} | combine(lab_env | default({})) "
             "| combine(lab_setup_env | default({})) }}",
             "timeout": 3000,
         },

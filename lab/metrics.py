@@ -352,6 +352,8 @@ def napi_threads(ifname=None):
     return found
 
 
+# Generic netlink by hand (pyroute2 0.9 has no netdev family). lab/hosts/library/lab_facts.py
+# has its own copy: an Ansible module is sent to a host alone, before the lab is there.
 _NETDEV_CMD_NAPI_GET, _NAPI_IFINDEX, _NAPI_PID = 11, 1, 4  # include/uapi/linux/netdev.h
 
 

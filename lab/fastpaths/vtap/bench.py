@@ -147,37 +147,9 @@ def main(args):
     tbs = common.parse_list(args.testbed, int, [1, 2, 3], "testbed")
     sizes = common.parse_list(args.sizes, int, what="size")
     mirrors, cpus = common.checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
-    if args.inventory:
-        if tbs != [1]:
-            raise ValueError("--testbed with -i: 1 only (the tap host is the receiver); Testbed 2 is still to come")
-        if args.peers == ",".join(MIRROR_ORDER):  # not chosen: those that run on hosts
-            mirrors = list(HOSTS_MIRRORS)
-        if args.rate is not None and args.rate <= 0:
-            raise ValueError(f"--rate must be a positive number of packets/s, not {args.rate}")
-        df, path, failure = run_hosts(
-            args.inventory,
-            sizes,
-            mirrors,
-            args.trials,
-            args.duration,
-            args.generator,
-            args.flows,
-            cpus,
-            args.out,
-            rate_pps=args.rate,
-        )
-        if len(df):
-            print_summary(df)
-        print(f"\nwrote {path} and {path.with_suffix('.json').name}")
-        if failure:
-            print(
-                f"lab bench: error: host {failure['host']}, run {failure['run']} ({failure.get('label', '')}): "
-                f"{failure['error']}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if args.peers != ",".join(MIRROR_ORDER):  # chosen: each must apply to every testbed chosen
+    if args.inventory and args.peers == ",".join(MIRROR_ORDER):  # not chosen: those that run on hosts
+        mirrors = list(HOSTS_MIRRORS)
+    if args.peers != ",".join(MIRROR_ORDER) and not args.inventory:  # chosen: each must apply to every testbed
         for name in mirrors:
             missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
             if missing:
@@ -209,6 +181,7 @@ def main(args):
         args.out,
         rate_pps=args.rate,
         sessions=sessions,
+        inventory=args.inventory,  # on hosts: a host's failure is an error naming it, after its rows are written
     )
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
@@ -475,12 +448,15 @@ def run(
     run_hosts()), which raises after writing what it measured when a host failed."""
     if inventory is not None:
         if list(testbed_nos) != [1]:
-            raise ValueError("on hosts, Testbed 1 only (the tap host is the receiver); Testbed 2 is still to come")
+            raise ValueError("--testbed with -i: 1 only (the tap host is the receiver); Testbed 2 is still to come")
         df, path, failure = run_hosts(
             inventory, sizes, mirrors, trials, duration, generator, flows, cpus, out, rate_pps, progress
         )
         if failure:
-            raise LabError(f"host {failure['host']}, run {failure['run']}: {failure['error']} (rows so far: {path})")
+            raise LabError(
+                f"host {failure['host']}, run {failure['run']} ({failure.get('label', '')}): {failure['error']} "
+                f"(every finished run's row: {path})"
+            )
         return df, path
     sessions = sessions or {"rules": [1], "targets": ["local"], "truncate": [0], "cutoffs": [0]}
     gen_cpu, dut_cpu = cpus

@@ -200,10 +200,6 @@ class _HostCpu:
         self.records = records
 
     def summary(self):
-        if not self.records:  # no frame reached the DUT: no window, no CPU of its own
-            return pd.DataFrame(
-                [{"cpu": c, "busy_ns": 0.0, **dict.fromkeys(CPU_COLUMNS, 0.0)} for c in range(2)]
-            ).set_index("cpu")
         return pd.DataFrame(self.records).set_index("cpu")
 
 

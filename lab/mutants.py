@@ -306,6 +306,14 @@ SHARED = [
         HOSTS,
     ),
     M(
+        "sink-match-inverted",
+        "ebpf/instruments/xdp_sink.bpf.c",
+        "udp->dest != bpf_htons(SINK_MATCH_DPORT)",
+        "udp->dest == bpf_htons(SINK_MATCH_DPORT)",
+        "on hosts, the sinks count everything but the lab's frames (LLDP, neighbour discovery)",
+        HOSTS,
+    ),
+    M(
         "hosts-restore-skipped",
         "lab/hosts/local.py",
         "return [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]",

@@ -314,6 +314,14 @@ SHARED = [
         HOSTS,
     ),
     M(
+        "sink-window-first-never-set",
+        "ebpf/instruments/xdp_sink.bpf.c",
+        "\t\tif (!s->packets)\n\t\t\ts->first_ns = now;",
+        "\t\tif (!s->packets)\n\t\t\ts->first_ns = 0;",
+        "on hosts, every rate taken over a window that starts at boot",
+        HOSTS,
+    ),
+    M(
         "hosts-restore-skipped",
         "lab/hosts/local.py",
         "return [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]",

@@ -11,10 +11,15 @@ in a namespace of its own; root logs in with a key made for this rack only, and
 the controller, in a namespace of its own on that bridge, knows each host key from
 a known_hosts file made for it. Host key checking stays on, as for real hosts.
 
-What the hosts share with each other and the machine (the kernel, /run/netns, the
-process table, the file system) is scoped per host by the inventory: each has its
-own lab_dir, and lab_env gives the lab there a namespace prefix and a run
-directory of its own, so a run or a cleanup on one host never sees another's.
+Each host has a disk of its own at the same path, as machines have: its sshd runs in
+a mount namespace of its own where the host's directory (`host_dir`) is mounted on
+`disk` (the rack's `host/`), and everything Ansible runs there inherits it; so the
+lab_dir is one path on every host, as /opt/vtap-lab is on real ones, and a copy of
+one host's set-up is a working set-up on another (`copy_lab`). What the hosts still
+share with each other and the machine (the kernel, /run/netns, the process table)
+is scoped per host by the inventory: lab_env gives the lab there a namespace prefix
+and a run directory of its own, so a run or a cleanup on one host never sees
+another's.
 
 Test links (`links`) join the hosts' test interfaces as a cable would: no address,
 the kernel's defaults; what a bench needs there, the lab does on the host.
@@ -76,6 +81,7 @@ class NamespaceHosts:
         self._base_given = base is not None
         self.base = Path(base) if base else None
         self.mgmt = {}  # host -> its management address
+        self.sshd = {}  # host -> its sshd (whose namespaces, network and mount, are the host's)
         self.prefixes = {}  # host -> the lab's namespace prefix there
         self.inventory = None
 
@@ -99,6 +105,7 @@ class NamespaceHosts:
         for a, a_if, b, b_if in self.links:
             t.add_link(a, b, a_if, b_if, [], [])
         try:
+            self.disk.mkdir(mode=0o700, exist_ok=True)  # the mount point of each host's own disk
             t.build()
             self._keys()
             for i, name in enumerate(self.names):
@@ -130,11 +137,25 @@ class NamespaceHosts:
         self.known_hosts = self.base / "known_hosts"
         self.known_hosts.write_text("\n".join(known) + "\n")
 
+    @property
+    def disk(self) -> Path:
+        """Where each host sees its own directory (in its own mount namespace)."""
+        return self.base / "host"
+
     def host_dir(self, name) -> Path:
+        """The host's directory, as the machine (and a test) sees it."""
         return self.base / name
 
     def lab_dir(self, name) -> Path:
+        """The host's lab_dir, as the machine sees it (the host sees it at `disk`/lab)."""
         return self.host_dir(name) / "lab"
+
+    def copy_lab(self, source, *names):
+        """A set-up host's lab_dir copied to other hosts, as a machine imaged from another
+        is: the same tree, stamps and virtual environment at the same path."""
+        for name in names:
+            shutil.rmtree(self.lab_dir(name), ignore_errors=True)
+            subprocess.run(["cp", "-a", str(self.lab_dir(source)), str(self.lab_dir(name))], check=True)
 
     def _start_sshd(self, name):
         if not os.access(SSHD, os.X_OK):
@@ -144,9 +165,9 @@ class NamespaceHosts:
             "\n".join(
                 [
                     f"ListenAddress {self.mgmt[name]}",
-                    f"HostKey {d / 'host_key'}",
-                    f"PidFile {d / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                    f"HostKey {self.disk / 'host_key'}",
+                    f"PidFile {self.disk / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.disk / 'authorized_keys'}",
                     "PermitRootLogin prohibit-password",
                     "PasswordAuthentication no",
                     "KbdInteractiveAuthentication no",
@@ -163,9 +184,24 @@ class NamespaceHosts:
             + "\n"
         )
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
-        self.topo.popen(
+        (d / "lab").mkdir(mode=0o755, exist_ok=True)
+        # sshd in a mount namespace of its own (unshare: private propagation), the host's
+        # directory mounted on `disk` there; each exec keeps the pid (ip netns exec,
+        # unshare, sh), so the process started is sshd itself
+        self.sshd[name] = self.topo.popen(
             name,
-            [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
+            [
+                "unshare",
+                "--mount",
+                "--",
+                "sh",
+                "-c",
+                'mount --bind "$0" "$1" && exec "$2" -D -e -f "$3"',
+                str(d),
+                str(self.disk),
+                SSHD,
+                str(self.disk / "sshd_config"),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=open(d / "sshd.log", "w"),  # noqa: SIM115 (the process holds it)
         )
@@ -202,13 +238,14 @@ class NamespaceHosts:
         ]
 
     def host_vars(self, name) -> dict:
+        """The host's variables in the inventory: its paths as the host sees them."""
         return {
             "ansible_host": self.mgmt[name],
-            "lab_dir": str(self.lab_dir(name)),
+            "lab_dir": str(self.disk / "lab"),
             "lab_env": {
                 "VTL_NETNS_PREFIX": self.prefixes[name],
-                "VTL_RUN_DIR": str(self.host_dir(name) / "run"),
-                "VTL_BPF_CACHE": os.environ.get("VTL_BPF_CACHE", str(self.host_dir(name) / "bpf")),
+                "VTL_RUN_DIR": str(self.disk / "run"),
+                "VTL_BPF_CACHE": os.environ.get("VTL_BPF_CACHE", str(self.disk / "bpf")),
             },
         }
 
@@ -235,6 +272,17 @@ class NamespaceHosts:
 
     def ns(self, name) -> str:
         return self.topo.ns(name)
+
+    def run_on(self, name, argv, cwd=None, **kw):
+        """Run a command on a host as its sshd's sessions run: in its network and mount
+        namespaces, its paths (and `cwd`) the inventory's."""
+        kw.setdefault("check", False)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 60)
+        # (nsenter's --wd opens its directory before it enters the mount namespace)
+        wd = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd)] if cwd else []
+        return subprocess.run(["nsenter", "-t", str(self.sshd[name].pid), "-n", "-m", "--", *wd, *map(str, argv)], **kw)
 
     def run_controller(self, argv, **kw):
         """Run a command in the controller's namespace (where Ansible reaches the hosts)."""

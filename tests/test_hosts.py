@@ -26,7 +26,7 @@ from lab import netns
 from lab.hosts.check import judge
 from lab.hosts.inventory import Host
 from lab.hosts.library import lab_facts
-from lab.hosts.nshosts import NamespaceHosts
+from lab.hosts.nshosts import TESTBED2_ROLES, NamespaceHosts
 from lab.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +67,19 @@ def test_ethtool_of_real_nics_is_read_as_it_says():
     assert lab_facts.sysfs_int(None) is None and lab_facts.sysfs_int("-1\n") is None
     assert lab_facts.sysfs_int("25000\n") == 25000
     assert lab_facts.features_of(0b1000111) == ["basic", "redirect", "ndo-xmit", "ndo-xmit-sg"]
+
+
+def dpkg_version(package):
+    return subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True).stdout
+
+
+def test_dpkg_query_output_is_read_with_what_is_not_installed():
+    said = "python3-bpfcc ii  0.26.0+ds-1\nsuricata rc  1:7.0.10-1~bpo12+1\nnftables ii  1.0.6-2+deb12u2\n"
+    assert lab_facts.parse_dpkg_query(said) == {
+        "python3-bpfcc": "0.26.0+ds-1",
+        "suricata": None,  # removed, its configuration kept: not installed
+        "nftables": "1.0.6-2+deb12u2",
+    }
 
 
 def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
@@ -144,7 +157,7 @@ def rack(wheelhouse):
         p = lab(r, "hosts", "setup", "--dirty", inventory=first, timeout=900)
         assert p.returncode == 0, p.stdout + p.stderr
         assert p.stdout.count(": set up") == 1, p.stdout
-        r.copy_lab("alpha", "beta", "gamma")
+        r.copy_lab("alpha", "beta", "gamma", "delta")
         yield r
     finally:
         r.close()
@@ -160,6 +173,9 @@ def on_host(rack, host, argv, **kw):
     return rack.run_on(host, argv, **kw)
 
 
+AS_MADE = {"addrs": [], "promisc": False, "xdp": False, "mtu": 1500, "master": None}
+
+
 def link(rack, host, ifname):
     p = on_host(rack, host, ["ip", "-j", "-d", "addr", "show", "dev", ifname])
     info = json.loads(p.stdout)[0]
@@ -168,6 +184,7 @@ def link(rack, host, ifname):
         "promisc": "PROMISC" in info["flags"],
         "xdp": "xdp" in info,
         "mtu": info["mtu"],
+        "master": info.get("master"),
     }
 
 
@@ -196,21 +213,34 @@ def test_check_says_ready_and_facts_say_what_it_read(rack):
     facts = json.loads(p.stdout)
     assert facts["artifacts"] and Path(facts["artifacts"]).is_dir()
     assert facts["inventory"]["hosts"]["alpha"]["vars"]["ansible_ssh_private_key_file"] == "<removed>"
-    assert set(facts["hosts"]) == {"alpha", "beta", "gamma"}
+    assert set(facts["hosts"]) == {"alpha", "beta", "gamma"}  # those of a role (delta: Testbed 2's)
+    # the versions: Debian's as dpkg has them, the lab's venv's as pip installed them there
+    packages = facts["hosts"]["alpha"]["packages"]
+    assert packages["debian"]["python3-bpfcc"] == dpkg_version("python3-bpfcc")
+    assert packages["python"]["ebpf-vtap-lab"] == "0.1.0" and packages["python"]["pyroute2"].startswith("0.9.")
+    assert "pytest" not in packages["python"]  # a bench host's set-up: no extras
 
 
 @pytest.mark.parametrize(
     "change, said",
     [
-        ({"host_vars": {"gamma": {"ansible_host": "198.18.1.99"}}}, "gamma: unreachable at 198.18.1.99"),
-        (
-            {"roles": {"tap": {"beta": {"lab_iface": "eth0", "lab_monitor_iface": "eth2"}}}},
-            "eth0 (receiver, tap) holds the address Ansible reaches this host on",
+        ({"host_vars": {"gamma": {"ansible_host": "198.18.1.99"}}}, ["gamma: unreachable at 198.18.1.99"]),
+        (  # three hosts, a problem each: every one said, each in a line of its own
+            {
+                "roles": {
+                    "tap": {"beta": {"lab_iface": "eth0", "lab_monitor_iface": "eth2"}},
+                    "monitor": {"gamma": {"lab_iface": "eth7"}},
+                },
+                "host_vars": {"alpha": {"lab_dir": "/nonexistent/lab"}},
+            },
+            [
+                "eth0 (receiver, tap) holds the address Ansible reaches this host on",
+                "gamma: interface eth7 (monitor) is missing",
+                "alpha: the lab is not in /nonexistent/lab",
+            ],
         ),
-        ({"roles": {"monitor": {"gamma": {"lab_iface": "eth7"}}}}, "gamma: interface eth7 (monitor) is missing"),
-        ({"host_vars": {"alpha": {"lab_dir": "/nonexistent/lab"}}}, "the lab is not in /nonexistent/lab"),
     ],
-    ids=["unreachable", "management-iface", "missing-iface", "no-lab"],
+    ids=["unreachable", "management-iface,missing-iface,no-lab"],
 )
 def test_check_refuses_each_bad_host_in_one_line_with_its_fix(rack, tmp_path, change, said):
     roles = json.loads(json.dumps(rack.role_vars))
@@ -219,9 +249,10 @@ def test_check_refuses_each_bad_host_in_one_line_with_its_fix(rack, tmp_path, ch
     inv = rack.write_inventory(tmp_path / "hosts.yml", roles=roles, host_vars=change.get("host_vars"))
     p = lab(rack, "hosts", "check", "--bench", "vtap-throughput", inventory=inv)
     assert p.returncode == 1, p.stdout + p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if said in ln]
-    assert len(lines) == 1, p.stderr
-    assert "fix:" in lines[0]
+    for problem in said:
+        lines = [ln for ln in p.stderr.splitlines() if problem in ln]
+        assert len(lines) == 1, p.stderr
+        assert "fix:" in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -279,6 +310,28 @@ def test_the_bench_on_hosts_counts_every_frame_where_it_goes_and_puts_every_inte
         assert not (rack.lab_dir(name) / ".lab-state/before.json").exists()
 
 
+def test_testbed2_on_hosts_bridges_at_the_tap_counts_at_the_receiver_and_takes_its_bridge_away(rack, tmp_path):
+    inv = rack.write_inventory(tmp_path / "testbed2.yml", roles=TESTBED2_ROLES)
+    ifaces = (("alpha", "eth1"), ("beta", "eth1"), ("beta", "eth2"), ("beta", "eth3"), ("delta", "eth1"))
+    before = {(h, i): link(rack, h, i) for h, i in ifaces}
+    p = bench(rack, tmp_path, "--peers", "none,ebpf", "--trials", "1", inventory=inv, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (csv,) = tmp_path.glob("vtap_throughput-*.csv")
+    df = pd.read_csv(csv)
+    assert (df["testbed"] == 2).all() and (df["receiver_host"] == "delta").all()
+    # every frame through beta's bridge to delta, counted at both; the copies at gamma
+    assert (df["sent_packets"] == 20000).all()
+    assert (df["dut_packets"] == df["sent_packets"]).all() and (df["receiver_packets"] == df["sent_packets"]).all()
+    copies = df.set_index("mirror")["monitor_packets"]
+    assert copies["none"] == 0 and copies["ebpf"] == 20000
+    assert json.loads(csv.with_suffix(".json").read_text())["hosts"]["roles"]["receiver"] == "delta"
+    for (h, i), was in before.items():
+        assert link(rack, h, i) == was, (h, i)
+    assert on_host(rack, "beta", ["ip", "link", "show", "vtl-br0"]).returncode != 0  # the lab's bridge, gone
+    p = bench(rack, tmp_path, "--testbed", "1", inventory=inv)
+    assert p.returncode == 1 and "the inventory is Testbed 2's shape" in p.stderr, p.stderr
+
+
 def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack, tmp_path):
     topo = Topology("bystander")  # a lab run of this machine's own, beside the rack
     topo.add_host("a")
@@ -301,14 +354,14 @@ def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack,
         p = lab(rack, "hosts", "cleanup", inventory=only_alpha)
         assert p.returncode == 0, p.stdout + p.stderr
         assert "eth1: address 198.19.7.1/24 removed" in p.stdout and "promiscuous off" in p.stdout
-        assert link(rack, "alpha", "eth1") == {"addrs": [], "promisc": False, "xdp": False, "mtu": 1500}
+        assert link(rack, "alpha", "eth1") == AS_MADE
         # gamma was not named: its interface and its record are as they were
         assert link(rack, "gamma", "eth1")["promisc"]
         assert (rack.lab_dir("gamma") / ".lab-state/before.json").exists()
         assert all(netns.exists(h.ns) for h in topo.hosts.values())  # the machine's own run, intact
         p = lab(rack, "hosts", "cleanup")
         assert p.returncode == 0, p.stderr
-        assert link(rack, "gamma", "eth1") == {"addrs": [], "promisc": False, "xdp": False, "mtu": 1500}
+        assert link(rack, "gamma", "eth1") == AS_MADE
         assert all(netns.exists(h.ns) for h in topo.hosts.values())
 
 
@@ -396,3 +449,30 @@ def test_a_host_lost_mid_bench_stops_it_names_it_and_the_others_are_cleaned(rack
         p = lab(rack, "hosts", "cleanup")
         assert p.returncode == 0, p.stdout + p.stderr
     _clean(rack, rack.names)
+
+
+def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_is_cleaned(rack, tmp_path):
+    proc = _start_bench(rack, tmp_path, trials=10)
+    csv = _wait_for_rows(tmp_path, 1, proc)
+    runs = rack.lab_dir("gamma") / ".lab-state/runs"
+    killed, deadline = None, time.monotonic() + 60
+    while killed is None and time.monotonic() < deadline:  # the monitor's runner of a run under way
+        for pid_file in runs.glob("*/*-monitor/pid"):
+            if not (pid_file.parent / "result.json").exists():
+                try:
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                    killed = pid_file.parent
+                except (ProcessLookupError, ValueError):
+                    continue
+                break
+        time.sleep(0.05)
+    assert killed is not None, proc.communicate()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "host gamma" in err and "ended without a result" in err, err
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    failure = meta["hosts"]["failure"]
+    assert failure["host"] == "gamma" and failure["run"] == killed.name.split("-")[0], failure
+    df = pd.read_csv(csv)
+    assert len(df) == int(failure["run"]) and (df["receiver_packets"] == df["sent_packets"]).all()
+    _clean(rack, rack.names)  # gamma too: its runner died, the host did not

@@ -228,6 +228,9 @@ def facts_frame(record):
             "cpus": f["cpus"],
             "lab_tree": (f["lab"].get("commit") or "")[:12],
             "lab_setup": bool(f["lab"].get("setup")),
+            # the versions a host's figures depend on most (all of them: f["packages"])
+            "bcc": (f.get("packages") or {}).get("debian", {}).get("python3-bpfcc"),
+            "pyroute2": (f.get("packages") or {}).get("python", {}).get("pyroute2"),
         }
         for name, i in (f.get("ifaces") or {"": {}}).items():
             rows.append(

@@ -66,6 +66,8 @@ def snapshot(ifname) -> dict:
         link = ip.get_links(idx[0])[0]
         addrs = [f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}" for a in ip.get_addr(index=idx[0])]
         qdiscs = [q.get_attr("TCA_KIND") for q in ip.get_qdiscs(index=idx[0])]
+        master = link.get_attr("IFLA_MASTER")
+        master = ip.get_links(master)[0].get_attr("IFLA_IFNAME") if master else None
     xdp = link.get_attr("IFLA_XDP")
     return {
         "ifname": ifname,
@@ -73,6 +75,7 @@ def snapshot(ifname) -> dict:
         "promisc": bool(link["flags"] & 0x100),
         "mtu": link.get_attr("IFLA_MTU"),
         "addresses": addrs,
+        "master": master,  # a bridge (or bond) it is a port of
         "clsact": "clsact" in qdiscs,
         "xdp": bool(xdp and xdp.get_attr("IFLA_XDP_PROG_ID")),
         "threaded": _read(f"/sys/class/net/{ifname}/threaded"),
@@ -111,6 +114,14 @@ def restore(ifname) -> list[str]:
     was = record.get(ifname)
     if was is None:
         return []
+    if was.get("created"):  # a device the lab made (a Testbed 2 tap's bridge): deleted
+        with IPRoute() as ip:
+            idx = ip.link_lookup(ifname=ifname)
+            if idx:
+                ip.link("del", index=idx[0])
+        del record[ifname]
+        _save(record) if record else RECORD.unlink(missing_ok=True)
+        return [f"{ifname}: deleted (the lab made it)" if idx else f"{ifname}: gone already"]
     now = snapshot(ifname)
     done, failed = [], []
 
@@ -140,6 +151,12 @@ def restore(ifname) -> list[str]:
                 f"address {a} put back",
                 lambda ad=address, pl=plen: ip.addr("add", index=idx, address=ad, prefixlen=int(pl)),
             )
+        if now.get("master") != was.get("master"):
+            if was.get("master"):
+                master = ip.link_lookup(ifname=was["master"])
+                step(f"port of {was['master']} again", lambda: ip.link("set", index=idx, master=master[0]))
+            else:
+                step(f"out of {now['master']}", lambda: ip.link("set", index=idx, master=0))
         if now["mtu"] != was["mtu"]:
             step(f"MTU {now['mtu']} -> {was['mtu']}", lambda: ip.link("set", index=idx, mtu=was["mtu"]))
         if now["promisc"] != was.get("promisc", False):
@@ -187,7 +204,9 @@ def _write_unless_unsupported(path, value):
 
 def restore_all() -> list[str]:
     done = []
-    for ifname in list(_load()):
+    record = _load()
+    # the devices the lab made go first: their ports are then free to be put back
+    for ifname in sorted(record, key=lambda n: not record[n].get("created")):
         try:
             done += restore(ifname)
         except (LookupError, IndexError):
@@ -204,9 +223,14 @@ RUNS = STATE / "runs"  # each bench run's runners' directories (lab.hosts.runner
 def prepare(items) -> list[str]:
     """A bench's interfaces on this host, each recorded first: [{"iface", "address"
     (or None), "promisc"}]; up, the address added, promiscuous where asked (a monitor's
-    NIC would drop the copies, which carry another host's MAC, before XDP sees them)."""
+    NIC would drop the copies, which carry another host's MAC, before XDP sees them).
+    {"bridge": NAME, "ports": [IFACE, ...]}: a bridge made of those (recorded ports),
+    as Testbed 2's tap host joins sender and receiver; deleted by cleanup."""
     done = []
     for item in items:
+        if "bridge" in item:
+            done += _bridge(item["bridge"], item["ports"])
+            continue
         name = item["iface"]
         was = remember(name)
         with IPRoute() as ip:
@@ -220,6 +244,29 @@ def prepare(items) -> list[str]:
             subprocess.run(["ip", "link", "set", "dev", name, "promisc", "on"], check=True)
             done.append(f"{name}: promiscuous")
     return done
+
+
+def _bridge(name, ports) -> list[str]:
+    with IPRoute() as ip:
+        if ip.link_lookup(ifname=name):
+            mine = _load().get(name, {}).get("created")
+            if not mine:  # the host's own device: never taken over, never deleted
+                raise LabHostError(f"{name} exists on this host and is not the lab's; fix: remove it, or rename it")
+        else:
+            record = _load()
+            record[name] = {"ifname": name, "created": True}  # recorded before it exists: never left behind
+            _save(record)
+            ip.link("add", ifname=name, kind="bridge", br_stp_state=0, br_forward_delay=0)
+        idx = ip.link_lookup(ifname=name)[0]
+        for port in ports:
+            remember(port)
+            ip.link("set", index=ip.link_lookup(ifname=port)[0], master=idx, state="up")
+        ip.link("set", index=idx, state="up")
+    return [f"{name}: a bridge of {', '.join(ports)}"]
+
+
+class LabHostError(RuntimeError):
+    pass
 
 
 def abort_runners(grace=10.0) -> list[str]:
@@ -268,8 +315,12 @@ def cleanup() -> list[str]:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["prepare"] and len(argv) == 2:
-        for line in prepare(json.loads(argv[1])):
-            print(line)
+        try:
+            for line in prepare(json.loads(argv[1])):
+                print(line)
+        except LabHostError as e:
+            print(f"lab: error: {e}", file=sys.stderr)
+            return 1
         return 0
     if argv != ["cleanup"]:
         print("usage: python -m lab.hosts.local cleanup | prepare JSON", file=sys.stderr)

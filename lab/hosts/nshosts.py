@@ -38,10 +38,10 @@ from lab.topology import Topology
 
 SSHD = "/usr/sbin/sshd"
 # Testbed 1 on three machines, as docs/hosts.md draws it: alpha sends into beta, which
-# taps toward gamma
-TESTBED1 = {
-    "hosts": ["alpha", "beta", "gamma"],
-    "links": [("alpha", "eth1", "beta", "eth1"), ("beta", "eth2", "gamma", "eth1")],
+# taps toward gamma; and delta, beta's way out when beta bridges (Testbed 2: TESTBED2_ROLES)
+RACK = {
+    "hosts": ["alpha", "beta", "gamma", "delta"],
+    "links": [("alpha", "eth1", "beta", "eth1"), ("beta", "eth2", "gamma", "eth1"), ("beta", "eth3", "delta", "eth1")],
     "roles": {
         "sender": {"alpha": {"lab_iface": "eth1"}},
         "tap": {"beta": {"lab_iface": "eth1", "lab_monitor_iface": "eth2"}},
@@ -49,6 +49,12 @@ TESTBED1 = {
         "monitor": {"gamma": {"lab_iface": "eth1"}},
         "nodes": {"alpha": {}, "beta": {}},
     },
+}
+TESTBED2_ROLES = {
+    "sender": {"alpha": {"lab_iface": "eth1"}},
+    "tap": {"beta": {"lab_iface": "eth1", "lab_monitor_iface": "eth2", "lab_out_iface": "eth3"}},
+    "receiver": {"delta": {"lab_iface": "eth1"}},
+    "monitor": {"gamma": {"lab_iface": "eth1"}},
 }
 
 
@@ -70,10 +76,10 @@ def _yaml(value, indent=0) -> str:
 
 class NamespaceHosts:
     """Hosts (namespaces with sshd), a controller namespace, a management bridge,
-    test links; and the inventory that names them (layout: TESTBED1's shape)."""
+    test links; and the inventory that names them (layout: RACK's shape)."""
 
     def __init__(self, layout=None, base=None):
-        layout = layout or TESTBED1
+        layout = layout or RACK
         self.names = list(layout["hosts"])
         self.links = list(layout["links"])
         self.role_vars = layout["roles"]

@@ -204,15 +204,31 @@ def start(pairs, timeout) -> int:
 
 
 def _state(d: Path, want) -> str | None:
-    if (d / "error").exists():
-        return "error"
-    if (d / want).exists():
-        return want
-    return None
+    for _ in range(2):  # twice: a runner that said its result and exited is not "died"
+        if (d / "error").exists():
+            return "error"
+        if (d / want).exists():
+            return want
+        if _alive(_read(d / "pid")):
+            return None
+    return "died"  # killed (by a user, the OOM killer): said now, not at the wait's end
+
+
+def _alive(pid) -> bool:
+    """A runner's pid (its file's text) names a live process, or none was written yet."""
+    if not pid:
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        pass
+    return True
 
 
 def _await(dirs, want, timeout) -> dict:
-    """{dir: want | "error" | "timeout"} once each runner has reached `want` or failed."""
+    """{dir: want | "error" | "died" | "timeout"} once each runner has reached `want` or failed."""
     deadline = time.monotonic() + timeout
     states = {}
     while True:
@@ -232,6 +248,9 @@ def _say(states, want) -> int:
         out = {"dir": str(d), "state": state}
         if state == "error":
             out["error"] = (d / "error").read_text().splitlines()[0]
+            failed += 1
+        elif state == "died":
+            out["error"] = f"the runner (pid {_read(d / 'pid')}) ended without a result: killed? its log: {d / 'log'}"
             failed += 1
         elif state == "timeout":
             out["error"] = f"no {want} within the wait (the runner's pid: {_read(d / 'pid')})"

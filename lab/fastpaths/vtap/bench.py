@@ -96,8 +96,9 @@ def add_arguments(p):
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "--testbed",
-        default="1",
-        help="1, 2, 3 or a list, 1,2,3 (default %(default)s); 3 routes, where the XDP vTAP (ebpf-xdp) runs",
+        default=None,
+        help="1, 2, 3 or a list, 1,2,3 (default 1; with -i, the inventory's: 1 when the tap host is the "
+        "receiver, 2 when it bridges to one); 3 routes, where the XDP vTAP (ebpf-xdp) runs",
     )
     p.add_argument(
         "--sizes",
@@ -144,14 +145,16 @@ def add_arguments(p):
 
 
 def main(args):
-    tbs = common.parse_list(args.testbed, int, [1, 2, 3], "testbed")
+    tbs = common.parse_list(args.testbed or "1", int, [1, 2, 3], "testbed")
+    if args.inventory and args.testbed is None:
+        tbs = None  # the inventory's shape says which
     sizes = common.parse_list(args.sizes, int, what="size")
     mirrors, cpus = common.checked_options(args, MIRROR_ORDER, "mirror", cpus="generator,DUT")
     if args.inventory and args.peers == ",".join(MIRROR_ORDER):  # not chosen: those that run on hosts
         mirrors = list(HOSTS_MIRRORS)
     if args.peers != ",".join(MIRROR_ORDER) and not args.inventory:  # chosen: each must apply to every testbed
         for name in mirrors:
-            missing = [t for t in tbs if t not in MIRRORS[name].testbeds]
+            missing = [t for t in tbs or [] if t not in MIRRORS[name].testbeds]
             if missing:
                 raise ValueError(
                     f"mirror {name} does not apply to testbed {missing[0]} (only to "
@@ -216,10 +219,13 @@ def run_hosts(
     rate_pps=None,
     progress=True,
     allow_dirty=True,
+    testbed=None,
 ):
-    """The sweep on the hosts an Ansible inventory names (Testbed 1: the receiver is the
-    tap host). Returns (DataFrame, CSV path, failure or None); rows of every finished run
-    are in the CSV whatever happened after them (lab.hosts.bench)."""
+    """The sweep on the hosts an Ansible inventory names: Testbed 1 (the receiver is the
+    tap host) or 2 (the tap host bridges lab_iface and lab_out_iface to a receiver of its
+    own), as its roles say (`testbed`, when given, must agree). Returns (DataFrame, CSV
+    path, failure or None); rows of every finished run are in the CSV whatever happened
+    after them (lab.hosts.bench)."""
     from lab.hosts import Hosts  # noqa: PLC0415 -- Ansible: only for a bench on hosts
     from lab.hosts import bench as hosts_bench  # noqa: PLC0415
     from lab.hosts.inventory import InventoryError  # noqa: PLC0415
@@ -232,21 +238,28 @@ def run_hosts(
     hosts = Hosts(inventory)
     inv = hosts.inventory
     roles = inv.roles(NAME)
+    s, t, r, m = (roles[k][0] for k in ("sender", "tap", "receiver", "monitor"))
+    tb_no = hosts_testbed(s, t, r, m)
+    if testbed is not None and testbed != tb_no:
+        raise InventoryError(
+            f"--testbed {testbed}: the inventory is Testbed {tb_no}'s shape ("
+            + ("the tap host is the receiver" if tb_no == 1 else f"tap {t.name} bridges to receiver {r.name}")
+            + "); fix: --testbed {tb_no}, or an inventory of Testbed {testbed}'s shape (docs/hosts.md)"
+        )
+    others = [v for v in mirrors if tb_no not in MIRRORS[v].testbeds]
+    if others:
+        raise ValueError(f"mirror {others[0]} does not apply to testbed {tb_no}")
     report = hosts.check(NAME, generator=generator, allow_dirty=allow_dirty)
     if not report.ok:
         raise InventoryError("the hosts are not ready (nothing was started): " + " | ".join(report.problems()))
-    s, t, r, m = (roles[k][0] for k in ("sender", "tap", "receiver", "monitor"))
-    if r.name != t.name:
-        raise InventoryError(
-            f"receiver {r.name} is not the tap host {t.name}: Testbed 2 (a tap that bridges to a receiver) does not "
-            "run on hosts yet; fix: the tap host as the receiver (Testbed 1)"
-        )
     s_if, t_if, t_mon, m_if = s.iface("sender"), t.iface("tap"), t.iface("tap", "monitor"), m.iface("monitor")
+    t_out = t.iface("tap", "out") if tb_no == 2 else None
+    r_if = r.iface("receiver") if tb_no == 2 else t_if
     net = hosts_bench.test_addresses(inv, s)
     src4, dst4 = str(net[1]), str(net[2])
     plen = net.prefixlen
     port = 5001
-    mac = {h.name: report.facts[h.name]["ifaces"] for h in (s, t)}
+    mac = {h.name: report.facts[h.name]["ifaces"] for h in (s, r)}
     deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
     base = {"bench": NAME, "deadline_s": deadline, "src4": src4, "port": port}
     runs = []
@@ -258,7 +271,7 @@ def run_hosts(
                 "iface": s_if,
                 "dst4": dst4,
                 "src_mac": mac[s.name][s_if]["mac"],
-                "dst_mac": mac[t.name][t_if]["mac"],
+                "dst_mac": mac[r.name][r_if]["mac"],  # Testbed 2: through the tap's bridge
                 "size": size,
                 "flows": flows,
                 "generator": generator,
@@ -271,14 +284,17 @@ def run_hosts(
                 "role": "tap",
                 "iface": t_if,
                 "monitor_iface": t_mon,
+                "out_iface": t_out,
                 "dut_cpu": dut_cpu,
                 "gen_cpu": gen_cpu,
-                "receiver_here": True,
+                "receiver_here": tb_no == 1,
                 "mirror": name,
                 "kw": {},
             },
             "monitor": {**base, "role": "monitor", "iface": m_if},
         }
+        if tb_no == 2:
+            specs["receiver"] = {**base, "role": "receiver", "iface": r_if}
         runs.append((f"{name} {size}B trial {trial}", specs))
 
     def make_row(label, results):
@@ -286,17 +302,21 @@ def run_hosts(
         rep = results["sender"]["report"]
         if rep is None:
             raise HostsRunError(f"{label}: the sender never sent (its runner's deadline passed)")
+        counts = {**results["tap"]["counts"], "monitor": results["monitor"]["counts"]["monitor"]}
+        if "receiver" in results:  # Testbed 2: the receiver is a host of its own
+            counts["receiver"] = results["receiver"]["counts"]["receiver"]
         m_ = {
             "report": SendReport(**rep),
-            "counts": {**results["tap"]["counts"], "monitor": results["monitor"]["counts"]["monitor"]},
+            "counts": counts,
             "cpu": _HostCpu(results["tap"]["cpu"]),
             "mirrored": results["tap"]["mirrored"],
         }
         # row() reads a mirror's name (and the cutoff's setting: none on hosts)
-        out_row = row(1, types.SimpleNamespace(name=name, cutoff=0), int(size), int(trial), m_, dut_cpu, rate_pps)
+        out_row = row(tb_no, types.SimpleNamespace(name=name, cutoff=0), int(size), int(trial), m_, dut_cpu, rate_pps)
         # rates over each host's own window (from its first counted frame to its last)
+        at_receiver = results.get("receiver", results["tap"])
         for col, counted, window in (
-            ("receiver", m_["counts"]["dut"], results["tap"]["window_s"]),
+            ("receiver", counts.get("receiver", counts["dut"]), at_receiver["window_s"]),
             ("monitor", m_["counts"]["monitor"], results["monitor"]["window_s"]),
         ):
             out_row[f"{col}_pps"] = counted["packets"] / window if window else 0.0
@@ -310,23 +330,30 @@ def run_hosts(
             receiver_host=r.name,
             monitor_host=m.name,
             tap_window_s=results["tap"]["window_s"],
+            receiver_window_s=at_receiver["window_s"],
             monitor_window_s=results["monitor"]["window_s"],
         )
         return out_row
 
     prepare = {}
-    for host, item in (
-        (s, {"iface": s_if, "address": f"{src4}/{plen}"}),
-        (t, {"iface": t_if, "address": f"{dst4}/{plen}"}),
-        (t, {"iface": t_mon}),
-        (m, {"iface": m_if, "promisc": True}),
-    ):
+    steps = [(s, {"iface": s_if, "address": f"{src4}/{plen}"})]
+    if tb_no == 1:
+        steps += [(t, {"iface": t_if, "address": f"{dst4}/{plen}"})]
+    else:  # the tap host bridges its two test interfaces; the receiver holds the address
+        steps += [
+            (t, {"iface": t_if}),
+            (t, {"iface": t_out}),
+            (t, {"bridge": HOSTS_BRIDGE, "ports": [t_if, t_out]}),
+            (r, {"iface": r_if, "address": f"{dst4}/{plen}"}),
+        ]
+    steps += [(t, {"iface": t_mon}), (m, {"iface": m_if, "promisc": True})]
+    for host, item in steps:
         prepare.setdefault(host.name, []).append(item)
     sweep = hosts_bench.Sweep(
         NAME, runs, make_row, duration, meta={"csv_name": "vtap_throughput", "facts": report.facts}
     )
     params = {
-        "testbeds": [1],
+        "testbeds": [tb_no],
         "sizes": sizes,
         "mirrors": list(mirrors),
         "trials": trials,
@@ -340,6 +367,8 @@ def run_hosts(
     }
     bar = common.Progress(len(runs)) if progress else None
     role_hosts = {"sender": s.name, "tap": t.name, "monitor": m.name}
+    if tb_no == 2:
+        role_hosts["receiver"] = r.name
     rows, path, failure = hosts_bench.run_sweep(hosts, sweep, role_hosts, prepare, out, params, bar)
     return (
         common.columns_first(rows, COLUMNS + ["place", "sender_host", "tap_host", "receiver_host", "monitor_host"]),
@@ -350,6 +379,27 @@ def run_hosts(
 
 class HostsRunError(ValueError):
     pass
+
+
+HOSTS_BRIDGE = "vtl-br0"  # the bridge a Testbed 2 tap host gets (lab.hosts.local: made, recorded, deleted)
+
+
+def hosts_testbed(s, t, r, m) -> int:
+    """The testbed an inventory's roles make: 1 when the tap host is the receiver, 2
+    when it bridges (lab_out_iface) to a receiver of its own; else InventoryError."""
+    from lab.hosts.inventory import InventoryError  # noqa: PLC0415
+
+    if r.name == t.name:
+        return 1
+    if not t.iface("tap", "out"):
+        raise InventoryError(
+            f"receiver {r.name} is not the tap host {t.name}, which has no lab_out_iface: Testbed 2's tap bridges "
+            f"its lab_iface to the receiver through lab_out_iface; fix: lab_out_iface on {t.name} (or the tap host "
+            "as the receiver: Testbed 1)"
+        )
+    if len({s.name, t.name, r.name, m.name}) < 4:
+        raise InventoryError("Testbed 2 takes four hosts (sender, tap, receiver, monitor); fix: a host each")
+    return 2
 
 
 def row(tb_no, mirror, size, trial, m, dut_cpu, rate_pps=None):
@@ -443,10 +493,21 @@ def run(
     inventory: an Ansible inventory's path: the sweep on the hosts it names (Testbed 1;
     run_hosts()), which raises after writing what it measured when a host failed."""
     if inventory is not None:
-        if list(testbed_nos) != [1]:
-            raise ValueError("--testbed with -i: 1 only (the tap host is the receiver); Testbed 2 is still to come")
+        if testbed_nos is not None and len(testbed_nos) != 1:
+            raise ValueError("--testbed with -i: one testbed, the inventory's (1 or 2)")
         df, path, failure = run_hosts(
-            inventory, sizes, mirrors, trials, duration, generator, flows, cpus, out, rate_pps, progress
+            inventory,
+            sizes,
+            mirrors,
+            trials,
+            duration,
+            generator,
+            flows,
+            cpus,
+            out,
+            rate_pps,
+            progress,
+            testbed=testbed_nos[0] if testbed_nos else None,
         )
         if failure:
             raise LabError(

@@ -10,7 +10,8 @@ Each takes the run's spec and the runner's signals, and returns its result (JSON
     sender    opens the generator (its program compiled), says ready, waits for go,
               sends for the run's seconds, returns the send report
     tap       the DUT: its sink and NAPI thread, the mirror attached and measured
-              from ready to stop (CPU, the mirror's counters, arrivals), detached
+              from ready to stop (CPU, the mirror's counters, arrivals), detached;
+              in Testbed 2 its bridge (made at prepare) forwards to the receiver
     receiver, monitor   a counting sink from ready to stop
 """
 
@@ -73,8 +74,8 @@ def tap(spec, signals):
         spec["iface"],
         spec["dut_cpu"],
         spec["gen_cpu"],
-        [spec["monitor_iface"]],
-        spec["port"] if spec.get("receiver_here") else None,
+        [spec["monitor_iface"], *([spec["out_iface"]] if spec.get("out_iface") else [])],
+        spec["port"] if spec.get("receiver_here") else None,  # Testbed 2: its bridge forwards them on
         match=match,
         window=True,  # the tap's own window: its sink's first and last frame, nothing polled
         cpu_interval=0.1,  # /proc/stat every 0.1 s: the CPU over that window, within 0.1 s each side

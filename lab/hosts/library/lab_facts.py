@@ -13,6 +13,7 @@ family, Linux 6.3+), never by attaching a program: a trial attach resets the lin
 on some drivers (mlx5, ixgbe), which a host in a rack must not see from a check.
 """
 
+import glob
 import json
 import os
 import re
@@ -273,6 +274,52 @@ def _lab(lab_dir):
     }
 
 
+# What a bench's figures depend on, from Debian: BCC and its compiler, libbpf, the
+# plumbing, the generators and the peers (a record says which versions measured it)
+DEBIAN_PACKAGES = (
+    "python3-bpfcc",
+    "libbpf1",
+    "libclang-cpp14",
+    "iproute2",
+    "ethtool",
+    "nftables",
+    "netsniff-ng",
+    "iperf3",
+    "openvswitch-switch",
+    "suricata",
+)
+
+
+def parse_dpkg_query(text):
+    """`dpkg-query -W -f '${Package} ${db:Status-Abbrev} ${Version}\\n'` as
+    {package: version}; a package known but not installed (status other than ii) is None."""
+    out = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            out[fields[0]] = fields[2] if fields[1] == "ii" else None
+    return out
+
+
+def _packages(lab_dir):
+    """Versions: the Debian packages above (None: not installed) and every Python
+    distribution in the lab's virtual environment (its *.dist-info names, nothing run)."""
+    listed = ""
+    if shutil.which("dpkg-query"):  # (exit 1 when any is unknown to dpkg; the others are still listed)
+        fmt = "${Package} ${db:Status-Abbrev} ${Version}\n"
+        listed = subprocess.run(
+            ["dpkg-query", "-W", "-f", fmt, *DEBIAN_PACKAGES], capture_output=True, text=True
+        ).stdout
+    debian = parse_dpkg_query(listed)
+    python = {}
+    for site in glob.glob(os.path.join(lab_dir, ".venv/lib/python3*/site-packages")):
+        for entry in os.listdir(site):
+            if entry.endswith(".dist-info") and "-" in entry:
+                name, version = entry[: -len(".dist-info")].rsplit("-", 1)
+                python[name.lower().replace("_", "-")] = version
+    return {"debian": {p: debian.get(p) for p in DEBIAN_PACKAGES}, "python": dict(sorted(python.items()))}
+
+
 def _management():
     """The address and interface this ssh connection came in on (SSH_CONNECTION:
     client, client port, server address, server port)."""
@@ -308,6 +355,7 @@ def gather(lab_dir, ifaces, management_addrs=()):
         ),
         "management": {"addresses": seen, "ifaces": mgmt_ifaces},
         "lab": _lab(lab_dir),
+        "packages": _packages(lab_dir),
         "ifaces": {name: interface(name, addresses, ruleset) for name in ifaces},
     }
 

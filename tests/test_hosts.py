@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from lab import netns
+from lab.fastpaths.vtap import bench as vtap_bench
 from lab.hosts.check import judge
 from lab.hosts.inventory import Host
 from lab.hosts.library import lab_facts
@@ -303,6 +304,8 @@ def test_the_bench_on_hosts_counts_every_frame_where_it_goes_and_puts_every_inte
     assert set(meta["hosts"]["facts"]) == {"alpha", "beta", "gamma"}
     assert meta["hosts"]["roles"] == {"sender": "alpha", "tap": "beta", "monitor": "gamma"}
     assert meta["hosts"]["failure"] is None and len(meta["hosts"]["orchestration"]["runs"]) == 3
+    ceiling = meta["parameters"]["generator_ceiling"]  # veths: no line rate to hold the rate to
+    assert ceiling["driver"] == "veth" and ceiling["line_rate_pps"] == {"64": None}
     # every interface as it was: addresses, promiscuous mode, no XDP program; no record left
     for (h, i), was in before.items():
         assert link(rack, h, i) == was, (h, i)
@@ -476,3 +479,13 @@ def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_i
     df = pd.read_csv(csv)
     assert len(df) == int(failure["run"]) and (df["receiver_packets"] == df["sent_packets"]).all()
     _clean(rack, rack.names)  # gamma too: its runner died, the host did not
+
+
+def test_the_generators_ceiling_is_the_line_rate_of_a_real_nic_and_none_on_a_veth():
+    nic = {"ethtool": {"driver": "mlx5_core"}, "speed_mbps": 100000, "xdp_features": ["basic", "ndo-xmit"]}
+    said = vtap_bench.generator_ceiling("xdp", nic, [64, 1518])
+    # 100 Gbit/s over (64 + 20) and (1518 + 20) bytes on the wire
+    assert round(said["line_rate_pps"][64]) == 148_809_524 and round(said["line_rate_pps"][1518]) == 8_127_438
+    assert said["ndo_xdp_xmit"] and said["speed_mbps"] == 100000
+    veth = {"ethtool": {"driver": "veth"}, "speed_mbps": 10000, "xdp_features": []}  # nominal speed
+    assert vtap_bench.generator_ceiling("trafgen", veth, [64])["line_rate_pps"] == {64: None}

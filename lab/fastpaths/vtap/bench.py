@@ -252,6 +252,14 @@ def run_hosts(
     report = hosts.check(NAME, generator=generator, allow_dirty=allow_dirty)
     if not report.ok:
         raise InventoryError("the hosts are not ready (nothing was started): " + " | ".join(report.problems()))
+    ceiling = generator_ceiling(generator, report.facts[s.name]["ifaces"][s.iface("sender")], sizes)
+    for size, pps in ceiling["line_rate_pps"].items():
+        if rate_pps and pps and rate_pps > pps:
+            raise InventoryError(
+                f"--rate {rate_pps:g}: above {s.name}'s line rate for {size} B frames ({pps:,.0f} frames/s at "
+                f"{ceiling['speed_mbps']} Mbit/s); fix: --rate {int(pps)} or less, or no --rate (the "
+                "generator's ceiling)"
+            )
     s_if, t_if, t_mon, m_if = s.iface("sender"), t.iface("tap"), t.iface("tap", "monitor"), m.iface("monitor")
     t_out = t.iface("tap", "out") if tb_no == 2 else None
     r_if = r.iface("receiver") if tb_no == 2 else t_if
@@ -364,6 +372,7 @@ def run_hosts(
         "dut_cpu": dut_cpu,
         "rate_pps": rate_pps,
         "inventory": str(inv.path),
+        "generator_ceiling": ceiling,
     }
     bar = common.Progress(len(runs)) if progress else None
     role_hosts = {"sender": s.name, "tap": t.name, "monitor": m.name}
@@ -379,6 +388,32 @@ def run_hosts(
 
 class HostsRunError(ValueError):
     pass
+
+
+WIRE_OVERHEAD = 20  # bytes each frame takes on the wire beyond its size with FCS: preamble, SFD, gap
+
+
+def generator_ceiling(generator, iface, sizes) -> dict:
+    """What bounds the sender's rate on its NIC: the generator (the XDP generator's live
+    frames go out through the driver's ndo_xdp_xmit, which check requires; trafgen sends
+    through the stack's packet socket, slower per frame), and the line rate per frame
+    size at the link's speed (none for a veth, whose reported speed is nominal)."""
+    driver = (iface.get("ethtool") or {}).get("driver")
+    speed = iface.get("speed_mbps") if driver != "veth" else None
+    speed = speed if speed and speed > 0 else None
+    line = {size: (speed * 1e6 / ((size + WIRE_OVERHEAD) * 8) if speed else None) for size in sizes}
+    how = {
+        "xdp": "the XDP generator: live frames through the driver's ndo_xdp_xmit",
+        "trafgen": "trafgen: a packet socket's ring through the stack's transmit path",
+    }.get(generator, generator)
+    return {
+        "generator": generator,
+        "how": how,
+        "driver": driver,
+        "ndo_xdp_xmit": "ndo-xmit" in iface.get("xdp_features", []),
+        "speed_mbps": speed,
+        "line_rate_pps": line,
+    }
 
 
 HOSTS_BRIDGE = "vtl-br0"  # the bridge a Testbed 2 tap host gets (lab.hosts.local: made, recorded, deleted)

@@ -103,8 +103,13 @@ def judge(host: Host, facts: dict, ifaces: dict, tree: str, bench=None, generato
                 "fix: name a test interface that is not the management one"
             )
             continue
-        if not i.get("up"):
-            p.append(f"interface {what} is down; fix: ip link set dev {name} up (on {host.name})")
+        if not i.get("up"):  # not a problem: prepare brings it up (recorded first) and cleanup down again
+            a.append(f"interface {what} is down: a bench brings it up for its runs and down again after")
+        elif i.get("operstate") == "down":  # up, and no carrier: nothing would arrive
+            p.append(
+                f"interface {what} is up but has no link (no carrier); fix: its cable or the far end's interface "
+                f"(ip link show {name} on {host.name}, and on the host it is cabled to)"
+            )
         roles_here = {k for k in keys if ":" not in k}
         driver = i.get("ethtool", {}).get("driver")
         for need in sorted({NEEDS_XDP.get(bench or "", {}).get(r) for r in roles_here} - {None}):

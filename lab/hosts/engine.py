@@ -54,7 +54,11 @@ def environment() -> dict:
             f"-o ServerAliveCountMax={ALIVE_COUNT} -o BatchMode=yes"
         ),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": _control_dir(),
-        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        # Debian's own Python, where the lab's set-up puts everything (bcc is Debian's):
+        # discovery takes the first python3.X on the login PATH, and a pyenv shim there
+        # ("pyenv: python3.13: command not found") fails every module. An inventory's
+        # ansible_python_interpreter still wins.
+        "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",

@@ -265,7 +265,6 @@ class NamespaceHosts:
                     "ansible_user": "root",
                     "ansible_ssh_private_key_file": str(self.key),
                     "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} -o IdentitiesOnly=yes",
-                    "ansible_python_interpreter": "/usr/bin/python3",
                     **(extra_vars or {}),
                 },
                 "hosts": {n: {**self.host_vars(n), **(host_vars or {}).get(n, {})} for n in self.names},

@@ -90,7 +90,14 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
         "kernel": "5.15.0-100-generic",
         "btf": True,
         "bpf_jit": 1,
-        "lab": {"dir": "/opt/vtap-lab", "present": True, "commit": "a" * 40, "setup": "a" * 40, "python": True},
+        "lab": {
+            "dir": "/opt/vtap-lab",
+            "present": True,
+            "commit": "a" * 40,
+            "setup": "a" * 40,
+            "python": True,
+            "held_by": {"bench": "20261128T204658Z-1f2e", "controller": "ctl", "pid": 4242, "since": "2026-11-28"},
+        },
         "management": {"addresses": ["10.0.0.12"], "ifaces": ["eno1"]},
         "ifaces": {
             "eno1": {"present": True, "up": True, "xdp_features": ["basic"], "xdp_features_known": True},
@@ -121,7 +128,8 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     assert "eno1 (tap:monitor) holds the address Ansible reaches" in text
     assert "(r8169) has no native XDP" in text
     assert "ens9 (receiver) is missing" in text
-    assert len(v.problems) == 7, v.problems
+    assert "in use by bench 20261128T204658Z-1f2e (from ctl, pid 4242" in text and "hosts cleanup" in text
+    assert len(v.problems) == 8, v.problems
     # down is no problem: prepare brings it up and cleanup down again (its record says so)
     assert any("ens1 (tap) is down: a bench brings it up" in a for a in v.advice)
     assert any("irqbalance" in a for a in v.advice) and any("pause frames" in a for a in v.advice)

@@ -17,7 +17,9 @@
 
 import ipaddress
 import json
+import os
 import secrets
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -113,7 +115,10 @@ def _raw(name, args, timeout):
     }
 
 
-def prepare_play(items_by_host):
+def prepare_play(items_by_host, owner=None):
+    """Each host taken for this bench (`owner`: refused where another bench holds it),
+    its interfaces recorded and prepared (lab.hosts.local prepare)."""
+    held = ["--owner", json.dumps(owner)] if owner else []
     return {
         "name": "prepare",
         "hosts": ",".join(items_by_host),
@@ -124,7 +129,14 @@ def prepare_play(items_by_host):
             {
                 "name": "interfaces recorded and prepared",
                 "command": {
-                    "argv": [_python(LAB), "-m", "lab.hosts.local", "prepare", "{{ items[inventory_hostname] }}"],
+                    "argv": [
+                        _python(LAB),
+                        "-m",
+                        "lab.hosts.local",
+                        "prepare",
+                        "{{ items[inventory_hostname] }}",
+                        *held,
+                    ],
                     "chdir": LAB,
                 },
                 "environment": ENV,
@@ -219,7 +231,13 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
 
     try:
         t0 = time.monotonic()
-        r = engine.run_plays(inv.path, names, [prepare_play(prepare_items)], "prepare", timeout=600)
+        owner = {
+            "bench": bench_id,
+            "controller": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        r = engine.run_plays(inv.path, names, [prepare_play(prepare_items, owner)], "prepare", timeout=600)
         hosts.last_artifacts = r.artifacts
         timing["prepare_s"] = round(time.monotonic() - t0, 3)
         if not r.ok:
@@ -242,7 +260,7 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        cleaned = _cleanup(hosts, names)
+        cleaned = _cleanup(hosts, names, bench_id)
         if failure is not None or interrupted or path is None:
             if interrupted and failure is None:
                 failure = {"run": None, "host": None, "task": "interrupted", "error": "Ctrl-C"}
@@ -271,11 +289,12 @@ def _runner_error(res):
     return None
 
 
-def _cleanup(hosts, names) -> dict:
-    """Every reachable host's runners stopped and interfaces put back; {host: what, or why not}."""
+def _cleanup(hosts, names, bench_id) -> dict:
+    """Every reachable host this bench holds: its runners stopped and interfaces put back
+    (a host another bench holds is left to it); {host: what, or why not}."""
     task = {
         "name": "lab cleanup",
-        "command": {"argv": [_python(LAB), "-m", "lab.hosts.local", "cleanup"], "chdir": LAB},
+        "command": {"argv": [_python(LAB), "-m", "lab.hosts.local", "cleanup", "--bench", bench_id], "chdir": LAB},
         "environment": ENV,
         "timeout": 60,
     }

@@ -86,6 +86,13 @@ def judge(host: Host, facts: dict, ifaces: dict, tree: str, bench=None, generato
         )
     elif lab.get("setup") != tree or not lab.get("python"):
         p.append(f"the lab in {lab.get('dir')} is not set up (scripts/setup.sh has not finished there); fix: {setup}")
+    held = lab.get("held_by")
+    if held:
+        p.append(
+            f"in use by bench {held.get('bench')} (from {held.get('controller')}, pid {held.get('pid')}, since "
+            f"{held.get('since')}); fix: wait for it to end, or `python -m lab hosts cleanup -i {inventory}` if it "
+            "is gone"
+        )
     mgmt = set(facts.get("management", {}).get("ifaces", []))
     uses = {}  # iface -> the roles (and purposes) it serves here: one line per interface
     for key, name in sorted(ifaces.items()):

@@ -18,6 +18,7 @@ threaded NAPI, and the per-interface sysctls the lab sets.
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,34 @@ def restore_all() -> list[str]:
 
 
 RUNS = STATE / "runs"  # each bench run's runners' directories (lab.hosts.runner)
+OWNER = STATE / "owner.json"  # the bench that holds this host now, from its prepare to its cleanup
+KEEP_BENCHES = 20  # bench directories kept in RUNS (their runners' logs and results)
+
+
+def take(owner) -> None:
+    """This host held for one bench (owner: its id, controller, pid, start); another
+    bench's prepare is refused until its cleanup (or `hosts cleanup`) lets go. Made
+    with O_EXCL: two prepares at one moment, one wins."""
+    STATE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        held = _owner()
+        if held.get("bench") == owner.get("bench"):
+            return
+        raise LabHostError(
+            f"in use by bench {held.get('bench')} (from {held.get('controller')}, pid {held.get('pid')}, since "
+            f"{held.get('since')}); fix: wait for it to end, or `python -m lab hosts cleanup -i FILE` if it is gone"
+        ) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(owner) + "\n")
+
+
+def _owner() -> dict:
+    try:
+        return json.loads(OWNER.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def prepare(items) -> list[str]:
@@ -304,28 +333,42 @@ def _alive(pid) -> bool:
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def cleanup() -> list[str]:
+def cleanup(bench=None) -> list[str]:
     """This host's lab cleanup: its runners stopped, every lab run here (its own
-    prefix's, live or not: the controller asked), then every interface back as it was."""
+    prefix's, live or not: the controller asked), then every interface back as it was.
+    bench: a bench's own cleanup, which leaves a host another bench holds alone (its
+    prepare was refused there); without it (`hosts cleanup`), whoever holds the host."""
     from lab.cleanup import cleanup as lab_cleanup  # noqa: PLC0415 -- every fast path's modules: for cleanup only
 
-    return [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]
+    held = _owner().get("bench")
+    if bench and held and held != bench:
+        return [f"held by bench {held}: left alone"]
+    done = [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]
+    # free again (what could not be put back stays in the record, which the next bench's
+    # prepare keeps as the host's state before the lab, and a later cleanup retries)
+    OWNER.unlink(missing_ok=True)
+    old = sorted(RUNS.iterdir(), key=lambda d: d.stat().st_mtime) if RUNS.exists() else []
+    for d in old[:-KEEP_BENCHES]:
+        shutil.rmtree(d, ignore_errors=True)
+    return done
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["prepare"] and len(argv) == 2:
+    if argv[:1] == ["prepare"] and len(argv) in (2, 4) and argv[2:3] in ([], ["--owner"]):
         try:
+            if len(argv) == 4:
+                take(json.loads(argv[3]))
             for line in prepare(json.loads(argv[1])):
                 print(line)
         except LabHostError as e:
             print(f"lab: error: {e}", file=sys.stderr)
             return 1
         return 0
-    if argv != ["cleanup"]:
-        print("usage: python -m lab.hosts.local cleanup | prepare JSON", file=sys.stderr)
+    if argv[:1] != ["cleanup"] or argv[1:] not in ([], ["--bench", *argv[2:3]]) or len(argv) == 2:
+        print("usage: python -m lab.hosts.local cleanup [--bench ID] | prepare JSON [--owner JSON]", file=sys.stderr)
         return 2
-    for line in cleanup():
+    for line in cleanup(argv[2] if len(argv) == 3 else None):
         print(line)
     return 0
 

@@ -271,7 +271,15 @@ def _lab(lab_dir):
         "commit": stamp.strip() if stamp else None,
         "setup": setup.strip() if setup else None,  # the commit whose set-up last succeeded here
         "python": os.access(os.path.join(lab_dir, ".venv/bin/python"), os.X_OK),
+        "held_by": _json(_read(os.path.join(lab_dir, ".lab-state/owner.json"))),  # a bench under way (lab.hosts.local)
     }
+
+
+def _json(text):
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 # What a bench's figures depend on, from Debian: BCC and its compiler, libbpf, the

@@ -65,7 +65,13 @@ def snapshot(ifname) -> dict:
         if not idx:
             raise LookupError(f"no interface {ifname} on this host")
         link = ip.get_links(idx[0])[0]
-        addrs = [f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}" for a in ip.get_addr(index=idx[0])]
+        # link-local IPv6 addresses are the kernel's, made when the link comes up and gone
+        # when it goes down: not the lab's to add or remove
+        addrs = [
+            f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}"
+            for a in ip.get_addr(index=idx[0])
+            if not a.get_attr("IFA_ADDRESS").lower().startswith("fe80:")
+        ]
         qdiscs = [q.get_attr("TCA_KIND") for q in ip.get_qdiscs(index=idx[0])]
         master = link.get_attr("IFLA_MASTER")
         master = ip.get_links(master)[0].get_attr("IFLA_IFNAME") if master else None

@@ -286,6 +286,23 @@ def test_an_inventory_that_does_not_fit_the_bench_is_refused_before_any_host_is_
     assert p.returncode == 1 and said in p.stderr, p.stderr
 
 
+# What a sender's veth may refuse at 20 kpps, as a share of what was sent: its ring holds
+# 12.8 ms, and the suite's other workers take the tap's core for longer now and then (as
+# tests/test_bench_and_notebook.py says). What the lab answers for is the identity: every
+# frame the link took is counted at the tap and the receiver, and every watched one at the
+# monitor, exactly.
+SENDER_DROP_SHARE = 0.5
+
+
+def assert_every_frame_counted(df, copies):
+    """copies: {mirror: copies per frame at the monitor} (0 for none)."""
+    took = df["sent_packets"] - df["sender_dropped"]
+    assert (df["sender_dropped"] <= SENDER_DROP_SHARE * df["sent_packets"]).all(), df["sender_dropped"]
+    assert (df["dut_packets"] == took).all(), (df["dut_packets"], took)
+    assert (df["receiver_packets"] == took).all(), (df["receiver_packets"], took)
+    assert (df["monitor_packets"] == took * df["mirror"].map(copies)).all(), (df["monitor_packets"], took)
+
+
 def bench(rack, out, *extra, inventory=None, **kw):
     args = ["bench", "vtap-throughput", "--sizes", "64", "--duration", "1", "--rate", "20000", "--out", str(out)]
     return lab(rack, *args, *extra, inventory=inventory, **kw)
@@ -301,14 +318,16 @@ def test_the_bench_on_hosts_counts_every_frame_where_it_goes_and_puts_every_inte
     df = pd.read_csv(csv)
     assert sorted(df["mirror"]) == ["ebpf", "none", "tc-mirred"]
     assert (df["sent_packets"] == 20000).all()
-    # every frame sent arrived at the tap (the receiver), every watched one at the monitor, none for `none`
-    assert (df["dut_packets"] == df["sent_packets"]).all()
-    assert (df["receiver_packets"] == df["sent_packets"]).all()
-    copies = df.set_index("mirror")["monitor_packets"]
-    assert copies["none"] == 0 and copies["ebpf"] == 20000 and copies["tc-mirred"] == 20000
+    # every frame the sender's link took arrived at the tap (the receiver), every watched one
+    # at the monitor, none for `none`
+    assert_every_frame_counted(df, {"none": 0, "ebpf": 1, "tc-mirred": 1})
     assert (df["sender_host"] == "alpha").all() and (df["tap_host"] == "beta").all()
     assert (df["monitor_host"] == "gamma").all() and (df["place"] == "hosts").all()
     assert df["receiver_pps"].between(15000, 25000).all(), df["receiver_pps"]
+    # each host's CPU over its own window (here all four are this machine's two cores)
+    for role in ("sender", "tap", "receiver", "monitor"):
+        assert df[f"{role}_host_busy_pct"].between(0.01, 100).all(), df[f"{role}_host_busy_pct"]
+    assert (df["receiver_host_busy_pct"] == df["tap_host_busy_pct"]).all()  # Testbed 1: one host, one window
     meta = json.loads(csv.with_suffix(".json").read_text())
     assert set(meta["hosts"]["facts"]) == {"alpha", "beta", "gamma"}
     assert meta["hosts"]["roles"] == {"sender": "alpha", "tap": "beta", "monitor": "gamma"}
@@ -333,9 +352,7 @@ def test_testbed2_on_hosts_bridges_at_the_tap_counts_at_the_receiver_and_takes_i
     assert (df["testbed"] == 2).all() and (df["receiver_host"] == "delta").all()
     # every frame through beta's bridge to delta, counted at both; the copies at gamma
     assert (df["sent_packets"] == 20000).all()
-    assert (df["dut_packets"] == df["sent_packets"]).all() and (df["receiver_packets"] == df["sent_packets"]).all()
-    copies = df.set_index("mirror")["monitor_packets"]
-    assert copies["none"] == 0 and copies["ebpf"] == 20000
+    assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
     assert json.loads(csv.with_suffix(".json").read_text())["hosts"]["roles"]["receiver"] == "delta"
     for (h, i), was in before.items():
         assert link(rack, h, i) == was, (h, i)
@@ -424,17 +441,29 @@ def _clean(rack, hosts):
         assert not link(rack, name, "eth1")["xdp"] and not link(rack, name, "eth1")["addrs"], name
 
 
-def test_ctrl_c_stops_the_bench_keeps_its_rows_and_cleans_every_host(rack, tmp_path):
+def test_a_second_bench_is_refused_and_ctrl_c_stops_the_first_keeps_its_rows_and_cleans_every_host(rack, tmp_path):
     proc = _start_bench(rack, tmp_path, trials=10)
     csv = _wait_for_rows(tmp_path, 1, proc)
+    # the hosts are held by that bench: a second one is refused before it starts anything...
+    held = json.loads((rack.lab_dir("beta") / ".lab-state/owner.json").read_text())
+    p = bench(rack, tmp_path / "second", "--peers", "ebpf", "--trials", "1")
+    assert p.returncode == 1 and "nothing was started" in p.stderr, p.stderr
+    assert f"beta: in use by bench {held['bench']}" in p.stderr, p.stderr
+    # ...and a cleanup in another bench's name (one whose prepare lost a race) leaves it alone
+    argv = [str(rack.disk / "lab/.venv/bin/python"), "-m", "lab.hosts.local", "cleanup", "--bench", "another"]
+    q = on_host(rack, "beta", argv, cwd=rack.disk / "lab", env={**os.environ, **rack.host_vars("beta")["lab_env"]})
+    assert q.returncode == 0 and q.stdout.strip() == f"held by bench {held['bench']}: left alone", q.stdout + q.stderr
+    _wait_for_rows(tmp_path, 3, proc)  # the first bench measures on, untouched
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     df = pd.read_csv(csv)
-    assert 1 <= len(df) < 20 and (df["receiver_packets"] == df["sent_packets"]).all()
+    assert 3 <= len(df) < 20
+    assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
     meta = json.loads(csv.with_suffix(".json").read_text())
     assert meta["hosts"]["failure"]["task"] == "interrupted"
     _clean(rack, rack.names)
+    assert not (rack.lab_dir("beta") / ".lab-state/owner.json").exists()  # let go
 
 
 def test_a_host_lost_mid_bench_stops_it_names_it_and_the_others_are_cleaned(rack, tmp_path):
@@ -450,7 +479,8 @@ def test_a_host_lost_mid_bench_stops_it_names_it_and_the_others_are_cleaned(rack
         # within one run's bound: its start margin, its length and the ssh timeouts
         assert took < 120 + 1 + 30, took
         df = pd.read_csv(csv)
-        assert len(df) >= 1 and (df["receiver_packets"] == df["sent_packets"]).all()
+        assert len(df) >= 1
+        assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
         meta = json.loads(csv.with_suffix(".json").read_text())
         failure = meta["hosts"]["failure"]
         assert failure["host"] == "gamma" and failure["run"] is not None
@@ -486,7 +516,8 @@ def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_i
     failure = meta["hosts"]["failure"]
     assert failure["host"] == "gamma" and failure["run"] == killed.name.split("-")[0], failure
     df = pd.read_csv(csv)
-    assert len(df) == int(failure["run"]) and (df["receiver_packets"] == df["sent_packets"]).all()
+    assert len(df) == int(failure["run"])
+    assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
     _clean(rack, rack.names)  # gamma too: its runner died, the host did not
 
 
@@ -498,3 +529,60 @@ def test_the_generators_ceiling_is_the_line_rate_of_a_real_nic_and_none_on_a_vet
     assert said["ndo_xdp_xmit"] and said["speed_mbps"] == 100000
     veth = {"ethtool": {"driver": "veth"}, "speed_mbps": 10000, "xdp_features": []}  # nominal speed
     assert vtap_bench.generator_ceiling("trafgen", veth, [64])["line_rate_pps"] == {64: None}
+
+
+# --- notebook 07: a hosts run beside the namespaces' and the paper's -----------------------
+NOTEBOOK = ROOT / "notebooks" / "07_hosts.ipynb"
+FIGURES = ["hosts_cpu.png", "hosts_monitor_pps.png", "hosts_orchestration.png", "hosts_receiver_pps.png"]
+# the notebook run as Jupyter runs it, in the controller's namespace (where Ansible reaches the hosts)
+EXECUTE = """import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+client = NotebookClient(nb, timeout=600, kernel_name=nb.metadata.kernelspec.name,
+                        resources={"metadata": {"path": sys.argv[3]}})
+try:
+    client.execute()
+finally:
+    nbformat.write(nb, sys.argv[2])
+"""
+
+
+def test_notebook07_runs_the_bench_on_the_hosts_through_the_python_api(rack, tmp_path):
+    env = {
+        "VTL_INVENTORY": str(rack.inventory),
+        "VTL_SIZES": "64",
+        "VTL_MIRRORS": "none,ebpf",
+        "VTL_TRIALS": "1",
+        "VTL_DURATION": "1",
+        "VTL_RATE": "20000",
+        "VTL_OUT": str(tmp_path / "results"),
+        "VTL_FIGURES": str(tmp_path / "figures"),
+    }
+    executed = tmp_path / "executed.ipynb"
+    p = rack.run_controller(
+        [PY, "-c", EXECUTE, str(NOTEBOOK), str(executed), str(ROOT)], env={**os.environ, **env}, timeout=600
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    from helpers import assert_every_figure_shown_once, read_notebook  # noqa: PLC0415 -- nbformat: 3 s of import
+
+    assert_every_figure_shown_once(read_notebook(executed), FIGURES)
+    assert sorted(f.name for f in (tmp_path / "figures").glob("*.png")) == FIGURES
+    (csv,) = (tmp_path / "results").glob("vtap_throughput-*.csv")
+    df = pd.read_csv(csv)
+    assert (df["sent_packets"] == 20000).all()
+    assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
+    _clean(rack, rack.names)
+
+
+def test_notebook07_on_the_reference_runs_shows_every_figure(tmp_path):
+    from helpers import assert_every_figure_shown_once, execute_notebook  # noqa: PLC0415
+
+    nb = execute_notebook(NOTEBOOK, {"VTL_FIGURES": str(tmp_path)})
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == FIGURES
+    assert_every_figure_shown_once(nb, FIGURES)
+
+
+def test_committed_notebook07_holds_its_figures():
+    from helpers import assert_every_figure_shown_once, read_notebook  # noqa: PLC0415
+
+    assert_every_figure_shown_once(read_notebook(NOTEBOOK), FIGURES)

@@ -341,6 +341,15 @@ def run_hosts(
             receiver_window_s=at_receiver["window_s"],
             monitor_window_s=results["monitor"]["window_s"],
         )
+        # each host's CPU over its own window, percent of all its cores (lab.fastpaths.vtap.hosts)
+        for role, said in (
+            ("sender", results["sender"]),
+            ("tap", results["tap"]),
+            ("receiver", at_receiver),
+            ("monitor", results["monitor"]),
+        ):
+            for k, v in (said.get("host_cpu") or {}).items():
+                out_row[f"{role}_host_{k}"] = v
         return out_row
 
     prepare = {}
@@ -525,7 +534,7 @@ def run(
     inventory=None,
 ):
     """The sweep; returns (DataFrame, CSV path). Small arguments make it a smoke test.
-    inventory: an Ansible inventory's path: the sweep on the hosts it names (Testbed 1;
+    inventory: an Ansible inventory's path: the sweep on the hosts it names (Testbed 1 or 2;
     run_hosts()), which raises after writing what it measured when a host failed."""
     if inventory is not None:
         if testbed_nos is not None and len(testbed_nos) != 1:

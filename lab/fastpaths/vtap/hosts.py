@@ -13,12 +13,16 @@ Each takes the run's spec and the runner's signals, and returns its result (JSON
               from ready to stop (CPU, the mirror's counters, arrivals), detached;
               in Testbed 2 its bridge (made at prepare) forwards to the receiver
     receiver, monitor   a counting sink from ready to stop
+
+Each also returns its host's CPU over its own window (`host_cpu`: busy, sys and soft
+percent of all the host's cores), the bench's CPU per host.
 """
 
 import os
 import socket
 
 from lab.bench import common
+from lab.metrics import CpuSampler
 from lab.rig import Rig
 from lab.traffic import GENERATORS
 
@@ -38,15 +42,17 @@ def sender(spec, signals):
             return {"report": None}
         # bounded twice: by the run's seconds, and by what is left of the runner's own deadline
         seconds = min(float(spec["duration"]), max(0.1, signals.seconds_left() - 2))
-        rep = gen.send(seconds=seconds, rate_pps=spec.get("rate_pps"))
+        with CpuSampler(interval=0.1) as cpu:  # the host's CPU while it sends
+            rep = gen.send(seconds=seconds, rate_pps=spec.get("rate_pps"))
         return {
+            "host_cpu": host_cpu(cpu),
             "report": {
                 "packets": rep.packets,
                 "bytes": rep.bytes,
                 "seconds": rep.seconds,
                 "generator": rep.generator,
                 "dropped": rep.dropped,
-            }
+            },
         }
     finally:
         gen.close()
@@ -99,6 +105,7 @@ def tap(spec, signals):
             "counts": measured["counts"],
             "mirrored": measured["mirrored"],
             "cpu": cpu.summary().reset_index().to_dict("records"),
+            "host_cpu": host_cpu(cpu),  # (already within the sink's window)
             "window_s": dut_counts["window_s"],
         }
     finally:
@@ -112,12 +119,23 @@ def counting(spec, signals):
     side = CountingSide("drop", None, spec["iface"], (spec["src4"], spec["port"]), window=True).open()
     try:
         side.reset()
-        signals.ready()
-        signals.wait("stop")
+        with CpuSampler(interval=0.1) as cpu:
+            signals.ready()
+            signals.wait("stop")
         counted = side.counters()
-        return {"counts": {spec["role"]: counted}, "window_s": counted["window_s"]}
+        if counted["first_s"] is not None:
+            cpu = cpu.within(counted["first_s"], counted["last_s"])
+        return {"counts": {spec["role"]: counted}, "window_s": counted["window_s"], "host_cpu": host_cpu(cpu)}
     finally:
         side.close()
+
+
+def host_cpu(cpu) -> dict:
+    """The whole host's CPU over a sampler's window, as percent of all its cores (on
+    namespaces as hosts, the machine's: every host shares its cores)."""
+    s = cpu.summary().loc["all"]
+    busy = 100.0 - float(s["idle"]) - float(s["iowait"])
+    return {"busy_pct": round(busy, 2), "sys_pct": round(float(s["sys"]), 2), "soft_pct": round(float(s["soft"]), 2)}
 
 
 ROLES = {"sender": sender, "tap": tap, "receiver": counting, "monitor": counting}

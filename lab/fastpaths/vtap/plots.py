@@ -277,3 +277,96 @@ def xdp_targets(df: pd.DataFrame) -> pd.DataFrame:
         met = got >= want if op == ">=" else got <= want
         rows.append({"target": what, "wanted": f"{op} {want:g}", "measured": round(float(got), 3), "met": bool(met)})
     return pd.DataFrame(rows)
+
+
+# --- on hosts (notebook 07) ---------------------------------------------------------------------
+PLACES = ("namespaces", "hosts")
+
+
+def by_place(hosts: pd.DataFrame, namespaces: pd.DataFrame) -> pd.DataFrame:
+    """A hosts run and a namespaces run as one frame, `place` saying which (a run without
+    the column is the namespaces'), on what both ran: their testbeds, mirrors and sizes."""
+    h = hosts.assign(place="hosts")
+    n = namespaces.assign(place="namespaces")
+    for col in ("testbed", "mirror", "size"):
+        common_values = set(h[col]) & set(n[col])
+        h, n = h[h[col].isin(common_values)], n[n[col].isin(common_values)]
+    return pd.concat([n, h], ignore_index=True)
+
+
+def places(df: pd.DataFrame, value="monitor_pps", ylabel="monitor packets/s"):
+    """`value` per mirror, one panel per frame size: the namespaces run's bar beside the
+    hosts run's, median with a whisker from the slowest to the fastest trial."""
+    sizes = sorted(df["size"].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False, sharey=True)
+    for ax, size in zip(axes[0], sizes, strict=True):
+        d = df[df["size"] == size]
+        ms = [m for m in _mirrors(d) if not (m == "none" and value.startswith("monitor"))]
+        width = 0.38
+        for k, place in enumerate(PLACES):
+            g = d[d["place"] == place].groupby("mirror")[value]
+            med, lo, hi = (s.reindex(ms) for s in (g.median(), g.min(), g.max()))
+            xs = [i + (k - 0.5) * width for i in range(len(ms))]
+            colours = [to_rgba(mirror_color(m), 1.0 if place == "hosts" else 0.45) for m in ms]
+            ax.bar(xs, med.values, width, yerr=[med - lo, hi - med], capsize=3, ecolor="0.25", color=colours)
+        ax.set_xticks(range(len(ms)), ms, rotation=20)
+        ax.set_title(f"{size} B")
+        ax.set_ylim(bottom=0)
+        if "pps" in value:
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    axes[0][0].set_ylabel(ylabel)
+    fig.legend(
+        handles=[Patch(color=to_rgba("0.3", 0.45), label="namespaces"), Patch(color="0.3", label="hosts")],
+        loc="lower center",
+        ncol=2,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def orchestration(meta: dict, target_s=2.0):
+    """Each run's wall time on hosts beyond its --duration (prepare, start, go, stop and
+    results through Ansible), against the target."""
+    runs = pd.DataFrame(meta["hosts"]["orchestration"]["runs"])
+    over = runs["wall_s"] - runs["duration_s"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    ax.plot(range(len(over)), over.values, "o", color="0.25")
+    ax.axhline(target_s, color="0.5", linestyle=":", linewidth=1)
+    ax.text(len(over) - 0.5, target_s, f" target {target_s:g} s", va="bottom", ha="right", fontsize=8)
+    ax.set_xlabel("run")
+    ax.set_ylabel("seconds beyond --duration")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    return fig
+
+
+HOST_ROLES = ("sender", "tap", "receiver", "monitor")
+
+
+def host_cpu(df: pd.DataFrame, size=None):
+    """Each role's host: busy percent of all its cores over its own window, per mirror
+    (median, whisker min..max). On namespaces as hosts every host is the same machine."""
+    d = df if size is None else df[df["size"] == size]
+    roles = [r for r in HOST_ROLES if f"{r}_host_busy_pct" in d]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    if not roles:  # a run from before the lab recorded it: said in the figure, not an empty axis
+        ax.text(0.5, 0.5, "this run did not record CPU per host", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    ms = _mirrors(d)
+    width = 0.8 / max(len(ms), 1)
+    for k, m in enumerate(ms):
+        g = d[d["mirror"] == m]
+        med = [g[f"{r}_host_busy_pct"].median() for r in roles]
+        lo = [g[f"{r}_host_busy_pct"].min() for r in roles]
+        hi = [g[f"{r}_host_busy_pct"].max() for r in roles]
+        xs = [i + (k - (len(ms) - 1) / 2) * width for i in range(len(roles))]
+        yerr = [[a - b for a, b in zip(med, lo, strict=True)], [b - a for a, b in zip(med, hi, strict=True)]]
+        ax.bar(xs, med, width, yerr=yerr, capsize=2, ecolor="0.25", color=mirror_color(m), label=m)
+    ax.set_xticks(range(len(roles)), [f"{r} ({d[f'{r}_host'].iloc[0]})" for r in roles])
+    ax.set_ylabel(f"host busy %{_size_suffix(size)}")
+    ax.set_ylim(0, 100)
+    ax.legend(frameon=False, fontsize=8, ncol=len(ms))
+    fig.tight_layout()
+    return fig

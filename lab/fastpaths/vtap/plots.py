@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.colors import to_rgba
 from matplotlib.patches import Patch
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from lab import palette
 from lab.metrics import PAPER_DIR
@@ -325,15 +325,22 @@ def places(df: pd.DataFrame, value="monitor_pps", ylabel="monitor packets/s"):
     return fig
 
 
-def orchestration(meta: dict, target_s=2.0):
-    """Each run's wall time on hosts beyond its --duration (prepare, start, go, stop and
-    results through Ansible), against the target."""
+def orchestration(meta: dict, namespaces_s=None, target_s=2.0):
+    """Each run's wall time on hosts beyond its --duration (start, go, stop and results
+    through Ansible); with `namespaces_s` (the namespace path's own time beyond its
+    --duration per run), the target: at most `target_s` more than that."""
     runs = pd.DataFrame(meta["hosts"]["orchestration"]["runs"])
     over = runs["wall_s"] - runs["duration_s"]
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax.plot(range(len(over)), over.values, "o", color="0.25")
-    ax.axhline(target_s, color="0.5", linestyle=":", linewidth=1)
-    ax.text(len(over) - 0.5, target_s, f" target {target_s:g} s", va="bottom", ha="right", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if namespaces_s is not None:
+        for y, what in (
+            (namespaces_s, "namespaces"),
+            (namespaces_s + target_s, f"target: namespaces + {target_s:g} s"),
+        ):
+            ax.axhline(y, color="0.5", linestyle=":", linewidth=1)
+            ax.text(len(over) - 0.5, y, f" {what}", va="bottom", ha="right", fontsize=8)
     ax.set_xlabel("run")
     ax.set_ylabel("seconds beyond --duration")
     ax.set_ylim(bottom=0)

@@ -586,3 +586,32 @@ def test_committed_notebook07_holds_its_figures():
     from helpers import assert_every_figure_shown_once, read_notebook  # noqa: PLC0415
 
     assert_every_figure_shown_once(read_notebook(NOTEBOOK), FIGURES)
+
+
+def test_the_parity_summary_holds_each_median_to_the_namespace_paths_and_says_each_target():
+    from lab.bench import hosts_parity  # noqa: PLC0415
+
+    rows = []
+    for place, pps, over in (
+        ("hosts", (96_000, 100_000, 104_000), 2.4),
+        ("namespaces", (100_000, 100_000, 99_000), 0.2),
+    ):
+        for r, v in enumerate(pps):
+            for mirror in ("none", "ebpf"):
+                rows.append(
+                    {
+                        "place": place,
+                        "round": r,
+                        "size": 64,
+                        "mirror": mirror,
+                        "receiver_pps": v,
+                        "monitor_pps": v if mirror == "ebpf" else 0,
+                        "overhead_s": over + r / 10,
+                    }
+                )
+    said = " ".join(" ".join(hosts_parity.summary(pd.DataFrame(rows))).split())
+    assert "64 ebpf receiver 100 [96..104] 100 [99..100] 1.000" in said, said
+    assert "64 ebpf monitor 100 [96..104] 100 [99..100] 1.000" in said, said
+    assert "64 none monitor" not in said  # nothing to copy: no ratio of nothing
+    assert "hosts 2.50 s, namespaces 0.30 s" in said
+    assert "worst 0.0% met" in said and "2.20 s MISSED" in said

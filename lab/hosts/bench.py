@@ -224,6 +224,7 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
                 failure = {"run": rid, "label": label, "host": None, "task": "results", "error": f"{e}"}
                 return
             wall = time.monotonic() - run_started.get(rid, started)
+            rows[-1]["run_wall_s"] = round(wall, 3)  # as a namespace run's row has it
             timing["runs"].append({"run": rid, "wall_s": round(wall, 3), "duration_s": sweep.duration})
             write()
             if progress:

@@ -10,6 +10,7 @@ interleave (see common.interleaved). One CSV row per run.
 import argparse
 import contextlib
 import sys
+import time
 import types
 
 import pandas as pd
@@ -600,11 +601,14 @@ def run(
                     stats = label.startswith(SESSIONS) or (label.startswith(CUTOFF) and cutting)
                     fds = peer.program_fds() if stats and hasattr(peer, "program_fds") else {}
                     before = {k: run_stats(fd) for k, fd in fds.items()}
+                    started = time.monotonic()
                     m = rig.run(gens[size], peer, seconds=duration, rate_pps=rate_pps)
                     m["bpf_stats"] = {
                         k: tuple(b - a for a, b in zip(before[k], run_stats(fd), strict=True)) for k, fd in fds.items()
                     }
                     rows.append(row(tb_no, peer, size, trial, m, dut_cpu, rate_pps))
+                    # the run's wall time, attach to detach (on hosts: start to results)
+                    rows[-1]["run_wall_s"] = round(time.monotonic() - started, 3)
                     if bar:
                         bar.step(f"tb{tb_no} {label} {size}B trial {trial}")
             finally:

@@ -4,9 +4,11 @@
 
 1. check: every host of the bench's roles (lab.hosts.check); nothing starts anywhere
    while any problem stands.
-2. prepare: each host records its interfaces as they are (lab.hosts.local, kept on
-   the host), then gets its test address, up, promiscuous where it counts copies.
-3. the sweep, one ansible-playbook for all of it, a play per run: start a runner
+2. prepare (the first play of the one ansible-playbook that runs the whole bench):
+   each host is taken for this bench, records its interfaces as they are
+   (lab.hosts.local, kept on the host), then gets its test address, up, promiscuous
+   where it counts copies.
+3. the sweep, in the same playbook, a play per run: start a runner
    per role (async: the runners do the whole run by themselves), wait until all
    are ready, `go` to the sender (which returns when it has sent), `stop` to the
    others (which return their counts). Each run's row is written to the CSV as its
@@ -55,6 +57,7 @@ def _python(lab):
 
 
 LAB = "{{ lab_dir | default('/opt/vtap-lab') }}"
+PREPARE_TASK = "interfaces recorded and prepared"
 ENV = "{{ lab_env | default({}) }}"
 
 
@@ -127,7 +130,7 @@ def prepare_play(items_by_host, owner=None):
         "vars": {"items": {h: json.dumps(v) for h, v in items_by_host.items()}},
         "tasks": [
             {
-                "name": "interfaces recorded and prepared",
+                "name": PREPARE_TASK,
                 "command": {
                     "argv": [
                         _python(LAB),
@@ -196,8 +199,15 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
         data = ev.get("event_data", {})
         task = data.get("task", "")
         kind = ev.get("event")
+        if task == PREPARE_TASK:
+            if kind in ("runner_on_failed", "runner_on_unreachable") and failure is None:
+                res = data.get("res") or {}
+                failure = {"run": None, "host": data.get("host"), "task": "prepare", "error": engine._message(res)}
+            return
         if not task.startswith("run "):
             return
+        if timing["prepare_s"] is None:  # the first run's first event: prepare is behind
+            timing["prepare_s"] = round(time.monotonic() - started, 3)
         rid = task.split()[1]
         if task.endswith(" start") and kind == "playbook_on_task_start":
             run_started[rid] = time.monotonic()
@@ -238,26 +248,22 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
             "pid": os.getpid(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        r = engine.run_plays(inv.path, names, [prepare_play(prepare_items, owner)], "prepare", timeout=600)
-        hosts.last_artifacts = r.artifacts
-        timing["prepare_s"] = round(time.monotonic() - t0, 3)
-        if not r.ok:
+        # one ansible-playbook for the prepare play and every run's (an Ansible process
+        # costs seconds of CPU to start): a prepare that fails on any host ends it there
+        plays = [prepare_play(prepare_items, owner)] + [
+            _play(i, label, specs, role_hosts, bench_id, sweep.duration) for i, (label, specs) in enumerate(sweep.runs)
+        ]
+        bound = 600 + (len(plays) - 1) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
+        try:
+            r = engine.run_plays(inv.path, names, plays, "sweep", timeout=int(bound), on_event=on_event)
+            hosts.last_artifacts = r.artifacts
+        except KeyboardInterrupt:
+            interrupted = True
+        if timing["prepare_s"] is None and failure is None and not interrupted:
+            timing["prepare_s"] = round(time.monotonic() - t0, 3)
+        if failure is None and not interrupted and not r.ok:
             bad = next(h for h in r.hosts.values() if not h.ok)
-            failure = {"run": None, "host": bad.host, "task": "prepare", "error": bad.line()}
-        else:
-            plays = [
-                _play(i, label, specs, role_hosts, bench_id, sweep.duration)
-                for i, (label, specs) in enumerate(sweep.runs)
-            ]
-            bound = len(plays) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
-            try:
-                r = engine.run_plays(inv.path, names, plays, "sweep", timeout=int(bound), on_event=on_event)
-                hosts.last_artifacts = r.artifacts
-            except KeyboardInterrupt:
-                interrupted = True
-            if failure is None and not interrupted and not r.ok:
-                bad = next(h for h in r.hosts.values() if not h.ok)
-                failure = {"run": None, "host": bad.host, "task": bad.failed_task, "error": bad.line()}
+            failure = {"run": None, "host": bad.host, "task": bad.failed_task, "error": bad.line()}
     except KeyboardInterrupt:
         interrupted = True
     finally:

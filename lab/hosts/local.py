@@ -26,6 +26,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from lab.hosts.runner import alive
 from lab.paths import REPO
 
 STATE = Path(os.environ.get("VTL_HOST_STATE") or REPO / ".lab-state")
@@ -318,7 +319,7 @@ def abort_runners(grace=10.0) -> list[str]:
             pids[int(pid)] = d
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
-        pids = {p: d for p, d in pids.items() if _alive(p)}
+        pids = {p: d for p, d in pids.items() if alive(p)}
         time.sleep(0.05)
     for p in pids:
         try:
@@ -326,17 +327,12 @@ def abort_runners(grace=10.0) -> list[str]:
         except ProcessLookupError:
             pass
     zygote = _read(STATE / "zygote.pid")  # the runners' warm parent (lab.hosts.runner)
-    if zygote and zygote.isdigit() and _alive(int(zygote)):
+    if zygote and zygote.isdigit() and alive(int(zygote)):
         try:
             os.kill(int(zygote), signal.SIGTERM)
         except ProcessLookupError:
             pass
     return [f"runner {d.parent.name}/{d.name} killed (it did not stop within {grace:.0f} s)" for d in pids.values()]
-
-
-def _alive(pid) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def cleanup(bench=None) -> list[str]:

@@ -354,6 +354,14 @@ SHARED = [
         HOSTS,
     ),
     M(
+        "hosts-pid-number-trusted",
+        "lab/hosts/runner.py",
+        '    return fields[0] != "Z" and (not started or fields[19] == started[0])',
+        '    return fields[0] != "Z"',
+        "a host's cleanup kills whatever process has a dead runner's number now",
+        (["tests/test_hosts.py", "-k", "cleanup_kills_only"], ["tests/test_hosts.py"]),
+    ),
+    M(
         "hosts-failure-not-recorded",
         "lab/hosts/bench.py",
         '                failure["cleanup"] = cleaned\n            write()',

@@ -28,6 +28,7 @@ from lab.hosts.check import judge
 from lab.hosts.inventory import Host
 from lab.hosts.library import lab_facts
 from lab.hosts.nshosts import TESTBED2_ROLES, NamespaceHosts
+from lab.hosts.runner import alive, pid_of
 from lab.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +135,37 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     assert any("ens1 (tap) is down: a bench brings it up" in a for a in v.advice)
     assert any("irqbalance" in a for a in v.advice) and any("pause frames" in a for a in v.advice)
     assert any("powersave" in a for a in v.advice)
+
+
+def test_a_cleanup_kills_only_the_runner_its_pid_file_names_not_a_process_that_took_its_number(tmp_path, monkeypatch):
+    from lab.hosts import local  # noqa: PLC0415
+    from lab.hosts.runner import pid_stamp  # noqa: PLC0415
+
+    monkeypatch.setattr(local, "STATE", tmp_path)
+    monkeypatch.setattr(local, "RUNS", tmp_path / "runs")
+    runner = subprocess.Popen(["sleep", "30"])  # a runner that does not stop when told
+    other = subprocess.Popen(["sleep", "30"])  # whatever has a dead runner's number now
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        for name, text in [
+            ("1-monitor", pid_stamp(runner.pid)),
+            ("2-monitor", f"{other.pid} 1"),  # its number, another start time
+            ("3-monitor", f"{gone.pid} 1"),
+        ]:
+            (tmp_path / "runs/b" / name).mkdir(parents=True)
+            (tmp_path / "runs/b" / name / "pid").write_text(text + "\n")
+        assert alive(pid_stamp(other.pid)) and not alive(f"{other.pid} 1") and alive(str(other.pid))
+        said = local.abort_runners(grace=0.3)
+        assert said == ["runner b/1-monitor killed (it did not stop within 0 s)"], said
+        assert runner.wait(timeout=5) == -signal.SIGKILL
+        assert other.poll() is None, "a process that only had a runner's number was killed"
+        assert (tmp_path / "runs/b/1-monitor/abort").exists()
+        assert not (tmp_path / "runs/b/2-monitor/abort").exists()
+    finally:
+        for q in (runner, other):
+            q.kill()
+            q.wait()
 
 
 # --- the rack ------------------------------------------------------------------------
@@ -503,15 +535,19 @@ def test_a_host_lost_mid_bench_stops_it_names_it_and_the_others_are_cleaned(rack
 def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_is_cleaned(rack, tmp_path):
     proc = _start_bench(rack, tmp_path, trials=10)
     csv = _wait_for_rows(tmp_path, 1, proc)
-    runs = rack.lab_dir("gamma") / ".lab-state/runs"
+    # this bench's runs only: the earlier tests' benches left runs killed before their
+    # result (a pid file whose number another process may have taken by now)
+    held = json.loads((rack.lab_dir("gamma") / ".lab-state/owner.json").read_text())
+    runs = rack.lab_dir("gamma") / ".lab-state/runs" / held["bench"]
     killed, deadline = None, time.monotonic() + 60
     while killed is None and time.monotonic() < deadline:  # the monitor's runner of a run under way
-        for pid_file in runs.glob("*/*-monitor/pid"):
-            if not (pid_file.parent / "result.json").exists():
+        for pid_file in runs.glob("*-monitor/pid"):
+            text = pid_file.read_text()
+            if not (pid_file.parent / "result.json").exists() and alive(text):
                 try:
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                    os.kill(pid_of(text), signal.SIGKILL)
                     killed = pid_file.parent
-                except (ProcessLookupError, ValueError):
+                except ProcessLookupError:
                     continue
                 break
         time.sleep(0.05)

@@ -26,7 +26,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from lab.hosts.runner import alive
+from lab.hosts.runner import alive, pid_of
 from lab.paths import REPO
 
 STATE = Path(os.environ.get("VTL_HOST_STATE") or REPO / ".lab-state")
@@ -311,25 +311,26 @@ def abort_runners(grace=10.0) -> list[str]:
     import signal  # noqa: PLC0415 -- cleanup only
     import time  # noqa: PLC0415
 
-    pids = {}
+    pids = {}  # {pid file's text: run dir}: a number alone could be another process's by now
     for d in RUNS.glob("*/*") if RUNS.exists() else []:
         pid = _read(d / "pid")
-        if pid and pid.isdigit() and not (d / "result.json").exists() and not (d / "error").exists():
+        if pid_of(pid) and not (d / "result.json").exists() and not (d / "error").exists() and alive(pid):
             (d / "abort").write_text("\n")
-            pids[int(pid)] = d
+            pids[pid] = d
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         pids = {p: d for p, d in pids.items() if alive(p)}
         time.sleep(0.05)
     for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if alive(p):  # still that runner (checked again just before: its number is not enough)
+            try:
+                os.kill(pid_of(p), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     zygote = _read(STATE / "zygote.pid")  # the runners' warm parent (lab.hosts.runner)
-    if zygote and zygote.isdigit() and alive(int(zygote)):
+    if pid_of(zygote) and alive(zygote):
         try:
-            os.kill(int(zygote), signal.SIGTERM)
+            os.kill(pid_of(zygote), signal.SIGTERM)
         except ProcessLookupError:
             pass
     return [f"runner {d.parent.name}/{d.name} killed (it did not stop within {grace:.0f} s)" for d in pids.values()]

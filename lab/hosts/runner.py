@@ -48,7 +48,7 @@ class Signals:
         self.expired = threading.Event()
 
     def ready(self):
-        (self.dir / "ready").write_text(f"{os.getpid()}\n")
+        (self.dir / "ready").write_text(f"{pid_stamp()}\n")
 
     def wait(self, name) -> bool:
         """Until DIR/name exists (True), or the deadline passes or the run is aborted
@@ -78,7 +78,7 @@ def run(run_dir: Path) -> int:
 
     started = time.monotonic()
     spec = json.loads((run_dir / "spec.json").read_text())
-    (run_dir / "pid").write_text(f"{os.getpid()}\n")
+    (run_dir / "pid").write_text(f"{pid_stamp()}\n")
     netns.host_mode()  # this host's own namespace, on the interfaces the spec names
     signals = Signals(run_dir, started + float(spec["deadline_s"]))
     try:
@@ -121,7 +121,7 @@ def zygote(sock_path: Path) -> int:
     mine = os.stat(sock_path).st_ino  # a successor may bind the same path: never unlink its socket
     server.listen(16)
     server.settimeout(ZYGOTE_IDLE)
-    (sock_path.parent / "zygote.pid").write_text(f"{os.getpid()}\n")
+    (sock_path.parent / "zygote.pid").write_text(f"{pid_stamp()}\n")
     stamp = Path.cwd() / ".lab-commit"  # the tree it imported: another one set up since means stale
     born = _read(stamp)
     try:
@@ -215,14 +215,36 @@ def _state(d: Path, want) -> str | None:
     return "died"  # killed (by a user, the OOM killer): said now, not at the wait's end
 
 
+def pid_stamp(pid=None) -> str:
+    """What a pid file holds, "PID STARTTIME", so that it names one process and not
+    whichever takes its number next (pid_max is 32768 on a small machine: a runner's
+    number comes round again within a day of benches, and a cleanup that trusted a
+    bare number would kill whatever process has it now)."""
+    pid = os.getpid() if pid is None else int(pid)
+    return f"{pid} {_stat(pid)[19]}"
+
+
+def _stat(pid) -> list[str]:
+    """/proc/PID/stat's fields after the command (state first, starttime at [19])."""
+    return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def alive(pid) -> bool:
-    """pid (a number, or a pid file's text) names a running process: not gone, not a
-    zombie (lab.hosts.local's cleanup asks it of runners and the zygote too)."""
+    """pid (a number, or a pid file's "PID STARTTIME") names a running process: not
+    gone, not a zombie, and (given a start time) the very process that wrote the file
+    (lab.hosts.local's cleanup asks it of runners and the zygote too)."""
     try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
+        number, *started = str(pid).split()
+        fields = _stat(number)
+    except (OSError, ValueError, IndexError):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return fields[0] != "Z" and (not started or fields[19] == started[0])
+
+
+def pid_of(text) -> int | None:
+    """The process number in a pid file's text ("PID" or "PID STARTTIME"), or None."""
+    head = (text or "").split()[:1]
+    return int(head[0]) if head and head[0].isdigit() else None
 
 
 def _await(dirs, want, timeout) -> dict:
@@ -248,10 +270,11 @@ def _say(states, want) -> int:
             out["error"] = (d / "error").read_text().splitlines()[0]
             failed += 1
         elif state == "died":
-            out["error"] = f"the runner (pid {_read(d / 'pid')}) ended without a result: killed? its log: {d / 'log'}"
+            pid = pid_of(_read(d / "pid"))
+            out["error"] = f"the runner (pid {pid}) ended without a result: killed? its log: {d / 'log'}"
             failed += 1
         elif state == "timeout":
-            out["error"] = f"no {want} within the wait (the runner's pid: {_read(d / 'pid')})"
+            out["error"] = f"no {want} within the wait (the runner's pid: {pid_of(_read(d / 'pid'))})"
             failed += 1
         elif want == "result.json":
             out["result"] = json.loads((d / "result.json").read_text())

@@ -83,6 +83,30 @@ def pytest_sessionstart(session):
         print(f"\ntests: removed what dead lab runs left before starting: {', '.join(removed)}", flush=True)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """VTL_TEST_CPU=FILE: each test's wall time and CPU (its process's own, and that of
+    the processes it started and waited for: commands, notebook kernels, daemons), one
+    tab-separated line each, appended from every worker. The suite is CPU-bound on two
+    cores: wall time alone does not say which tests cost the others their time."""
+    out = os.environ.get("VTL_TEST_CPU")
+    if not out:
+        yield
+        return
+    import resource  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    def now():
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.monotonic(), me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+    t0, me0, kids0 = now()
+    yield
+    t1, me1, kids1 = now()
+    with open(out, "a") as f:
+        f.write(f"{item.nodeid}\t{t1 - t0:.2f}\t{me1 - me0:.2f}\t{kids1 - kids0:.2f}\n")
+
+
 def _daemon_leftovers():
     """Daemons' run directories and cgroups, but another live process's (named
     for a namespace of its runs): a second suite or a bench is no test's leftover."""

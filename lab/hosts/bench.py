@@ -14,7 +14,8 @@
    others (which return their counts). Each run's row is written to the CSV as its
    results arrive; a failure stops the sweep at that run (any_errors_fatal).
 4. always (success, failure, Ctrl-C): every host's runners stopped and its
-   interfaces put back (local cleanup), and the sidecar says what happened.
+   interfaces put back (local cleanup): the playbook's last play when every run
+   went through, else a play of its own after it; the sidecar says what happened.
 """
 
 import ipaddress
@@ -193,12 +194,20 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
             path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
     run_started = {}
+    cleaned = {}  # host -> what its cleanup said (the playbook's last play, else _cleanup's)
 
     def on_event(ev):
         nonlocal failure
         data = ev.get("event_data", {})
         task = data.get("task", "")
         kind = ev.get("event")
+        if task == CLEANUP_TASK:  # the playbook's last play: every run went through
+            res = data.get("res") or {}
+            if kind == "runner_on_ok":
+                cleaned[data.get("host")] = "; ".join((res.get("stdout") or "").splitlines())
+            elif kind in ("runner_on_failed", "runner_on_unreachable"):
+                cleaned[data.get("host")] = f"not cleaned: {engine._message(res)}"
+            return
         if task == PREPARE_TASK:
             if kind in ("runner_on_failed", "runner_on_unreachable") and failure is None:
                 res = data.get("res") or {}
@@ -248,12 +257,18 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
             "pid": os.getpid(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        # one ansible-playbook for the prepare play and every run's (an Ansible process
-        # costs seconds of CPU to start): a prepare that fails on any host ends it there
-        plays = [prepare_play(prepare_items, owner)] + [
-            _play(i, label, specs, role_hosts, bench_id, sweep.duration) for i, (label, specs) in enumerate(sweep.runs)
+        # one ansible-playbook for the prepare play, every run's and the cleanup (an Ansible
+        # process costs seconds of CPU to start): a prepare or run that fails on any host
+        # ends it there, before its cleanup play, and _cleanup below runs instead
+        plays = [
+            prepare_play(prepare_items, owner),
+            *(
+                _play(i, label, specs, role_hosts, bench_id, sweep.duration)
+                for i, (label, specs) in enumerate(sweep.runs)
+            ),
+            {"name": "cleanup", "hosts": ",".join(names), "gather_facts": False, "tasks": [_cleanup_task(bench_id)]},
         ]
-        bound = 600 + (len(plays) - 1) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
+        bound = 600 + len(sweep.runs) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
         try:
             r = engine.run_plays(inv.path, names, plays, "sweep", timeout=int(bound), on_event=on_event)
             hosts.last_artifacts = r.artifacts
@@ -267,7 +282,13 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        cleaned = _cleanup(hosts, names, bench_id)
+        if (
+            failure is not None
+            or interrupted
+            or set(cleaned) != set(names)
+            or any(said.startswith("not cleaned") for said in cleaned.values())
+        ):
+            cleaned = _cleanup(hosts, names, bench_id)  # (a cleanup twice does nothing more)
         if failure is not None or interrupted or path is None:
             if interrupted and failure is None:
                 failure = {"run": None, "host": None, "task": "interrupted", "error": "Ctrl-C"}
@@ -296,22 +317,28 @@ def _runner_error(res):
     return None
 
 
-def _cleanup(hosts, names, bench_id) -> dict:
-    """Every reachable host this bench holds: its runners stopped and interfaces put back
-    (a host another bench holds is left to it); {host: what, or why not}."""
-    task = {
-        "name": "lab cleanup",
+CLEANUP_TASK = "lab cleanup"
+
+
+def _cleanup_task(bench_id):
+    return {
+        "name": CLEANUP_TASK,
         "command": {"argv": [_python(LAB), "-m", "lab.hosts.local", "cleanup", "--bench", bench_id], "chdir": LAB},
         "environment": ENV,
         "timeout": 60,
     }
+
+
+def _cleanup(hosts, names, bench_id) -> dict:
+    """Every reachable host this bench holds: its runners stopped and interfaces put back
+    (a host another bench holds is left to it); {host: what, or why not}."""
     try:
-        r = engine.run_play(hosts.inventory.path, names, [task], "bench-cleanup", timeout=120)
+        r = engine.run_play(hosts.inventory.path, names, [_cleanup_task(bench_id)], "bench-cleanup", timeout=120)
     except (InventoryError, KeyboardInterrupt) as e:
         return {h: f"not cleaned: {e}" for h in names}
     return {
         h: (
-            "; ".join(res.results.get("lab cleanup", {}).get("stdout", "").splitlines())
+            "; ".join(res.results.get(CLEANUP_TASK, {}).get("stdout", "").splitlines())
             if res.ok
             else f"not cleaned: {res.line()}"
         )

@@ -137,6 +137,79 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     assert any("powersave" in a for a in v.advice)
 
 
+GOOD_HOST = {
+    "uid": 0,
+    "os": {"id": "debian", "version_id": "12", "pretty": "Debian GNU/Linux 12 (bookworm)"},
+    "kernel": "6.1.0-18-amd64",
+    "btf": True,
+    "bpf_jit": 1,
+    "lab": {"dir": "/opt/vtap-lab", "present": True, "commit": "b" * 40, "setup": "b" * 40, "python": True},
+    "management": {"addresses": ["10.0.0.13"], "ifaces": ["eno1"]},
+    "irqbalance": False,
+    "governor": "performance",
+}
+
+
+def test_a_tunnel_counts_with_a_generic_xdp_sink_and_the_tap_still_needs_native_xdp():
+    from lab.hosts.check import sink_mode  # noqa: PLC0415
+
+    vxlan = {"present": True, "up": True, "operstate": "unknown", "xdp_features": [], "xdp_features_known": True}
+    vxlan["ethtool"] = {"driver": "vxlan"}
+    nic = {"present": True, "up": True, "xdp_features": ["basic", "redirect"], "xdp_features_known": True}
+    facts = {**GOOD_HOST, "ifaces": {"vxlan0": vxlan, "ens1": nic}}
+    for role in ("monitor", "receiver"):
+        v = judge(Host("gamma", {}, [role]), facts, {role: "vxlan0"}, "b" * 40, "vtap-throughput")
+        assert v.problems == [], v.problems
+        assert any("vxlan0" in a and "generic XDP" in a for a in v.advice), v.advice
+    v = judge(Host("beta", {}, ["tap"]), facts, {"tap": "vxlan0", "tap:monitor": "ens1"}, "b" * 40, "vtap-throughput")
+    assert len(v.problems) == 1 and "has no native XDP, and the tap's" in v.problems[0], v.problems
+    assert sink_mode(vxlan) == "generic" and sink_mode(nic) == "native"
+    assert sink_mode({"xdp_features_known": False}) == "native"  # a kernel that does not say: as before
+
+
+def test_a_generic_xdp_sink_on_a_vxlan_device_counts_every_frame_through_the_tunnel():
+    """What a monitor host behind a tunnel does: its sink on the VXLAN device, where no
+    native XDP runs, counts exactly what came through, and only the lab's frames."""
+    from ebpf.errors import AttachError  # noqa: PLC0415
+    from lab.fastpaths.vtap.rig import CountingSide  # noqa: PLC0415
+
+    n, port = 500, 5001
+    topo = Topology("tunnel")
+    topo.add_host("a")
+    topo.add_host("b")
+    topo.add_link("a", "b", a_addrs=["198.18.61.1/24"], b_addrs=["198.18.61.2/24"])
+    with topo:
+        for host, me, peer in (("a", "1", "2"), ("b", "2", "1")):
+            for argv in (
+                ["ip", "link", "add", "vxlan0", "type", "vxlan", "id", "42", "remote", f"198.18.61.{peer}"]
+                + ["local", f"198.18.61.{me}", "dstport", "4789", "dev", "eth0"],
+                ["ip", "addr", "add", f"198.18.62.{me}/24", "dev", "vxlan0"],
+                ["ip", "link", "set", "vxlan0", "up"],
+            ):
+                topo.run(host, argv, check=True)
+        with pytest.raises(AttachError, match="no native XDP"):  # on a tunnel: why the sink goes generic there
+            CountingSide("drop", topo.ns("b"), "vxlan0", ("198.18.62.1", port)).open().close()
+        side = CountingSide("drop", topo.ns("b"), "vxlan0", ("198.18.62.1", port), window=True, mode="generic")
+        side.open()
+        try:
+            topo.run("a", ["ping", "-c", "1", "-W", "5", "198.18.62.2"], check=True)  # ARP passes the sink
+            send = (
+                "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                "s.bind(('198.18.62.1', 0)); "
+                f"[s.sendto(b'x' * 64, ('198.18.62.2', p)) for p in [{port}] * {n} + [{port + 1}] * 7]"
+            )
+            topo.run("a", [PY, "-c", send], check=True)
+            deadline = time.monotonic() + 5
+            while side.counters()["packets"] < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)  # and no more than n
+            counted = side.counters()
+        finally:
+            side.close()
+        assert counted["packets"] == n, counted  # the other port's 7 and the ping passed uncounted
+        assert counted["window_s"] > 0
+
+
 def test_a_cleanup_kills_only_the_runner_its_pid_file_names_not_a_process_that_took_its_number(tmp_path, monkeypatch):
     from lab.hosts import local  # noqa: PLC0415
     from lab.hosts.runner import pid_stamp  # noqa: PLC0415

@@ -229,6 +229,7 @@ def run_hosts(
     after them (lab.hosts.bench)."""
     from lab.hosts import Hosts  # noqa: PLC0415 -- Ansible: only for a bench on hosts
     from lab.hosts import bench as hosts_bench  # noqa: PLC0415
+    from lab.hosts.check import sink_mode  # noqa: PLC0415
     from lab.hosts.inventory import InventoryError  # noqa: PLC0415
     from lab.traffic.report import SendReport  # noqa: PLC0415
 
@@ -269,6 +270,9 @@ def run_hosts(
     plen = net.prefixlen
     port = 5001
     mac = {h.name: report.facts[h.name]["ifaces"] for h in (s, r)}
+    sinks = {"monitor": sink_mode(report.facts[m.name]["ifaces"][m_if])}  # generic on a tunnel (check said)
+    if tb_no == 2:
+        sinks["receiver"] = sink_mode(report.facts[r.name]["ifaces"][r_if])
     deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
     base = {"bench": NAME, "deadline_s": deadline, "src4": src4, "port": port}
     runs = []
@@ -300,10 +304,10 @@ def run_hosts(
                 "mirror": name,
                 "kw": {},
             },
-            "monitor": {**base, "role": "monitor", "iface": m_if},
+            "monitor": {**base, "role": "monitor", "iface": m_if, "xdp_mode": sinks["monitor"]},
         }
         if tb_no == 2:
-            specs["receiver"] = {**base, "role": "receiver", "iface": r_if}
+            specs["receiver"] = {**base, "role": "receiver", "iface": r_if, "xdp_mode": sinks["receiver"]}
         runs.append((f"{name} {size}B trial {trial}", specs))
 
     def make_row(label, results):
@@ -383,6 +387,7 @@ def run_hosts(
         "rate_pps": rate_pps,
         "inventory": str(inv.path),
         "generator_ceiling": ceiling,
+        "sink_modes": sinks,  # the counting sinks' XDP mode per role (generic: a tunnel, no native XDP)
     }
     bar = common.Progress(len(runs)) if progress else None
     role_hosts = {"sender": s.name, "tap": t.name, "monitor": m.name}

@@ -116,7 +116,8 @@ def tap(spec, signals):
 
 
 def counting(spec, signals):
-    side = CountingSide("drop", None, spec["iface"], (spec["src4"], spec["port"]), window=True).open()
+    match = (spec["src4"], spec["port"])
+    side = CountingSide("drop", None, spec["iface"], match, window=True, mode=spec.get("xdp_mode", "native")).open()
     try:
         side.reset()
         with CpuSampler(interval=0.1) as cpu:

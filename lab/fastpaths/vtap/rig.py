@@ -41,17 +41,19 @@ class CountingSide:
     """Where frames are counted: an XDP sink on (ns, ifname). verdict drop for a
     receiver or monitor, pass for the DUT (frames go on to tc and the stack).
     match (IPv4 source, UDP port): only the lab's frames (on hosts, whose NICs
-    also get LLDP and neighbour discovery)."""
+    also get LLDP and neighbour discovery). mode: native, or generic on a device whose
+    driver has no native XDP (a tunnel: lab.hosts.check.sink_mode)."""
 
-    def __init__(self, verdict, ns, ifname, match=None, window=False):
+    def __init__(self, verdict, ns, ifname, match=None, window=False, mode="native"):
         self.verdict, self.ns, self.ifname, self.match, self.window = verdict, ns, ifname, match, window
+        self.mode = mode
         self.sink = None
 
     def open(self):
         # window: the sink keeps its first and last frame's times (a host's own window)
         self.sink = XdpSink(self.verdict, match=self.match, window=self.window)
         try:
-            self.sink.attach(self.ifname, netns=self.ns)
+            self.sink.attach(self.ifname, netns=self.ns, mode=self.mode)
         except BaseException:
             self.close()
             raise

@@ -84,13 +84,25 @@ def test_dpkg_query_output_is_read_with_what_is_not_installed():
     }
 
 
+GOOD_HOST = {
+    "uid": 0,
+    "os": {"id": "debian", "version_id": "12", "pretty": "Debian GNU/Linux 12 (bookworm)"},
+    "kernel": "6.1.0-18-amd64",
+    "btf": True,
+    "bpf_jit": 1,
+    "lab": {"dir": "/opt/vtap-lab", "present": True, "commit": "b" * 40, "setup": "b" * 40, "python": True},
+    "management": {"addresses": ["10.0.0.13"], "ifaces": ["eno1"]},
+    "irqbalance": False,
+    "governor": "performance",
+}
+
+
 def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     facts = {
+        **GOOD_HOST,
         "uid": 1000,
         "os": {"id": "ubuntu", "version_id": "22.04", "pretty": "Ubuntu 22.04.4 LTS"},
         "kernel": "5.15.0-100-generic",
-        "btf": True,
-        "bpf_jit": 1,
         "lab": {
             "dir": "/opt/vtap-lab",
             "present": True,
@@ -135,19 +147,6 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     assert any("ens1 (tap) is down: a bench brings it up" in a for a in v.advice)
     assert any("irqbalance" in a for a in v.advice) and any("pause frames" in a for a in v.advice)
     assert any("powersave" in a for a in v.advice)
-
-
-GOOD_HOST = {
-    "uid": 0,
-    "os": {"id": "debian", "version_id": "12", "pretty": "Debian GNU/Linux 12 (bookworm)"},
-    "kernel": "6.1.0-18-amd64",
-    "btf": True,
-    "bpf_jit": 1,
-    "lab": {"dir": "/opt/vtap-lab", "present": True, "commit": "b" * 40, "setup": "b" * 40, "python": True},
-    "management": {"addresses": ["10.0.0.13"], "ifaces": ["eno1"]},
-    "irqbalance": False,
-    "governor": "performance",
-}
 
 
 def test_a_tunnel_counts_with_a_generic_xdp_sink_and_the_tap_still_needs_native_xdp():

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import ROOT
-from helpers import ECHO, PORT, Tool, echo_servers, stop_all
+from helpers import ECHO, PORT, Tool, echo_servers, stop_all, wait_for
 
 from ebpf import xdp
 from lab import netns
@@ -59,6 +59,21 @@ class Held:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait()
+
+
+def closing(tb) -> list[str]:
+    """The held connections' sockets not yet through their close: the client's before
+    TIME_WAIT, the backends' before CLOSED. A backend's last ACK reaches it only after
+    the LB has forwarded it (and counted the close): none left means the LB saw every one."""
+    left = []
+    for host, where, states in (
+        ("client", f"dport = :{PORT}", ["established", "fin-wait-1", "fin-wait-2", "closing"]),
+        *((b, f"sport = :{PORT}", ["established", "close-wait", "last-ack"]) for b in tb.backends),
+    ):
+        argv = ["ss", "-Htan", *(w for st in states for w in ("state", st)), f"( {where} )"]
+        out = netns.run(tb.ns(host), argv, capture_output=True, text=True, check=True).stdout
+        left += [f"{host}: {ln}" for ln in out.splitlines() if ln.strip()]
+    return left
 
 
 def without_compiler(pid) -> list[str]:
@@ -151,7 +166,13 @@ def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
         assert programs(tb) == kept  # the same programs: nothing was swapped
         assert without_compiler(second.p.pid) == []
         time.sleep(1)
+        open_ = closing(tb)  # (what the wait below looks at: every held connection, both ends)
+        assert sum(ln.startswith("client") for ln in open_) == 2 * PER_FAMILY == len(open_) // 2, open_[:4]
         got = held.result()
+        # the client's process has exited, its connections' closes run on in the kernels:
+        # the second run is stopped once every one has gone through it (found as 188 of
+        # 200 closes counted, under a loaded suite)
+        wait_for(lambda: not closing(tb), what="every held connection's close through the LB")
         lines, warnings = run_out(second)
     finally:
         held.kill()

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -64,7 +65,7 @@ def test_paced_send_is_counted_exactly_at_the_sink(pair, name):
 
 
 # The hold in the run's own clock (CLOCK_MONOTONIC, one for every process): from 0.96
-# to 1.04 s after the run's start, whenever this process is woken. A hold timed by a
+# to 1.04 s after the run's start (XdpGenerator.started), whenever this process is woken. A hold timed by a
 # timer thread and a "go" on stdin started late under a loaded suite (the test
 # process or the hog's wake-up delayed) and so ended past the run's grace, where a
 # paced run stops by design: its count then came out short.
@@ -98,9 +99,17 @@ def test_a_paced_run_held_up_across_its_end_still_sends_its_count(pair):
         with XdpSink("pass") as sink:
             sink.attach("eth0", netns=pair.ns("rx"))
             with XdpGenerator(pair.ns("tx"), "eth0", frames, cpu=cpu) as gen:
-                hog.stdin.write(f"{time.monotonic()}\n")  # (the run starts after this: its hold ends sooner)
-                hog.stdin.flush()
+
+                def tell():  # the run's start, as soon as it is known: 0.96 s before the hold
+                    while gen.started is None:
+                        time.sleep(0.001)
+                    hog.stdin.write(f"{gen.started}\n")
+                    hog.stdin.flush()
+
+                teller = threading.Thread(target=tell)
+                teller.start()
                 report = gen.send(seconds=1.0, rate_pps=10_000)
+                teller.join()
             # (said: the generator's report and the sink's count, when they fall short)
             wait_for(lambda: sink.counters()["packets"] >= report.packets, what=f"{report} at the sink")
             arrived = sink.counters()["packets"]

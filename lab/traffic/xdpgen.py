@@ -46,6 +46,7 @@ class XdpGenerator(Generator):
         self._prog = XdpGen(max_frames=max(1, len(self.frames)), max_len=max(map(len, self.frames), default=64))
         self._live = None
         self._holder = None
+        self.started = None  # CLOCK_MONOTONIC when the last send began (a test holds the sender in its clock)
 
     def _open(self):
         holder = f"{HOLDER_PREFIX}{secrets.token_hex(3)}"
@@ -77,7 +78,7 @@ class XdpGenerator(Generator):
             if self.cpu is not None:
                 os.sched_setaffinity(0, {self.cpu})  # this thread only
             with netns.entered(self.ns):
-                start = time.monotonic()
+                start = self.started = time.monotonic()
                 deadline = start + seconds
                 if rate_pps:
                     # Paced, a run offers rate x seconds packets and never early. A sender

@@ -228,6 +228,14 @@ class CpuSampler:
         return float(self.summary().loc[core, "busy_ns"])
 
 
+def host_cpu(cpu) -> dict:
+    """The whole host's CPU over a sampler's window, as percent of all its cores (on
+    namespaces as hosts, the machine's: every host shares its cores)."""
+    s = cpu.summary().loc["all"]
+    busy = 100.0 - float(s["idle"]) - float(s["iowait"])
+    return {"busy_pct": round(busy, 2), "sys_pct": round(float(s["sys"]), 2), "soft_pct": round(float(s["soft"]), 2)}
+
+
 # --- results ---------------------------------------------------------------
 
 

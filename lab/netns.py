@@ -81,6 +81,9 @@ class LabError(Exception):
 # None means "this one". Everywhere else None is refused like any name not ours,
 # so no slip can put a lab program or address in a machine's root namespace.
 HOST_MODE = False
+# The protocol number (`ip route ... proto 250`) of the routes the lab adds in a host's own
+# namespace (a pods node's to the other nodes' pods): a host's cleanup flushes exactly these
+LAB_ROUTE_PROTO = 250
 
 
 def host_mode():

@@ -79,6 +79,7 @@ class Host:
     sysctls: dict = field(default_factory=dict)
     ifaces: dict = field(default_factory=dict)
     routes: list = field(default_factory=list)  # (dst, via)
+    own: bool = False  # this process's namespace (a runner on a user's host): never made, set or removed
 
 
 @dataclass
@@ -118,10 +119,16 @@ class Topology:
         self._built = False
 
     # --- declaration ---------------------------------------------------------
-    def add_host(self, name, forwarding=False, sysctls=None) -> Host:
+    def add_host(self, name, forwarding=False, sysctls=None, own=False) -> Host:
+        """own=True: the namespace this process is in, on a user's host (a lab runner,
+        netns.host_mode()): its end of each link is made there and goes with the link,
+        and nothing else of it is touched (its sysctls are the host's: forwarding is
+        checked there, not set; it is never removed)."""
         if name in self.hosts:
             raise LabError(f"host {name} declared twice")
-        host = Host(name, self.prefix + name, forwarding, dict(sysctls or {}))
+        if own and (forwarding or sysctls):
+            raise LabError(f"host {name}: the host's own namespace keeps its sysctls (forwarding is checked there)")
+        host = Host(name, None if own else self.prefix + name, forwarding, dict(sysctls or {}), own=own)
         self.hosts[name] = host
         return host
 
@@ -192,6 +199,8 @@ class Topology:
 
     def _build(self):
         for h in self.hosts.values():
+            if h.own:
+                continue
             netns.create(h.ns)
             sysctls = {} if self.kernel_defaults else dict(HOST_SYSCTLS)
             if h.forwarding:
@@ -250,6 +259,8 @@ class Topology:
         while True:
             pending = []
             for h in self.hosts.values():
+                if h.own:  # the host's own interfaces are its own business
+                    continue
                 with netdev.entered(h.ns):  # /proc/thread-self/net: this thread's namespace
                     rows = Path("/proc/thread-self/net/igmp6").read_text().split("\n")
                     inet6 = Path("/proc/thread-self/net/if_inet6").read_text().split("\n")
@@ -404,6 +415,8 @@ class Topology:
             netns.stop(p, grace=3)
         self._procs.clear()
         for h in self.hosts.values():
+            if h.own:  # its ends of the links went with the pods' namespaces
+                continue
             try:
                 netns.remove(h.ns)
             except (LabError, OSError, NetlinkError) as e:

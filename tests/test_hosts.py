@@ -24,8 +24,9 @@ import pytest
 
 from lab import netns
 from lab.fastpaths.vtap import bench as vtap_bench
+from lab.hosts import source
 from lab.hosts.check import judge
-from lab.hosts.inventory import Host
+from lab.hosts.inventory import Host, InventoryError
 from lab.hosts.library import lab_facts
 from lab.hosts.nshosts import TESTBED2_ROLES, NamespaceHosts
 from lab.hosts.runner import alive, pid_of
@@ -238,6 +239,32 @@ def test_a_cleanup_kills_only_the_runner_its_pid_file_names_not_a_process_that_t
         for q in (runner, other):
             q.kill()
             q.wait()
+
+
+def test_dirty_setup_takes_the_working_tree_with_staged_and_intent_to_add_files_and_changes_nothing(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "first")
+    (tmp_path / "a.py").write_text("a = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    (tmp_path / "a.py").write_text("a = 2\n")  # changed, not staged
+    (tmp_path / "b.py").write_text("b = 1\n")
+    git("add", "b.py")  # staged
+    (tmp_path / "c.py").write_text("c = 1\n")
+    git("add", "-N", "c.py")  # intent to add: `git stash create` refused this ("not uptodate")
+    (tmp_path / "junk.txt").write_text("untracked\n")
+    status = git("status", "--porcelain")
+    src = source.current(allow_dirty=True, repo=tmp_path)
+    assert sorted(src.dirty) == ["a.py", "b.py", "c.py"]
+    files = {name: git("show", f"{src.ref}:{name}") for name in git("ls-tree", "--name-only", src.ref).split()}
+    assert files == {"a.py": "a = 2\n", "b.py": "b = 1\n", "c.py": "c = 1\n"}  # untracked files never go
+    assert git("rev-parse", f"{src.ref}^{{tree}}").strip() == src.tree
+    assert git("status", "--porcelain") == status and git("stash", "list") == ""  # the user's state, untouched
+    with pytest.raises(InventoryError, match="uncommitted changes to 3 tracked files"):
+        source.current(repo=tmp_path)
 
 
 # --- the rack ------------------------------------------------------------------------
@@ -470,6 +497,53 @@ def test_testbed2_on_hosts_bridges_at_the_tap_counts_at_the_receiver_and_takes_i
     assert on_host(rack, "beta", ["ip", "link", "show", "vtl-br0"]).returncode != 0  # the lab's bridge, gone
     p = bench(rack, tmp_path, "--testbed", "1", inventory=inv)
     assert p.returncode == 1 and "the inventory is Testbed 2's shape" in p.stderr, p.stderr
+
+
+def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_node_as_it_was(rack, tmp_path):
+    nodes = ("alpha", "beta")  # the rack's nodes, joined by their eth1s as by a cable
+    before = {h: link(rack, h, "eth1") for h in nodes}
+
+    def pods(*extra):
+        args = ["bench", "pods", "--experiments", "stream,rr", "--paths", "across", "--parallel", "1"]
+        return lab(rack, *args, "--duration", "0.5", "--trials", "1", "--out", str(tmp_path), *extra)
+
+    # IPv6 forwarding is the host's, and off here: refused before anything starts, with the fix
+    p = pods("--peers", "ebpf", "--families", "6")
+    assert p.returncode == 1 and "IPv6 forwarding is off" in p.stderr and "--families 4" in p.stderr, p.stderr
+    assert not list(tmp_path.glob("pods-*.csv"))
+    assert all(not (rack.lab_dir(h) / ".lab-state/owner.json").exists() for h in nodes)
+    p = pods("--peers", "legacy,ebpf,ebpf-vxlan", "--families", "4")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (csv,) = tmp_path.glob("pods-*.csv")
+    df = pd.read_csv(csv)
+    assert sorted(zip(df["experiment"], df["peer"], strict=True)) == sorted(
+        (e, peer) for e in ("rr", "stream") for peer in ("ebpf", "ebpf-vxlan", "legacy")
+    )
+    assert (df["place"] == "hosts").all() and (df["n0_host"] == "alpha").all() and (df["n1_host"] == "beta").all()
+    stream, rr = df[df["experiment"] == "stream"], df[df["experiment"] == "rr"]
+    assert (stream["gbps"] > 0).all() and (stream["gbps_per_core"] > 0).all()
+    assert (rr["transactions"] > 0).all() and (rr["errors"] == 0).all()
+    # each node's CPU over its own window: the client's run on alpha, beta's serving
+    assert (df["n0_window_s"] > 0).all() and (df["n1_window_s"] > 0).all() and (df["n1_busy_cores"] > 0).all()
+    # the eBPF datapath carried the pods' packets on each node, the kernel's routes the legacy's
+    ebpf = df[df["peer"] == "ebpf"]
+    assert (ebpf["n0_remote_pod"] > 0).all() and (ebpf["n1_local_pod"] > 0).all(), ebpf.T
+    assert (ebpf["n0_tunneled"] == 0).all()
+    assert (df[df["peer"] == "ebpf-vxlan"]["n0_tunneled"] > 0).all()
+    assert df[df["peer"] == "legacy"]["n0_seen"].isna().all()
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert meta["hosts"]["roles"] == {"n0": "alpha", "n1": "beta"} and meta["hosts"]["failure"] is None
+    for h in nodes:  # as it was: its interface, and nothing of the lab's left in the host's namespace
+        assert link(rack, h, "eth1") == before[h], h
+        assert on_host(rack, h, ["ip", "link", "show", "vtl-vxlan0"]).returncode != 0, h
+        for family in ("-4", "-6"):
+            routes = on_host(rack, h, ["ip", family, "route", "show", "proto", "250"])
+            assert routes.stdout == "", (h, routes.stdout)
+        names = on_host(rack, h, ["ip", "-br", "link"]).stdout
+        assert "vtl-lxc" not in names, names
+        assert not (rack.lab_dir(h) / ".lab-state/before.json").exists(), h
+    prefixes = [rack.host_vars(h)["lab_env"]["VTL_NETNS_PREFIX"] for h in nodes]
+    assert not [n for n in os.listdir("/run/netns") if n.startswith(tuple(prefixes))]
 
 
 def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack, tmp_path):

@@ -34,6 +34,7 @@ from .inventory import InventoryError
 
 RUNS_DIR = ".lab-state/runs"  # under each host's lab_dir (lab.hosts.local.RUNS)
 DEFAULT_NET = "198.19.0.0/24"  # the test link's addresses, unless the inventory gives lab_addresses
+DEFAULT_NET6 = "2001:2:0:ff00::/64"  # and IPv6's (a pods node's underlay), unless it gives lab_addresses6
 START_MARGIN = 120  # s a runner may take to be ready (a first compile on a slow host) before its run
 STOP_MARGIN = 30  # s after the sender for the others to stop and report
 
@@ -51,6 +52,7 @@ class Sweep:
     row: callable  # (label, {role: result}) -> a CSV row
     duration: float
     meta: dict = field(default_factory=dict)
+    driver: str = "sender"  # the role that is told `go` and returns when its load is done
 
 
 def _python(lab):
@@ -62,7 +64,7 @@ PREPARE_TASK = "interfaces recorded and prepared"
 ENV = "{{ lab_env | default({}) }}"
 
 
-def _play(run_no, label, specs, role_hosts, bench_id, duration):
+def _play(run_no, label, specs, role_hosts, bench_id, duration, driver="sender"):
     """One run as a play: the runners started, ready, go, stop."""
     rid = f"{run_no:04d}"
     runners = {}  # host -> [(role, dir, spec)]
@@ -70,7 +72,7 @@ def _play(run_no, label, specs, role_hosts, bench_id, duration):
         host = role_hosts[role]
         d = f"{RUNS_DIR}/{bench_id}/{rid}-{role}"
         runners.setdefault(host, []).append({"role": role, "dir": d, "spec": json.dumps(spec)})
-    sender = role_hosts["sender"]
+    sender = role_hosts[driver]
     return {
         "name": f"run {rid}: {label}",
         "hosts": ",".join(runners),
@@ -88,7 +90,7 @@ def _play(run_no, label, specs, role_hosts, bench_id, duration):
             {
                 **_raw(
                     f"run {rid} go",
-                    f"go {LAB}/{{{{ runners[inventory_hostname] | selectattr('role', 'equalto', 'sender') "
+                    f"go {LAB}/{{{{ runners[inventory_hostname] | selectattr('role', 'equalto', {driver!r}) "
                     "| map(attribute='dir') | first }} ",
                     duration + STOP_MARGIN,
                 ),
@@ -97,11 +99,11 @@ def _play(run_no, label, specs, role_hosts, bench_id, duration):
             {
                 **_raw(
                     f"run {rid} stop",
-                    "stop {% for r in runners[inventory_hostname] if r.role != 'sender' %}" + f"{LAB}/"
+                    "stop {% for r in runners[inventory_hostname] if r.role != " + repr(driver) + " %}" + f"{LAB}/"
                     "{{ r.dir }} {% endfor %}",
                     STOP_MARGIN,
                 ),
-                "when": "runners[inventory_hostname] | rejectattr('role', 'equalto', 'sender') | list | length > 0",
+                "when": f"runners[inventory_hostname] | rejectattr('role', 'equalto', {driver!r}) | list | length > 0",
             },
         ],
     }
@@ -150,12 +152,12 @@ def prepare_play(items_by_host, owner=None):
     }
 
 
-def test_addresses(inventory, host) -> ipaddress.IPv4Network:
-    net = host.vars.get("lab_addresses") or DEFAULT_NET
+def test_addresses(inventory, host, var="lab_addresses", default=DEFAULT_NET):
+    net = host.vars.get(var) or default
     try:
         return ipaddress.ip_network(net)
     except ValueError as e:
-        raise InventoryError(f"{host.name}: lab_addresses {net!r}: {e}") from None
+        raise InventoryError(f"{host.name}: {var} {net!r}: {e}") from None
 
 
 def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params, progress=None):
@@ -263,7 +265,7 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
         plays = [
             prepare_play(prepare_items, owner),
             *(
-                _play(i, label, specs, role_hosts, bench_id, sweep.duration)
+                _play(i, label, specs, role_hosts, bench_id, sweep.duration, sweep.driver)
                 for i, (label, specs) in enumerate(sweep.runs)
             ),
             {"name": "cleanup", "hosts": ",".join(names), "gather_facts": False, "tasks": [_cleanup_task(bench_id)]},

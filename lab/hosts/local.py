@@ -27,6 +27,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from lab.hosts.runner import alive, pid_of
+from lab.netns import LAB_ROUTE_PROTO
 from lab.paths import REPO
 
 STATE = Path(os.environ.get("VTL_HOST_STATE") or REPO / ".lab-state")
@@ -141,6 +142,17 @@ def restore(ifname) -> list[str]:
         except (OSError, NetlinkError, subprocess.CalledProcessError) as e:
             failed.append(f"{what}: {getattr(e, 'strerror', None) or e}")
 
+    for family in ("-4", "-6"):  # routes the lab added through it (a pods node's to the other nodes' pods)
+        argv = ["ip", family, "route", "flush", "dev", ifname, "proto", str(LAB_ROUTE_PROTO)]
+        if subprocess.run(
+            ["ip", family, "route", "show", "dev", ifname, "proto", str(LAB_ROUTE_PROTO)],
+            capture_output=True,
+            text=True,
+        ).stdout.strip():
+            step(
+                f"the lab's IPv{family[1]} routes removed",
+                lambda a=argv: subprocess.run(a, check=True, capture_output=True),
+            )
     with IPRoute() as ip:
         idx = ip.link_lookup(ifname=ifname)[0]
         if now["xdp"] and not was["xdp"]:
@@ -258,8 +270,10 @@ def _owner() -> dict:
 
 def prepare(items) -> list[str]:
     """A bench's interfaces on this host, each recorded first: [{"iface", "address"
-    (or None), "promisc"}]; up, the address added, promiscuous where asked (a monitor's
-    NIC would drop the copies, which carry another host's MAC, before XDP sees them).
+    (or None; or "addresses", a list), "promisc", "sysctls" ({SYSCTLS key: value})}];
+    up, the addresses added, promiscuous where asked (a monitor's NIC would drop the
+    copies, which carry another host's MAC, before XDP sees them), the sysctls set
+    (a pods node's forwarding on its underlay).
     {"bridge": NAME, "ports": [IFACE, ...]}: a bridge made of those (recorded ports),
     as Testbed 2's tap host joins sender and receiver; deleted by cleanup."""
     done = []
@@ -271,15 +285,43 @@ def prepare(items) -> list[str]:
         was = remember(name)
         with IPRoute() as ip:
             idx = ip.link_lookup(ifname=name)[0]
-            if item.get("address") and item["address"] not in was["addresses"]:
-                address, plen = item["address"].split("/")
-                ip.addr("replace", index=idx, address=address, prefixlen=int(plen))
-                done.append(f"{name}: address {item['address']}")
+            for a in item.get("addresses") or ([item["address"]] if item.get("address") else []):
+                if a in was["addresses"]:
+                    continue
+                address, plen = a.split("/")
+                # IPv6 without duplicate address detection: usable at once (the lab's own range)
+                nodad = {"flags": 0x02} if ":" in address else {}  # IFA_F_NODAD
+                ip.addr("replace", index=idx, address=address, prefixlen=int(plen), **nodad)
+                done.append(f"{name}: address {a}")
             ip.link("set", index=idx, state="up")
         if item.get("promisc"):
             subprocess.run(["ip", "link", "set", "dev", name, "promisc", "on"], check=True)
             done.append(f"{name}: promiscuous")
+        for key, value in (item.get("sysctls") or {}).items():  # per interface: SYSCTLS, recorded above
+            if key.format(name) not in was["sysctls"]:
+                raise LabHostError(f"sysctl {key}: not one the lab records and puts back ({', '.join(SYSCTLS)})")
+            Path(f"/proc/sys/{key.format(name)}").write_text(f"{value}\n")
+            done.append(f"{name}: {key.format(name).replace('/', '.')} {value}")
     return done
+
+
+def made(name):
+    """A device this host's runner is about to make (a pods node's tunnel device):
+    recorded first, so that a cleanup deletes it even if the runner dies; refused when
+    the host has one of that name that is not the lab's."""
+    record = _load()
+    with IPRoute() as ip:
+        if ip.link_lookup(ifname=name) and not record.get(name, {}).get("created"):
+            raise LabHostError(f"{name} exists on this host and is not the lab's; fix: remove it, or rename it")
+    record[name] = {"ifname": name, "created": True}
+    _save(record)
+
+
+def unmade(name):
+    """The runner deleted what made() recorded: the record goes."""
+    record = _load()
+    if record.pop(name, None) is not None:
+        _save(record) if record else RECORD.unlink(missing_ok=True)
 
 
 def _bridge(name, ports) -> list[str]:

@@ -192,8 +192,10 @@ class NamespaceHosts:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         (d / "lab").mkdir(mode=0o755, exist_ok=True)
         # sshd in a mount namespace of its own (unshare: private propagation), the host's
-        # directory mounted on `disk` there; each exec keeps the pid (ip netns exec,
-        # unshare, sh), so the process started is sshd itself
+        # directory mounted on `disk` there, and the cgroup v2 hierarchy on /sys/fs/cgroup
+        # as a machine has it (ip netns exec mounts a /sys of the namespace's own, without
+        # it: a pods node's socket programs attach there); each exec keeps the pid (ip netns
+        # exec, unshare, sh), so the process started is sshd itself
         self.sshd[name] = self.topo.popen(
             name,
             [
@@ -202,7 +204,7 @@ class NamespaceHosts:
                 "--",
                 "sh",
                 "-c",
-                'mount --bind "$0" "$1" && exec "$2" -D -e -f "$3"',
+                'mount --bind "$0" "$1" && mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$2" -D -e -f "$3"',
                 str(d),
                 str(self.disk),
                 SSHD,

@@ -36,7 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHES = {"vtap-throughput": "lab.fastpaths.vtap.hosts"}
+BENCHES = {"vtap-throughput": "lab.fastpaths.vtap.hosts", "pods": "lab.fastpaths.pods.hosts"}
 POLL = 0.02  # s between looks at a state file
 
 

@@ -2,8 +2,9 @@
 
 A checkout is identified by its tree (git's hash of the tracked files' content),
 not only its commit: `--dirty` puts a working tree's uncommitted changes to tracked
-files on the hosts (a commit made by `git stash create`, which touches neither the
-tree nor the stash), and what is on a host is then the same as here exactly when
+files on the hosts (a commit of them made through an index of its own, which
+touches neither the working tree, the index nor the stash: `git stash create` refuses
+a file added with `git add -N`), and what is on a host is then the same as here exactly when
 the trees are. Untracked files never go (git archive takes tracked files only).
 """
 
@@ -68,8 +69,34 @@ def current(allow_dirty=False, repo=REPO) -> Source:
             f"({', '.join(dirty[:3])}{', ...' if len(dirty) > 3 else ''}): hosts run a commit, so that every "
             "result names the code that made it; fix: commit them (or --dirty to send them as they are)"
         )
-    ref = (_git("stash", "create", repo=repo) or "HEAD") if dirty else "HEAD"
+    ref = _snapshot(repo, commit) if dirty else "HEAD"
     return Source(repo, commit, _git("rev-parse", f"{ref}^{{tree}}", repo=repo), ref, dirty)
+
+
+def _snapshot(repo, head) -> str:
+    """A commit of the tracked files as they are in the working tree (staged or not,
+    new ones added with -N too), made in a copy of the index: nothing of the user's changes."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    index = Path(_git("rev-parse", "--git-path", "index", repo=repo))
+    index = index if index.is_absolute() else repo / index
+    with tempfile.TemporaryDirectory() as tmp:
+        mine = Path(tmp) / "index"
+        if index.exists():
+            shutil.copyfile(index, mine)
+        env = {**os.environ, "GIT_INDEX_FILE": str(mine)}
+
+        def git(*args):
+            p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                raise InventoryError(f"git {' '.join(args)} in {repo}: {p.stderr.strip() or 'failed'}")
+            return p.stdout.strip()
+
+        git("add", "-u")
+        tree = git("write-tree")
+        return git("commit-tree", tree, "-p", head, "-m", "lab hosts setup --dirty: the working tree's tracked files")
 
 
 def archive(source: Source, dest: Path) -> list[str]:

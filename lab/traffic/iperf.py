@@ -52,13 +52,15 @@ class Iperf3(Generator):
         cpu=None,
         server_cpu=None,
         parallel=1,
+        serve=True,
     ):
         if not shutil.which("iperf3"):
             raise netns.LabError("iperf3 not found (Debian package iperf3; run `make setup`)")
         if proto not in ("tcp", "udp"):
             raise ValueError(f"iperf3 protocol is tcp or udp, not {proto!r}")
         super().__init__(ns, ifname, cpu=cpu)
-        self.server_ns, self.server_cpu = server_ns, server_cpu
+        # serve=False: the server is another host's (IperfServer there; a pods bench on hosts)
+        self.server_ns, self.server_cpu, self.serve = server_ns, server_cpu, serve
         self.addr = ipaddress.ip_address(server_addr)
         self.proto, self.port, self.parallel = proto, port, parallel
         self.ip_hlen = ip_hlen(self.addr)
@@ -69,28 +71,12 @@ class Iperf3(Generator):
 
     # --- the server ----------------------------------------------------------
     def _open(self):
-        argv = ["iperf3", "-s", "-B", str(self.addr), "-p", str(self.port)]
-        if self.server_cpu is not None:
-            argv += ["-A", str(self.server_cpu)]
-        self.server = netns.popen(
-            self.server_ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        deadline = time.monotonic() + 5
-        while not self._listening():
-            if self.server.poll() is not None:
-                raise netns.LabError(f"iperf3 server in {self.server_ns} exited: {self.server.stderr.read().strip()}")
-            if time.monotonic() > deadline:
-                raise netns.LabError(f"iperf3 server in {self.server_ns} is not listening on port {self.port}")
-            time.sleep(0.02)
-
-    def _listening(self):
-        out = netns.run(self.server_ns, ["ss", "-Hltn", f"sport = :{self.port}"], capture_output=True, text=True)
-        return bool(out.stdout.strip())
+        if self.serve:
+            self.server = IperfServer(self.server_ns, self.addr, self.port, self.server_cpu).open()
 
     def _close(self):
         if self.server is not None:
-            netns.stop(self.server)
-            self.server.stderr.close()
+            self.server.close()
             self.server = None
 
     def _open_connections(self):
@@ -108,9 +94,11 @@ class Iperf3(Generator):
             capture_output=True,
             text=True,
         ).stdout
-        server = netns.run(
-            self.server_ns, ["ss", "-Htan", "sport", "=", f":{self.port}"], capture_output=True, text=True
-        ).stdout
+        server = ""
+        if self.serve:  # (another host's server: its closes are its own)
+            server = netns.run(
+                self.server_ns, ["ss", "-Htan", "sport", "=", f":{self.port}"], capture_output=True, text=True
+            ).stdout
         return [ln for ln in (client + server).splitlines() if ln.split() and ln.split()[0] not in done]
 
     def _settled_counters(self, quiet=0.05, limit=5.0):
@@ -195,3 +183,52 @@ class Iperf3(Generator):
                 retransmits=sent.get("retransmits"),
             )
         return packets, nbytes, elapsed, extra
+
+
+class IperfServer:
+    """`iperf3 -s` bound to one address in a namespace (None: a host runner's own), for as
+    long as it is open: Iperf3's own, or a server node's on a user's host."""
+
+    def __init__(self, ns, addr, port=5201, cpu=None):
+        if not shutil.which("iperf3"):
+            raise netns.LabError("iperf3 not found (Debian package iperf3; run `make setup`)")
+        self.ns, self.addr, self.port, self.cpu = ns, str(addr), port, cpu
+        self.proc = None
+
+    def open(self):
+        argv = ["iperf3", "-s", "-B", self.addr, "-p", str(self.port)]
+        if self.cpu is not None:
+            argv += ["-A", str(self.cpu)]
+        self.proc = netns.popen(
+            self.ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        where = f" in {self.ns}" if self.ns else ""
+        deadline = time.monotonic() + 5
+        try:
+            while not self._listening():
+                if self.proc.poll() is not None:
+                    raise netns.LabError(f"iperf3 server{where} exited: {self.proc.stderr.read().strip()}")
+                if time.monotonic() > deadline:
+                    raise netns.LabError(f"iperf3 server{where} is not listening on {self.addr} port {self.port}")
+                time.sleep(0.02)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _listening(self):
+        out = netns.run(self.ns, ["ss", "-Hltn", f"sport = :{self.port}"], capture_output=True, text=True)
+        return bool(out.stdout.strip())
+
+    def close(self):
+        if self.proc is not None:
+            netns.stop(self.proc)
+            self.proc.stderr.close()
+            self.proc = None
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -11,6 +11,7 @@ from lab.bench import common
 from lab.fastpaths.pods.peers import PEERS
 from lab.fastpaths.pods.testbed import pods_testbed
 from lab.metrics import CpuSampler, write_results
+from lab.netns import LabError
 from lab.traffic.iperf import Iperf3
 from lab.traffic.rr import RrServer, request_response
 
@@ -37,6 +38,7 @@ examples:
   python -m lab bench pods                                  # everything, 3 trials (about 20 minutes)
   python -m lab bench pods --experiments rr --peers legacy,ebpf,ebpf-redirect
   python -m lab bench pods --experiments stream --parallel 1 --families 4 --trials 1 --duration 1   # a smoke test
+  python -m lab bench pods -i hosts.yml --experiments stream,rr   # on your own machines (group nodes, docs/hosts.md)
 """
 EXPERIMENTS = ("stream", "rr", "services")
 STREAM_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf", "ebpf-vxlan")
@@ -45,6 +47,12 @@ WAYS = {"connect": "ebpf", "per-packet": "ebpf", "nft": "legacy"}  # a service's
 RR_PORT, IPERF_PORT = 7100, 5201
 VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
 COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
+# what runs on a user's hosts (lab.fastpaths.pods.hosts): the services' ways write tables a
+# node's own kube-proxy or CNI may hold (kube-proxy's table, cni0, flannel.1), not yet there
+HOSTS_PEERS = ("host", "legacy", "ebpf", "ebpf-redirect", "ebpf-vxlan")
+HOSTS_EXPERIMENTS = ("stream", "rr")
+# of an eBPF peer's counters, each node's in a hosts run's rows (all of them: its runner's result.json there)
+DATAPATH_COUNTERS = ("seen", "redirect", "pass", "drop", "local_pod", "remote_pod", "tunneled")
 
 
 def add_arguments(p):
@@ -56,6 +64,14 @@ def add_arguments(p):
     p.add_argument("--paths", default="same-node,across", help="stream: where the receiving pod is")
     p.add_argument("--services", default="1,100", help="services: how many services exist (default %(default)s)")
     p.add_argument("--ways", default=",".join(WAYS), help="services: how a service is translated (default: all)")
+    p.add_argument(
+        "-i",
+        "--inventory",
+        metavar="FILE",
+        help="run on the hosts an Ansible inventory names (group nodes: two or more, each with its lab_iface; "
+        f"docs/hosts.md); there: experiments {', '.join(HOSTS_EXPERIMENTS)}, peers {', '.join(HOSTS_PEERS)} "
+        "(default: namespaces on this machine)",
+    )
 
 
 def main(a):
@@ -70,13 +86,21 @@ def main(a):
         raise ValueError("--parallel: 1..64 streams")
     if any(not 1 <= n <= 200 for n in counts):
         raise ValueError("--services: 1..200 services")
-    df, path = run(peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out)
+    if a.inventory:
+        if a.peers == ",".join(PEERS):  # not chosen: those that run on hosts
+            peers = list(HOSTS_PEERS)
+        if a.experiments == ",".join(EXPERIMENTS):
+            experiments = list(HOSTS_EXPERIMENTS)
+        df, path = run_on_hosts(a.inventory, peers, experiments, parallel, families, paths, a.trials, a.duration, a.out)
+    else:
+        df, path = run(peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out)
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
 
 
-def _cpu(sampler, gbps) -> dict:
+def cpu_of(sampler, gbps=None) -> dict:
+    """A run's CPU: percent of all cores by kind, busy cores, and Gbit/s per busy core."""
     s = sampler.summary().loc["all"]
     busy_cores = s["busy_ns"] / 1e9 / sampler.seconds if sampler.seconds else 0.0
     return {
@@ -84,7 +108,7 @@ def _cpu(sampler, gbps) -> dict:
         "sys_pct": round(s["sys"], 2),
         "soft_pct": round(s["soft"], 2),
         "busy_cores": round(busy_cores, 3),
-        "gbps_per_core": round(gbps / busy_cores, 3) if busy_cores else None,
+        "gbps_per_core": round(gbps / busy_cores, 3) if busy_cores and gbps is not None else None,
     }
 
 
@@ -96,8 +120,7 @@ def _services(tb, n):
     return out + [(VIP, 80, "tcp", backends)]
 
 
-def run(peers, experiments, parallel, families, paths, counts, ways, trials, duration, out=None, progress=True):
-    tb = pods_testbed(tunnel=True)
+def _variants(peers, experiments, parallel, families, paths, counts, ways) -> list:
     variants = []
     if "stream" in experiments:
         variants += [
@@ -115,6 +138,29 @@ def run(peers, experiments, parallel, families, paths, counts, ways, trials, dur
         variants += [("services", WAYS[w], w, "mixed", 4, 1, n) for w in ways if WAYS[w] in peers for n in counts]
     if not variants:
         raise ValueError("nothing to run: no peer of --peers takes part in --experiments")
+    return variants
+
+
+def run(
+    peers,
+    experiments,
+    parallel,
+    families,
+    paths,
+    counts,
+    ways,
+    trials,
+    duration,
+    out=None,
+    progress=True,
+    inventory=None,
+):
+    """The sweep; returns (DataFrame, CSV path). inventory: an Ansible inventory's path,
+    the sweep on the nodes it names (run_on_hosts; counts and ways: not there)."""
+    if inventory is not None:
+        return run_on_hosts(inventory, peers, experiments, parallel, families, paths, trials, duration, out, progress)
+    variants = _variants(peers, experiments, parallel, families, paths, counts, ways)
+    tb = pods_testbed(tunnel=True)
     bar = common.Progress(trials * len(variants)) if progress else None
     rows = []
     with tb, contextlib.ExitStack() as servers:
@@ -167,6 +213,141 @@ def run(peers, experiments, parallel, families, paths, counts, ways, trials, dur
     return df, write_results(df, "pods", params, out)
 
 
+def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trials, duration, out=None, progress=True):
+    """The sweep on the nodes an Ansible inventory names (group nodes, two or more; the
+    first drives each run): each node's side built by its runner for the run
+    (lab.fastpaths.pods.hosts), on its lab_iface as the underlay, with the addresses
+    the inventory gives (lab_addresses, lab_addresses6) or the lab's. Returns
+    (DataFrame, CSV path); a host's failure raises after the rows of every finished run
+    are written (lab.hosts.bench)."""
+    from lab.hosts import Hosts  # noqa: PLC0415 -- Ansible: only for a bench on hosts
+    from lab.hosts import bench as hosts_bench  # noqa: PLC0415
+    from lab.hosts.inventory import InventoryError  # noqa: PLC0415
+
+    others = [p for p in peers if p not in HOSTS_PEERS]
+    if others:
+        raise ValueError(f"peer {others[0]} does not run on hosts yet (there: {', '.join(HOSTS_PEERS)})")
+    others = [e for e in experiments if e not in HOSTS_EXPERIMENTS]
+    if others:
+        raise ValueError(f"experiment {others[0]} does not run on hosts yet (there: {', '.join(HOSTS_EXPERIMENTS)})")
+    variants = _variants(peers, experiments, parallel, families, paths, [], [])
+    hosts = Hosts(inventory)
+    inv = hosts.inventory
+    nodes = inv.roles(NAME)["nodes"]
+    report = hosts.check(NAME)
+    if not report.ok:
+        raise InventoryError("the hosts are not ready (nothing was started): " + " | ".join(report.problems()))
+    if 6 in families:
+        off = [h.name for h in nodes if not report.facts[h.name].get("ipv6_forwarding")]
+        if off:
+            raise InventoryError(
+                f"{', '.join(off)}: IPv6 forwarding is off (net.ipv6.conf.all.forwarding=0), and the pods' IPv6 "
+                "crosses each node as a router (the lab leaves the host's forwarding as it is); fix: sysctl -w "
+                "net.ipv6.conf.all.forwarding=1 there (a Kubernetes node has it on), or --families 4"
+            )
+    net4 = hosts_bench.test_addresses(inv, nodes[0])
+    net6 = hosts_bench.test_addresses(inv, nodes[0], "lab_addresses6", hosts_bench.DEFAULT_NET6)
+    names = [f"n{i}" for i in range(len(nodes))]
+    host_of = dict(zip(names, (h.name for h in nodes), strict=True))
+    underlay = {n: [str(net4[i + 1]), str(net6[i + 1])] for i, n in enumerate(names)}
+    iface = {n: h.iface("nodes") for n, h in zip(names, nodes, strict=True)}
+    deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
+    runs, variant_of = [], {}
+    for trial, _, v in common.interleaved(trials, [0], variants):
+        experiment, name, _, path, fam, par, _ = v
+        label = f"{experiment} {name} {path} v{fam} x{par} t{trial}"
+        if name == "host":
+            client, server = "n0", "n1"
+        else:
+            client, server = "p00", ("p01" if path == "same-node" else "p10")
+        base = {
+            "bench": NAME,
+            "role": "node",
+            "deadline_s": deadline,
+            "underlay": underlay,
+            "peer": name,
+            "experiment": experiment,
+            "family": fam,
+            "parallel": par,
+            "duration": duration,
+            "client": client,
+            "server": server,
+        }
+        specs = {n: {**base, "node": n, "iface": iface[n], "driver": n == "n0"} for n in names}
+        runs.append((label, specs))
+        variant_of[label] = (trial, v)
+
+    def make_row(label, results):
+        trial, (experiment, name, way, path, fam, par, n) = variant_of[label]
+        drove = results["n0"]
+        if drove.get("report") is None:
+            raise ValueError(f"{label}: the client never ran (its runner's deadline passed)")
+        row = {
+            "experiment": experiment,
+            "peer": name,
+            "way": way,
+            "path": path,
+            "family": fam,
+            "parallel": par,
+            "services": n,
+            "trial": trial,
+            **{k: v for k, v in drove["report"].items() if k not in ("received_bytes", "received_seconds")},
+            "place": "hosts",
+        }
+        busy = 0.0
+        for node, said in sorted(results.items()):  # each node's CPU over its own window
+            row[f"{node}_host"] = host_of[node]
+            row[f"{node}_window_s"] = said.get("window_s")
+            for k, v in (said.get("cpu") or {}).items():
+                if k != "gbps_per_core":
+                    row[f"{node}_{k}"] = v
+            busy += (said.get("cpu") or {}).get("busy_cores") or 0.0
+            datapath = said.get("datapath") or {}
+            for k in DATAPATH_COUNTERS if datapath else ():  # what the eBPF datapath did there
+                row[f"{node}_{k}"] = datapath.get(k)
+        row["busy_cores"] = round(busy, 3)  # the nodes' together: each its own cores (here: the one machine's)
+        if experiment == "stream":
+            row["gbps_per_core"] = round(row["gbps"] / busy, 3) if busy else None
+        return row
+
+    prepare = {
+        host_of[n]: [
+            {
+                "iface": iface[n],
+                "addresses": [f"{underlay[n][0]}/{net4.prefixlen}", f"{underlay[n][1]}/{net6.prefixlen}"],
+                # the pods' IPv4 from the other nodes is forwarded where it comes in (per device)
+                "sysctls": {"net/ipv4/conf/{}/forwarding": 1},
+            }
+        ]
+        for n in names
+    }
+    sweep = hosts_bench.Sweep(NAME, runs, make_row, duration, meta={"csv_name": "pods", "facts": report.facts})
+    sweep.driver = "n0"
+    params = {
+        "peers": list(peers),
+        "experiments": list(experiments),
+        "parallel": parallel,
+        "families": families,
+        "paths": paths,
+        "trials": trials,
+        "duration_s": duration,
+        "pod_mtu": 1450,
+        "inventory": str(inv.path),
+        "nodes": host_of,
+        "underlay": underlay,
+        "cpu": "each node's own /proc/stat over its own window (n*_ columns); busy_cores: the nodes' sum. "
+        "On namespaces as hosts every node is the one machine, whose CPU each then reports",
+    }
+    bar = common.Progress(len(runs)) if progress else None
+    rows, path, failure = hosts_bench.run_sweep(hosts, sweep, host_of, prepare, out, params, bar)
+    if failure:
+        raise LabError(
+            f"host {failure['host']}, run {failure['run']} ({failure.get('label', '')}): {failure['error']} "
+            f"(every finished run's row: {path})"
+        )
+    return common.columns_first(rows, COLUMNS + ["place", *(f"{n}_host" for n in names)]), path
+
+
 def _stream(tb, name, path, fam, par, duration) -> dict:
     if name == "host":
         client, server = tb.nodes
@@ -179,7 +360,7 @@ def _stream(tb, name, path, fam, par, duration) -> dict:
             rep = gen.send(seconds=duration)
     secs = rep.extra.get("received_seconds") or rep.seconds
     gbps = rep.extra["received_bytes"] * 8 / secs / 1e9
-    return {"gbps": round(gbps, 3), "retransmits": rep.extra.get("retransmits"), **_cpu(cpu, gbps)}
+    return {"gbps": round(gbps, 3), "retransmits": rep.extra.get("retransmits"), **cpu_of(cpu, gbps)}
 
 
 def _rr(tb, name, duration) -> dict:
@@ -187,15 +368,15 @@ def _rr(tb, name, duration) -> dict:
         r = request_response(tb.ns(tb.nodes[0]), tb.underlay4(tb.nodes[1]), RR_PORT + 1, duration)
     else:
         r = request_response(tb.ns("p00"), tb.pod4("p10"), RR_PORT, duration)
-    return _latency(r)
+    return latency(r)
 
 
 def _crr(tb, peer, way, duration) -> dict:
     r = request_response(tb.ns("p00"), VIP, 80, duration, mode="crr", **peer.client_kw(way))
-    return _latency(r)
+    return latency(r)
 
 
-def _latency(r) -> dict:
+def latency(r) -> dict:
     return {
         "tps": round(r.tps, 1),
         "transactions": r.transactions,

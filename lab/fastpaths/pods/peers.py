@@ -25,7 +25,7 @@ import json
 
 from ebpf.pods.tc_pods import TcPods, parse_endpoint
 from lab import nft
-from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6, TUNNEL_DEV
+from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6
 from lab.netns import LabError
 from lab.peer import Peer
 
@@ -75,14 +75,14 @@ class Legacy(PodPeer):
 
     def set_services(self, services):
         self.remove_services()
-        for node in self.tb.nodes:
+        for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
                 text = ruleset(family, [s for s in services if _family(s[0]) == family])
                 if text:
                     nft.run_text(self.tb.ns(node), text)
 
     def remove_services(self):
-        for node in self.tb.nodes:
+        for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
                 nft.delete_table(self.tb.ns(node), family, self.TABLE)
 
@@ -221,14 +221,13 @@ class Ebpf(PodPeer):
     name = "ebpf"
     colour = "#0072B2"
     tunnel = False
-    tunnel_dev = None
     redirect = "peer"
     serves = True
 
     def attach(self):
         self.progs = {}
         try:
-            for node in self.tb.nodes:
+            for node in self.tb.local_nodes:  # (on a user's host: its own)
                 self.progs[node] = self._datapath(node)
         except BaseException:
             self.detach()
@@ -237,7 +236,7 @@ class Ebpf(PodPeer):
 
     def _datapath(self, node):
         tb = self.tb
-        kw = dict(mode="tunnel", tunnel=self.tunnel_dev, vni=1) if self.tunnel else {}
+        kw = dict(mode="tunnel", tunnel=tb.tunnel_dev, vni=1) if self.tunnel else {}
         p = TcPods(netns=tb.ns(node), redirect=self.redirect, **kw)
         for pod in tb.pods[node]:
             p.add_pod(tb.lxc[pod], [tb.pod4(pod), tb.pod6(pod)], mac=tb.topo.mac(pod, "eth0"))
@@ -248,9 +247,9 @@ class Ebpf(PodPeer):
         p.load_program()
         for pod in tb.pods[node]:
             p.attach_pod(tb.lxc[pod])
-        p.attach_node("eth0")
+        p.attach_node(tb.underlay_of(node))
         if self.tunnel:
-            p.attach_node(self.tunnel_dev)
+            p.attach_node(tb.tunnel_dev)
         p.attach_services(tb.cgroup.path)
         return p
 
@@ -285,7 +284,6 @@ class EbpfVxlan(Ebpf):
     name = "ebpf-vxlan"
     colour = "#56B4E9"
     tunnel = True
-    tunnel_dev = TUNNEL_DEV
 
     def attach(self):
         if not self.tb.tunnel:

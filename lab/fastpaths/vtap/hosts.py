@@ -22,7 +22,7 @@ import os
 import socket
 
 from lab.bench import common
-from lab.metrics import CpuSampler
+from lab.metrics import CpuSampler, host_cpu
 from lab.rig import Rig
 from lab.traffic import GENERATORS
 
@@ -129,14 +129,6 @@ def counting(spec, signals):
         return {"counts": {spec["role"]: counted}, "window_s": counted["window_s"], "host_cpu": host_cpu(cpu)}
     finally:
         side.close()
-
-
-def host_cpu(cpu) -> dict:
-    """The whole host's CPU over a sampler's window, as percent of all its cores (on
-    namespaces as hosts, the machine's: every host shares its cores)."""
-    s = cpu.summary().loc["all"]
-    busy = 100.0 - float(s["idle"]) - float(s["iowait"])
-    return {"busy_pct": round(busy, 2), "sys_pct": round(float(s["sys"]), 2), "soft_pct": round(float(s["soft"]), 2)}
 
 
 ROLES = {"sender": sender, "tap": tap, "receiver": counting, "monitor": counting}

@@ -354,6 +354,9 @@ def gather(lab_dir, ifaces, management_addrs=()):
         "btf": os.path.exists("/sys/kernel/btf/vmlinux"),
         "bpf_jit": sysfs_int(_read("/proc/sys/net/core/bpf_jit_enable")),
         "bpffs": "/sys/fs/bpf bpf" in (_read("/proc/mounts") or ""),
+        # IPv6 forwards only where it is on for all interfaces (per interface: 6.17's
+        # force_forwarding): the pods' IPv6 through a node needs it, and the lab leaves it as it is
+        "ipv6_forwarding": sysfs_int(_read("/proc/sys/net/ipv6/conf/all/forwarding")) == 1,
         "python": shutil.which("python3"),
         "tools": {t: bool(shutil.which(t)) for t in ("ethtool", "ip", "tc", "nft", "git")},
         "clock": _clock(),

@@ -148,6 +148,13 @@ def test_a_host_judged_from_facts_says_each_problem_with_its_fix():
     assert any("ens1 (tap) is down: a bench brings it up" in a for a in v.advice)
     assert any("irqbalance" in a for a in v.advice) and any("pause frames" in a for a in v.advice)
     assert any("powersave" in a for a in v.advice)
+    # a pods node: its socket programs attach to a cgroup v2 hierarchy, which must be mounted
+    node = {**GOOD_HOST, "ifaces": {"ens1": {"present": True, "up": True}}}
+    assert judge(
+        Host("alpha", {}, ["nodes"]), {**node, "cgroup2": "/sys/fs/cgroup"}, {"nodes": "ens1"}, "b" * 40, "pods"
+    ).ok
+    v = judge(Host("alpha", {}, ["nodes"]), {**node, "cgroup2": None}, {"nodes": "ens1"}, "b" * 40, "pods")
+    assert len(v.problems) == 1 and "mount -t cgroup2 none /sys/fs/cgroup" in v.problems[0], v.problems
 
 
 def test_a_tunnel_counts_with_a_generic_xdp_sink_and_the_tap_still_needs_native_xdp():

@@ -86,6 +86,11 @@ def judge(host: Host, facts: dict, ifaces: dict, tree: str, bench=None, generato
             "the BPF JIT is off: every program would be interpreted, and measured so; "
             "fix: sysctl -w net.core.bpf_jit_enable=1"
         )
+    if bench == "pods" and not facts.get("cgroup2"):
+        p.append(
+            "no cgroup v2 hierarchy mounted: the eBPF datapath's socket programs (services at connect()) "
+            "attach there; fix: mount -t cgroup2 none /sys/fs/cgroup (systemd mounts it at boot)"
+        )
     lab = facts.get("lab", {})
     setup = f"python -m lab hosts setup -i {inventory}"
     if not lab.get("present"):

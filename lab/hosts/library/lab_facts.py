@@ -335,6 +335,15 @@ def _management():
     return conn[2] if len(conn) == 4 else None
 
 
+def _cgroup2(mounts):
+    """The first cgroup v2 hierarchy's mount point in /proc/mounts' text, or None."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return fields[1]
+    return None
+
+
 def gather(lab_dir, ifaces, management_addrs=()):
     osr = parse_os_release(_read("/etc/os-release") or "")
     addresses = _addresses()
@@ -354,6 +363,7 @@ def gather(lab_dir, ifaces, management_addrs=()):
         "btf": os.path.exists("/sys/kernel/btf/vmlinux"),
         "bpf_jit": sysfs_int(_read("/proc/sys/net/core/bpf_jit_enable")),
         "bpffs": "/sys/fs/bpf bpf" in (_read("/proc/mounts") or ""),
+        "cgroup2": _cgroup2(_read("/proc/mounts") or ""),  # where socket programs attach (a pods node's)
         # IPv6 forwards only where it is on for all interfaces (per interface: 6.17's
         # force_forwarding): the pods' IPv6 through a node needs it, and the lab leaves it as it is
         "ipv6_forwarding": sysfs_int(_read("/proc/sys/net/ipv6/conf/all/forwarding")) == 1,

@@ -147,7 +147,8 @@ def _bench_command(find_benches):
             bench.add_arguments(parsers[bench.NAME])
 
     def main(args):
-        others = live_runs()
+        # (a bench on hosts measures their CPUs, not this machine's)
+        others = [] if getattr(args, "inventory", None) else live_runs()
         if others:  # two benches at once ran, and each measured the other's load (40 us/pkt instead of 0.5)
             print(
                 f"lab bench: warning: another lab run is live ({', '.join(others)}): it shares these CPUs, "

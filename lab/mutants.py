@@ -370,6 +370,23 @@ SHARED = [
         HOSTS,
     ),
     M(
+        "hosts-pods-window-whole",
+        "lab/fastpaths/pods/hosts.py",
+        "if self.packets[i] - self.packets[i - 1] > ACTIVE]",
+        "if self.packets[i] - self.packets[i - 1] >= 0]",
+        "on hosts, a serving node's CPU taken over its runner's whole life (Ansible's go and stop too), "
+        "not the run's: diluted",
+        (["tests/test_hosts.py", "-k", "pods_on_two_nodes"], ["tests/test_hosts.py"]),
+    ),
+    M(
+        "http-spread-loads-not-stopped",
+        "lab/traffic/http.py",
+        "            loads.stop()\n            raise",
+        "            raise",
+        "a Ctrl-C during a bench's load waits out the run's whole duration when wrk has not yet taken SIGINT",
+        (["tests/test_lb_bench.py", "-k", "interrupted_spread"], ["tests/test_lb_bench.py"]),
+    ),
+    M(
         "partial-fold",
         "lab/traffic/partial.py",
         "s = (s & 0xFFFF) + (s >> 16)",

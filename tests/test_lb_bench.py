@@ -431,6 +431,44 @@ def test_interrupted_bench_removes_everything_itself(tmp_path):
     assert not list(tmp_path.iterdir())  # no half-written results
 
 
+def test_an_interrupted_spread_stops_its_loads_at_once_even_one_that_ignores_sigint():
+    """wrk ignores SIGINT until its threads are up: a Ctrl-C in that moment reached the
+    bench alone, whose spread() then waited for its wrk thread's whole run (a bench held
+    60 s by one Ctrl-C, once in six suites). Here the interrupt goes to Python only, as
+    it then did: the loads must stop at once."""
+    require_tool("wrk")
+    with testbeds.pair("client", "server", "spread") as t:
+        ns, addr = t.ns("client"), t.addr("server", "eth0")
+        servers = [  # two servers, as an LB's targets: a thread of spread's each
+            t.popen("server", [sys.executable, "-m", "http.server", str(port), "--bind", addr])
+            for port in (8081, 8082)
+        ]
+        wait_for(lambda: all(_listening(t.ns("server"), port) for port in (8081, 8082)), what="the servers")
+        code = (
+            "from lab.traffic.http import closed_loop, spread; "
+            f"spread(closed_loop, {ns!r}, [({addr!r}, 8081), ({addr!r}, 8082)], 2, seconds=60, threads=1)"
+        )
+        proc = start_until(
+            [sys.executable, "-c", code],
+            lambda: sum(_comm(p) == "wrk" for p in netns.pids(ns)) == 2,
+            cwd=ROOT,
+        )
+        started = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)  # Python only: the wrks do not see it
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+        assert took < 10, f"{took:.1f} s after the interrupt"
+        assert not [p for p in netns.pids(ns) if _comm(p) == "wrk"]
+        for server in servers:
+            netns.stop(server)
+
+
+def _listening(ns, port):
+    out = netns.run(ns, ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return bool(out.strip())
+
+
 def test_killed_bench_is_cleaned_up(tmp_path):
     """SIGKILL mid-run leaves the namespaces, the LB's command line attached in
     one of them and its run directory; `python -m lab cleanup` removes it all."""

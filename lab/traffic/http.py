@@ -23,7 +23,9 @@ import os
 import selectors
 import shutil
 import socket
+import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -82,8 +84,45 @@ def _bound(seconds):
         raise ValueError(f"a load run lasts between 0 and {MAX_LOAD_SECONDS:g} s, not {seconds}")
 
 
-def closed_loop(ns, addr, port, connections=100, seconds=10.0, threads=2, timeout=2.0, path="/") -> HttpResult:
-    """wrk -t threads -c connections -d seconds against http://addr:port/path."""
+class Loads:
+    """The load processes of one spread() (or one call), so that an interrupted spread
+    stops them all at once: its threads would otherwise each wait out its process's
+    whole run, and wrk ignores SIGINT until its threads are up (a Ctrl-C in that moment
+    held a bench for its 60-s run). A load that would start after stop() does not."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.procs = []
+        self.stopped = False
+
+    def run(self, ns, argv, timeout) -> subprocess.CompletedProcess:
+        """argv in namespace ns, its output captured, killed at `timeout` or when stopped."""
+        with self.lock:
+            if self.stopped:
+                raise LabError("the load was stopped before it started")
+            proc = netns.popen(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.procs.append(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+
+
+def closed_loop(
+    ns, addr, port, connections=100, seconds=10.0, threads=2, timeout=2.0, path="/", loads=None
+) -> HttpResult:
+    """wrk -t threads -c connections -d seconds against http://addr:port/path
+    (loads: the Loads it runs in, a spread()'s)."""
     _bound(seconds)
     wrk = shutil.which("wrk")
     if not wrk:
@@ -106,7 +145,7 @@ def closed_loop(ns, addr, port, connections=100, seconds=10.0, threads=2, timeou
             script.name,
             f"http://{host}:{port}{path}",
         ]
-        r = netns.run(ns, argv, check=False, capture_output=True, text=True, timeout=seconds + 60)
+        r = (loads or Loads()).run(ns, argv, timeout=seconds + 60)
     out = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not out:
         err = (r.stderr.strip() or r.stdout.strip() or f"exit {r.returncode}").splitlines()[-1]
@@ -129,7 +168,7 @@ def openloop_binary() -> Path:
     return built(SOURCE, "the open-loop generator")
 
 
-def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, path="/") -> HttpResult:
+def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, path="/", loads=None) -> HttpResult:
     """`rate` requests per second over `connections` keep-alive connections for
     `seconds`; a request not answered `timeout` s after the schedule ends is an
     error. addr may be a list: connection c goes to the (c mod n)-th address."""
@@ -150,7 +189,7 @@ def open_loop(ns, addr, port, rate, connections=100, seconds=10.0, timeout=5.0, 
             f"{timeout:g}",
             lat.name,
         ]
-        r = netns.run(ns, argv, check=False, capture_output=True, text=True, timeout=seconds + 2 * timeout + 30)
+        r = (loads or Loads()).run(ns, argv, timeout=seconds + 2 * timeout + 30)
         if r.returncode != 0 or not r.stdout.strip():
             err = (r.stderr.strip() or f"exit {r.returncode}").splitlines()[-1]
             raise LabError(f"open-loop load against {addr}:{port} failed: {err}")
@@ -223,13 +262,18 @@ def spread(load, ns, targets, connections, rate=None, **kw) -> HttpResult:
         raise ValueError(f"{connections} connections cannot spread over {n} servers")
     if load is closed_loop and "threads" in kw:
         kw["threads"] = max(1, kw["threads"] // n)  # the same wrk threads in all
+    loads = Loads()
     with ThreadPoolExecutor(n) as pool:
         jobs = []
         for i, (addr, port) in enumerate(targets):
             c = connections // n + (i < connections % n)
             args = (ns, addr, port) + ((rate / n,) if rate is not None else ())
-            jobs.append(pool.submit(load, *args, connections=c, **kw))
-        return merge([j.result() for j in jobs])
+            jobs.append(pool.submit(load, *args, connections=c, loads=loads, **kw))
+        try:
+            return merge([j.result() for j in jobs])
+        except BaseException:  # Ctrl-C, or one load failed: the others stopped now, not at their end
+            loads.stop()
+            raise
 
 
 class Connections:

@@ -294,7 +294,7 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
             **{k: v for k, v in drove["report"].items() if k not in ("received_bytes", "received_seconds")},
             "place": "hosts",
         }
-        busy = 0.0
+        busy, kinds, cores = 0.0, dict.fromkeys(("usr", "sys", "soft"), 0.0), 0
         for node, said in sorted(results.items()):  # each node's CPU over its own window
             row[f"{node}_host"] = host_of[node]
             row[f"{node}_window_s"] = said.get("window_s")
@@ -302,10 +302,16 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
                 if k != "gbps_per_core":
                     row[f"{node}_{k}"] = v
             busy += (said.get("cpu") or {}).get("busy_cores") or 0.0
+            n_cpus = report.facts[host_of[node]].get("cpus") or 0
+            cores += n_cpus
+            for k in kinds:  # cores of each kind on this node
+                kinds[k] += ((said.get("cpu") or {}).get(f"{k}_pct") or 0.0) / 100.0 * n_cpus
             datapath = said.get("datapath") or {}
             for k in DATAPATH_COUNTERS if datapath else ():  # what the eBPF datapath did there
                 row[f"{node}_{k}"] = datapath.get(k)
         row["busy_cores"] = round(busy, 3)  # the nodes' together: each its own cores (here: the one machine's)
+        for k, used in kinds.items():  # percent of all the nodes' cores, as a namespace run's of the machine's
+            row[f"{k}_pct"] = round(100.0 * used / cores, 2) if cores else None
         if experiment == "stream":
             row["gbps_per_core"] = round(row["gbps"] / busy, 3) if busy else None
         return row

@@ -123,17 +123,11 @@ def rr_bars(df):
         ecolor="#333333",
     )
     c = commit_rr().set_index("helper")
+    label = "the peer redirect's commit (p50)"  # on the first marker drawn (a run may have one peer of the two)
     for helper, ours in (("bpf_redirect", "ebpf-redirect"), ("bpf_redirect_peer", "ebpf")):
         if ours in names:
-            ax.plot(
-                names.index(ours),
-                c.loc[helper, "p50_us"],
-                "o",
-                mfc="none",
-                mec="black",
-                ms=8,
-                label="the peer redirect's commit (p50)" if helper == "bpf_redirect" else None,
-            )
+            ax.plot(names.index(ours), c.loc[helper, "p50_us"], "o", mfc="none", mec="black", ms=8, label=label)
+            label = None
     ax.set_xticks(range(len(names)), names, rotation=15)
     ax.set_ylabel("microseconds per transaction (p50, whisker to p99)")
     ax.set_title("TCP_RR across nodes: 1 byte each way")

@@ -440,8 +440,7 @@ def test_an_interrupted_spread_stops_its_loads_at_once_even_one_that_ignores_sig
     with testbeds.pair("client", "server", "spread") as t:
         ns, addr = t.ns("client"), t.addr("server", "eth0")
         servers = [  # two servers, as an LB's targets: a thread of spread's each
-            t.popen("server", [sys.executable, "-m", "http.server", str(port), "--bind", addr])
-            for port in (8081, 8082)
+            t.popen("server", [sys.executable, "-m", "http.server", str(port), "--bind", addr]) for port in (8081, 8082)
         ]
         wait_for(lambda: all(_listening(t.ns("server"), port) for port in (8081, 8082)), what="the servers")
         code = (

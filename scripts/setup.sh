@@ -150,11 +150,7 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing the project and its Python dependencies into .venv (editable; output in $log)"
   run .venv/bin/python -m pip install --upgrade pip
-  # --no-compile: pip would byte-compile every module of every package (ansible-core's and
-  # JupyterLab's thousands, most never imported here): 60 s of a fresh set-up, 33 without;
-  # Python compiles what is imported, once, on first import
-  if [ "$extras" = none ]; then run .venv/bin/python -m pip install --no-compile -e .
-  else run .venv/bin/python -m pip install --no-compile -e ".[$extras]"; fi
+  if [ "$extras" = none ]; then run .venv/bin/python -m pip install -e .; else run .venv/bin/python -m pip install -e ".[$extras]"; fi
   echo "$want" > "$stamp"
 fi
 

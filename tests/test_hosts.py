@@ -295,7 +295,7 @@ def wheelhouse(tmp_path_factory):
 def rack(wheelhouse):
     r = NamespaceHosts().build()
     try:
-        r.setup_env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
+        r.setup_env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_COMPILE": "1"}
         r.inventory = r.write_inventory(extra_vars={"lab_setup_env": r.setup_env})
         # --dirty: what is on the hosts is this working tree exactly (a mutant's edit too)
         first = r.write_inventory(

@@ -154,6 +154,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# --- the lab's own modules, compiled ------------------------------------------------
+# pip compiled the dependencies as it installed them; the lab's own packages (an editable
+# install) are compiled here, once per change. Where PYTHONDONTWRITEBYTECODE is set (some
+# environments set it), Python never writes what it compiles, and every process (each
+# command, notebook kernel and host runner: the suite starts hundreds) would compile every
+# lab module it imports again. Only what changed since is compiled; a stale file is
+# never used (Python checks each against its source).
+.venv/bin/python -m compileall -q -j 0 lab ebpf vtap >/dev/null || die "compiling the lab's modules failed (python -m compileall lab ebpf vtap says where)"
+
 # --- the Jupyter kernel ----------------------------------------------------------
 # Notebooks run on "eBPF vTAP Lab" (ebpf-vtap-lab): .venv's python, where bcc and
 # the project import. Registered inside .venv (jupyter's --sys-prefix), so that

@@ -120,6 +120,12 @@ def _services(tb, n):
     return out + [(VIP, 80, "tcp", backends)]
 
 
+def _keys(variant, trial) -> dict:
+    """A row's first columns: what the run was (a variant of _variants) and its trial."""
+    keys = ("experiment", "peer", "way", "path", "family", "parallel", "services")
+    return {**dict(zip(keys, variant, strict=True)), "trial": trial}
+
+
 def _variants(peers, experiments, parallel, families, paths, counts, ways) -> list:
     variants = []
     if "stream" in experiments:
@@ -174,16 +180,7 @@ def run(
             peer = PEERS[name](tb)
             peer.attach()
             try:
-                row = {
-                    "experiment": experiment,
-                    "peer": name,
-                    "way": way,
-                    "path": path,
-                    "family": fam,
-                    "parallel": par,
-                    "services": n,
-                    "trial": trial,
-                }
+                row = _keys(v, trial)
                 if experiment == "stream":
                     row.update(_stream(tb, name, path, fam, par, duration))
                 elif experiment == "rr":
@@ -278,19 +275,13 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
         variant_of[label] = (trial, v)
 
     def make_row(label, results):
-        trial, (experiment, name, way, path, fam, par, n) = variant_of[label]
+        trial, variant = variant_of[label]
+        experiment = variant[0]
         drove = results["n0"]
         if drove.get("report") is None:
             raise ValueError(f"{label}: the client never ran (its runner's deadline passed)")
         row = {
-            "experiment": experiment,
-            "peer": name,
-            "way": way,
-            "path": path,
-            "family": fam,
-            "parallel": par,
-            "services": n,
-            "trial": trial,
+            **_keys(variant, trial),
             **{k: v for k, v in drove["report"].items() if k not in ("received_bytes", "received_seconds")},
             "place": "hosts",
         }

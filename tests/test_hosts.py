@@ -712,6 +712,9 @@ def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_i
             text = pid_file.read_text()
             if not (pid_file.parent / "result.json").exists() and alive(text):
                 try:
+                    # off the DUT's core (1, the bench's default), as every runner of the run is:
+                    # on the one machine of the rack, it would take that core's time
+                    assert os.sched_getaffinity(pid_of(text)) == set(range(os.cpu_count())) - {1}
                     os.kill(pid_of(text), signal.SIGKILL)
                     killed = pid_file.parent
                 except ProcessLookupError:

@@ -5,10 +5,13 @@ closing it frees everything even when a sink refuses."""
 
 import ctypes
 import os
+import time
 
 import pytest
 from conftest import require
 from helpers import in_a_thread_without_net_admin
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 from ebpf import AttachError, testrun, xdp
 from ebpf.instruments.xdp_sink import XdpSink
@@ -208,3 +211,34 @@ def test_a_tunnel_without_native_xdp_is_told_to_use_generic(topo):
         assert sink.xdp_attachments == []
         a = sink.attach("vx0", netns=ns, mode="generic")
         assert _on_hook(ns, "vx0", "generic") == xdp.prog_id(a.prog_fd)
+
+
+def test_a_window_sink_spans_from_its_first_counted_frame_to_its_last():
+    """A host's rates are taken over its sinks' windows (XdpSink(window=True)): the first
+    frame's time, and the last of the frames that open a tick of the coarse clock or a
+    new 64 (xdp_sink.bpf.c). Frames of two runs 30 ms apart, each run within the
+    CLOCK_MONOTONIC readings around it: the window starts in the first run and ends in
+    the second, and within one run of 200 frames (one tick, most likely) it grows too."""
+    frame = bytes(Ether() / IP(src="198.18.0.1", dst="198.18.0.2") / UDP(sport=9, dport=5001) / (b"x" * 18))
+    other = bytes(Ether() / IP(src="198.18.0.9", dst="198.18.0.2") / UDP(sport=9, dport=5001) / (b"x" * 18))
+    now, cpus = time.monotonic, os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # one CPU's entry (the sink's are per CPU)
+    try:
+        with XdpSink("drop", match=("198.18.0.1", 5001), window=True) as sink:
+            fd = sink.load(sink.FUNCTION, "XDP").fd
+            assert testrun.run(fd, other, repeat=10).verdict == "XDP_PASS"  # not counted, not timed
+            assert sink.counters()["packets"] == 0 and sink.counters()["window_s"] == 0.0
+            t0 = now()
+            testrun.run(fd, frame, repeat=200)
+            t1 = now()
+            one = sink.counters()
+            time.sleep(0.03)
+            t2 = now()
+            testrun.run(fd, frame, repeat=200)
+            t3 = now()
+            two = sink.counters()
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert one["packets"] == 200 and t0 <= one["first_s"] < one["last_s"] <= t1, (t0, one, t1)
+    assert two["packets"] == 400 and two["first_s"] == one["first_s"], two
+    assert t2 <= two["last_s"] <= t3 and two["window_s"] == two["last_s"] - two["first_s"], (t2, two, t3)

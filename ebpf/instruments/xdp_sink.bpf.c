@@ -18,8 +18,14 @@
  * it counts only the lab's own frames (IPv4 UDP from that source to that port),
  * and passes every other frame on uncounted: on a real NIC, LLDP, neighbour
  * discovery and the host's own traffic arrive too, and must neither be counted
- * nor dropped. With -D SINK_WINDOW it also keeps the time of the first and the
- * last counted frame (per CPU): the window a host's rates are taken over.
+ * nor dropped. With -D SINK_WINDOW it also keeps the times of this CPU's counted
+ * frames that a host's rates are taken over (its own window, nothing polled):
+ * the first frame's, and the last of those that opened a tick of the coarse
+ * clock or a new 64 frames. Reading the precise clock for every frame cost the
+ * DUT a sixth of its rate at 64 B (1515 against 1274 kpps, on a 2-vCPU VM); the
+ * coarse clock is a load of what the timer tick wrote. So the window ends at
+ * most 63 frames' or one tick's time before the last frame (at 1.5 Mpps, 42 us;
+ * below a frame per tick, every frame is stamped).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -44,8 +50,9 @@ struct sink_stats {
 	__u64 packets;
 	__u64 bytes;  /* frame bytes, Ethernet header included */
 #ifdef SINK_WINDOW
-	__u64 first_ns; /* bpf_ktime_get_ns() of this CPU's first and last counted frame: */
-	__u64 last_ns;  /* a host's own window of a run, with nothing polled during it */
+	__u64 first_ns; /* bpf_ktime_get_ns() of this CPU's first counted frame */
+	__u64 last_ns;  /* and of the last one that opened a tick or a new 64 */
+	__u64 tick_ns;  /* bpf_ktime_get_coarse_ns() then */
 #endif
 };
 
@@ -78,11 +85,16 @@ int xdp_sink(struct xdp_md *ctx)
 
 	if (s) { /* the verifier insists on the NULL check even for index 0 */
 #ifdef SINK_WINDOW
-		__u64 now = bpf_ktime_get_ns();
+		__u64 tick = bpf_ktime_get_coarse_ns();
 
-		if (!s->packets)
-			s->first_ns = now;
-		s->last_ns = now;
+		if (!s->packets || tick != s->tick_ns || !(s->packets & 63)) {
+			__u64 now = bpf_ktime_get_ns();
+
+			if (!s->packets)
+				s->first_ns = now;
+			s->last_ns = now;
+			s->tick_ns = tick;
+		}
 #endif
 		s->packets++;
 		s->bytes += ctx->data_end - ctx->data;

@@ -61,7 +61,7 @@ class XdpSink(BpfProgram):
         per_cpu = [v for v in table.getvalue(table.Key(0))]
         seen = [v for v in per_cpu if v.packets]
         first = min(v.first_ns for v in seen) / 1e9 if seen else None  # CLOCK_MONOTONIC seconds
-        last = max(v.last_ns for v in seen) / 1e9 if seen else None
+        last = max(v.last_ns for v in seen) / 1e9 if seen else None  # (see xdp_sink.bpf.c)
         return {
             "packets": sum(v.packets for v in per_cpu),
             "bytes": sum(v.bytes for v in per_cpu),

@@ -274,7 +274,8 @@ def run_hosts(
     if tb_no == 2:
         sinks["receiver"] = sink_mode(report.facts[r.name]["ifaces"][r_if])
     deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
-    base = {"bench": NAME, "deadline_s": deadline, "src4": src4, "port": port}
+    # off_cpus: every runner and waiting command of the run stays off the DUT's core
+    base = {"bench": NAME, "deadline_s": deadline, "src4": src4, "port": port, "off_cpus": [dut_cpu]}
     runs = []
     for trial, size, name in common.interleaved(trials, sizes, list(mirrors)):
         specs = {

@@ -90,8 +90,8 @@ def run(run_dir: Path) -> int:
 
     started = time.monotonic()
     spec = json.loads((run_dir / "spec.json").read_text())
+    keep_off(spec)  # first: whoever finds the runner by its pid file finds it off that core
     (run_dir / "pid").write_text(f"{pid_stamp()}\n")
-    keep_off(spec)
     netns.host_mode()  # this host's own namespace, on the interfaces the spec names
     signals = Signals(run_dir, started + float(spec["deadline_s"]))
     try:

@@ -10,6 +10,7 @@ import argparse
 import ctypes
 import os
 import sys
+import time
 
 from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
 from ebpf.testrun import libbpf
@@ -47,6 +48,7 @@ examples:
 PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor", "nft-nat")
 FLOOR = "floor"
 KERNEL = "nft-nat"  # no program: the kernel's forward path and an nftables DNAT
+SETTLE_S = 1.0  # at most this long after a send for its last frames to run or be counted lost
 CSUMS = ("whole", "partial")
 COLUMNS = [
     "program",
@@ -295,14 +297,22 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                     t0, n0 = run_stats(fd) if fd else (0, 0)
                     c0 = on_cpu_ns([napi])
                     rep = gens[key].send(seconds=duration, rate_pps=rate)
-                    t1, n1 = run_stats(fd) if fd else (0, 0)
+                    # the last frames sent may still be in the rings on their way to the LB's
+                    # NAPI thread and back (20 of 10000 once, on a loaded machine): counted
+                    # once every frame sent has run or been lost, or after SETTLE_S
+                    settle = time.monotonic() + SETTLE_S
+                    while True:
+                        t1, n1 = run_stats(fd) if fd else (0, 0)
+                        lost = losses_between(l0, path_losses(spaces))
+                        returned = back.counters()["packets"] - b0
+                        before, after = before_and_after(lost, tb.ns(tb.lb), tb.ns(tb.switch), tb.lb)
+                        runs = returned + after if kernel else n1 - n0  # the kernel's: the frames it sent on
+                        if (runs + before >= rep.packets and returned + after >= runs) or time.monotonic() > settle:
+                            break
+                        time.sleep(0.01)
                     c1 = on_cpu_ns([napi])
-                    lost = losses_between(l0, path_losses(spaces))
-                    returned = back.counters()["packets"] - b0
                 finally:
                     prog.detach() if kernel else prog.detach_xdp(a)
-                before, after = before_and_after(lost, tb.ns(tb.lb), tb.ns(tb.switch), tb.lb)
-                runs = returned + after if kernel else n1 - n0  # the kernel's: the frames it sent on
                 rows.append(
                     {
                         "program": name,

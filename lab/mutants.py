@@ -338,6 +338,22 @@ SHARED = [
         (["tests/test_hosts.py", "-k", "runner_killed"], HOSTS[1]),
     ),
     M(
+        "hosts-cleanup-one-pass",
+        "lab/hosts/__init__.py",
+        "        if again:\n",
+        "        if again and False:\n",
+        "a host whose veth partner held XDP during its cleanup keeps TSO off (and its record) after a failed bench",
+        (["tests/test_hosts.py", "-k", "second_pass"], HOSTS[1]),
+    ),
+    M(
+        "hosts-offload-fixed-recorded",
+        "lab/hosts/local.py",
+        "if k in features and features[k][0] != v}",
+        "if k in features and features[k][0] != v and features[k][1]}",
+        "an offload the kernel holds is skipped unsaid, its record dropped: after a failed bench, TSO never comes back",
+        (["tests/test_hosts.py", "-k", "offload_the_kernel_holds"], HOSTS[1]),
+    ),
+    M(
         "hosts-restore-skipped",
         "lab/hosts/local.py",
         "done = [*abort_runners(), *lab_cleanup(all_runs=True), *restore_all()]",

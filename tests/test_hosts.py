@@ -249,6 +249,43 @@ def test_a_cleanup_kills_only_the_runner_its_pid_file_names_not_a_process_that_t
             q.wait()
 
 
+def _local(ns, state, code):
+    """lab.hosts.local's functions run in `ns` as a host runs them, its record in `state`."""
+    p = netns.run(
+        ns,
+        [PY, "-c", "import json; from lab.hosts import local; " + code],
+        cwd=ROOT,
+        env={**os.environ, "VTL_HOST_STATE": str(state)},
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_an_offload_the_kernel_holds_while_the_veth_peer_has_xdp_is_neither_recorded_nor_forced(tmp_path):
+    from lab.fastpaths.vtap.rig import CountingSide  # noqa: PLC0415
+
+    topo = Topology("tso")
+    topo.add_host("a")
+    topo.add_host("b")
+    topo.add_link("a", "b", a_addrs=[], b_addrs=[])
+    with topo:
+        ns = topo.ns("a")
+        assert _local(ns, tmp_path, "print(json.dumps(local.remember('eth0')))")["offloads"]["tso"] == "on"
+        side = CountingSide("drop", topo.ns("b"), "eth0").open()  # the peer's XDP: the kernel holds TSO off here
+        try:
+            # a record made now would hold the kernel's "off" as the user's, and turn TSO off later
+            assert "tso" not in _local(ns, tmp_path, "print(json.dumps(local.snapshot('eth0')))")["offloads"]
+            said = _local(ns, tmp_path, "print(json.dumps(local.restore('eth0')))")
+            assert said == ["eth0: FAILED offload tso on: fixed by the kernel for now (on a veth: its peer has XDP)"]
+            assert "eth0" in json.loads((tmp_path / "before.json").read_text())  # kept for a later pass
+        finally:
+            side.close()
+        assert _local(ns, tmp_path, "print(json.dumps(local.restore('eth0')))") == ["eth0: as it was"]
+        assert not (tmp_path / "before.json").exists()
+
+
 def test_dirty_setup_takes_the_working_tree_with_staged_and_intent_to_add_files_and_changes_nothing(tmp_path):
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
@@ -641,10 +678,66 @@ def _start_bench(rack, out, trials):
     )
 
 
-def _clean(rack, hosts):
+def _clean(rack, hosts, said=""):
     for name in hosts:
-        assert not (rack.lab_dir(name) / ".lab-state/before.json").exists(), name
+        record = rack.lab_dir(name) / ".lab-state/before.json"
+        assert not record.exists(), f"{name}: {record.read_text()}{said}"
         assert not link(rack, name, "eth1")["xdp"] and not link(rack, name, "eth1")["addrs"], name
+
+
+HOLD_XDP = """
+import os, sys, time
+from pathlib import Path
+from lab import netns
+from lab.fastpaths.vtap.rig import CountingSide
+from lab.hosts.runner import pid_stamp
+netns.host_mode()
+side = CountingSide("drop", None, "eth1").open()
+d = Path(sys.argv[1])
+(d / "pid").write_text(pid_stamp() + chr(10))
+while not (d / "abort").exists():
+    time.sleep(0.05)
+time.sleep(5)  # a tap's runner taking its time to detach: beta's cleanup ends seconds after alpha's
+os._exit(0)  # its program left attached, as by a runner killed: beta's record takes it away
+"""
+
+
+def test_a_host_whose_link_partner_still_holds_xdp_is_put_back_by_a_second_pass(rack, tmp_path):
+    # alpha's eth1 and beta's eth1 are one veth pair: while beta's has an XDP program (a
+    # tap's runner, until beta's cleanup stops it) the kernel holds alpha's TSO off
+    py, lab_dir = str(rack.disk / "lab/.venv/bin/python"), rack.disk / "lab"
+    for host, address in (("alpha", "198.19.8.1/24"), ("beta", "198.19.8.2/24")):
+        item = json.dumps([{"iface": "eth1", "address": address}])
+        env = {**os.environ, **rack.host_vars(host)["lab_env"]}
+        p = on_host(rack, host, [py, "-m", "lab.hosts.local", "prepare", item], cwd=lab_dir, env=env)
+        assert p.returncode == 0, p.stderr
+    run = rack.lab_dir("beta") / ".lab-state/runs/held/0000-tap"
+    run.mkdir(parents=True)
+    argv = ["nsenter", "-t", str(rack.sshd["beta"].pid), "-n", "-m", "--", "sh", "-c", 'cd "$0" && exec "$@"']
+    env = {**os.environ, **rack.host_vars("beta")["lab_env"]}
+    holder = subprocess.Popen(
+        [*argv, str(lab_dir), py, "-c", HOLD_XDP, str(rack.disk / "lab/.lab-state/runs/held/0000-tap")], env=env
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "pid").exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert link(rack, "beta", "eth1")["xdp"]
+        tso = on_host(rack, "alpha", ["ethtool", "-k", "eth1"]).stdout
+        assert "tcp-segmentation-offload: off" in tso, tso
+        p = lab(rack, "hosts", "cleanup")
+        assert holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+    assert p.returncode == 0, p.stdout + p.stderr
+    said = dict(line.split(": ", 1) for line in p.stdout.splitlines())
+    # alpha's first pass could not, its second (after beta's) found TSO back as it was
+    assert said["alpha"] == "eth1: address 198.19.8.1/24 removed; eth1: as it was", p.stdout
+    assert "FAILED" not in p.stdout
+    _clean(rack, rack.names)
+    tso = on_host(rack, "alpha", ["ethtool", "-k", "eth1"]).stdout
+    assert "tcp-segmentation-offload: on" in tso, tso
 
 
 def test_a_second_bench_is_refused_and_ctrl_c_stops_the_first_keeps_its_rows_and_cleans_every_host(rack, tmp_path):
@@ -731,7 +824,7 @@ def test_a_runner_killed_mid_run_stops_the_bench_names_its_host_and_every_host_i
     df = pd.read_csv(csv)
     assert len(df) == int(failure["run"])
     assert_every_frame_counted(df, {"none": 0, "ebpf": 1})
-    _clean(rack, rack.names)  # gamma too: its runner died, the host did not
+    _clean(rack, rack.names, f"\n{failure}\n{err}")  # gamma too: its runner died, the host did not
 
 
 def test_the_generators_ceiling_is_the_line_rate_of_a_real_nic_and_none_on_a_veth():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from lab.metrics import write_results
 
-from . import Hosts, engine
+from . import CLEANUP_TASK, FAILED, Hosts, cleanup_task, engine
 from .inventory import InventoryError
 
 RUNS_DIR = ".lab-state/runs"  # under each host's lab_dir (lab.hosts.local.RUNS)
@@ -268,7 +268,7 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
                 _play(i, label, specs, role_hosts, bench_id, sweep.duration, sweep.driver)
                 for i, (label, specs) in enumerate(sweep.runs)
             ),
-            {"name": "cleanup", "hosts": ",".join(names), "gather_facts": False, "tasks": [_cleanup_task(bench_id)]},
+            {"name": "cleanup", "hosts": ",".join(names), "gather_facts": False, "tasks": [cleanup_task(bench_id, 60)]},
         ]
         bound = 600 + len(sweep.runs) * (sweep.duration + START_MARGIN + STOP_MARGIN + 60) + 300
         try:
@@ -288,7 +288,7 @@ def run_sweep(hosts: Hosts, sweep: Sweep, role_hosts, prepare_items, out, params
             failure is not None
             or interrupted
             or set(cleaned) != set(names)
-            or any(said.startswith("not cleaned") for said in cleaned.values())
+            or any(said.startswith("not cleaned") or FAILED in said for said in cleaned.values())
         ):
             cleaned = _cleanup(hosts, names, bench_id)  # (a cleanup twice does nothing more)
         if failure is not None or interrupted or path is None:
@@ -319,30 +319,14 @@ def _runner_error(res):
     return None
 
 
-CLEANUP_TASK = "lab cleanup"
-
-
-def _cleanup_task(bench_id):
-    return {
-        "name": CLEANUP_TASK,
-        "command": {"argv": [_python(LAB), "-m", "lab.hosts.local", "cleanup", "--bench", bench_id], "chdir": LAB},
-        "environment": ENV,
-        "timeout": 60,
-    }
-
-
 def _cleanup(hosts, names, bench_id) -> dict:
     """Every reachable host this bench holds: its runners stopped and interfaces put back
     (a host another bench holds is left to it); {host: what, or why not}."""
+    artifacts = hosts.last_artifacts  # the sweep's, which the sidecar names
     try:
-        r = engine.run_play(hosts.inventory.path, names, [_cleanup_task(bench_id)], "bench-cleanup", timeout=120)
+        said = hosts.cleanup(names, bench=bench_id, timeout=120)
     except (InventoryError, KeyboardInterrupt) as e:
         return {h: f"not cleaned: {e}" for h in names}
-    return {
-        h: (
-            "; ".join(res.results.get(CLEANUP_TASK, {}).get("stdout", "").splitlines())
-            if res.ok
-            else f"not cleaned: {res.line()}"
-        )
-        for h, res in r.hosts.items()
-    }
+    finally:
+        hosts.last_artifacts = artifacts
+    return {h: "; ".join(what) if isinstance(what, list) else f"not cleaned: {what}" for h, what in said.items()}

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from lab import netns
+from lab.fastpaths.pods.testbed import HOST_DEVICES
 from lab.fastpaths.vtap import bench as vtap_bench
 from lab.hosts import source
 from lab.hosts.check import judge
@@ -557,14 +558,14 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
     assert p.returncode == 1 and "IPv6 forwarding is off" in p.stderr and "--families 4" in p.stderr, p.stderr
     assert not list(tmp_path.glob("pods-*.csv"))
     assert all(not (rack.lab_dir(h) / ".lab-state/owner.json").exists() for h in nodes)
-    p = pods("--peers", "legacy,ebpf,ebpf-vxlan", "--families", "4")
+    p = pods("--peers", "legacy,bridge-vxlan,ebpf,ebpf-vxlan", "--families", "4")
     assert p.returncode == 0, p.stdout + p.stderr
     # the rack is a lab run of this machine's, but the bench measures the hosts' CPUs: no warning
     assert "another lab run is live" not in p.stderr, p.stderr
     (csv,) = tmp_path.glob("pods-*.csv")
     df = pd.read_csv(csv)
     assert sorted(zip(df["experiment"], df["peer"], strict=True)) == sorted(
-        (e, peer) for e in ("rr", "stream") for peer in ("ebpf", "ebpf-vxlan", "legacy")
+        (e, peer) for e in ("rr", "stream") for peer in ("bridge-vxlan", "ebpf", "ebpf-vxlan", "legacy")
     )
     assert (df["place"] == "hosts").all() and (df["n0_host"] == "alpha").all() and (df["n1_host"] == "beta").all()
     stream, rr = df[df["experiment"] == "stream"], df[df["experiment"] == "rr"]
@@ -593,7 +594,8 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
     assert meta["hosts"]["roles"] == {"n0": "alpha", "n1": "beta"} and meta["hosts"]["failure"] is None
     for h in nodes:  # as it was: its interface, and nothing of the lab's left in the host's namespace
         assert link(rack, h, "eth1") == before[h], h
-        assert on_host(rack, h, ["ip", "link", "show", "vtl-vxlan0"]).returncode != 0, h
+        for dev in HOST_DEVICES:  # the tunnels and flannel's bridge of the runs
+            assert on_host(rack, h, ["ip", "link", "show", dev]).returncode != 0, (h, dev)
         for family in ("-4", "-6"):
             routes = on_host(rack, h, ["ip", family, "route", "show", "proto", "250"])
             assert routes.stdout == "", (h, routes.stdout)

@@ -49,7 +49,7 @@ VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
 COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
 # what runs on a user's hosts (lab.fastpaths.pods.hosts): the services' ways write tables a
 # node's own kube-proxy or CNI may hold (kube-proxy's table, cni0, flannel.1), not yet there
-HOSTS_PEERS = ("host", "legacy", "ebpf", "ebpf-redirect", "ebpf-vxlan")
+HOSTS_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf", "ebpf-redirect", "ebpf-vxlan")
 HOSTS_EXPERIMENTS = ("stream", "rr")
 # of an eBPF peer's counters, each node's in a hosts run's rows (all of them: its runner's result.json there)
 DATAPATH_COUNTERS = ("seen", "redirect", "pass", "drop", "local_pod", "remote_pod", "tunneled")

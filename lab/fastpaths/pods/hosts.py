@@ -28,7 +28,7 @@ from lab.traffic.rr import RrServer, request_response
 
 from .bench import IPERF_PORT, RR_PORT, cpu_of, latency
 from .peers import PEERS
-from .testbed import HOST_TUNNEL_DEV, pods_testbed
+from .testbed import HOST_DEVICES, pods_testbed
 
 ACTIVE = 20  # packets per sample (0.1 s) on the node's lab interfaces: the run, not ARP or LLDP
 
@@ -129,12 +129,14 @@ def node(spec, signals):
     from lab.hosts import local  # noqa: PLC0415 -- the host's record of what the lab made there
 
     me = spec["node"]
-    local.made(HOST_TUNNEL_DEV)  # recorded before it exists: a host's cleanup deletes it if this runner dies
+    for dev in HOST_DEVICES:  # recorded before they exist: a host's cleanup deletes them if this runner dies
+        local.made(dev)
     try:
         return _node(spec, signals, me)
-    finally:  # deleted with the node's side: the record goes (still there: it stays, for the cleanup)
-        if netns.run(None, ["ip", "link", "show", HOST_TUNNEL_DEV], check=False, capture_output=True).returncode:
-            local.unmade(HOST_TUNNEL_DEV)
+    finally:  # deleted with the node's side: their records go (one still there stays, for the cleanup)
+        for dev in HOST_DEVICES:
+            if netns.run(None, ["ip", "link", "show", dev], check=False, capture_output=True).returncode:
+                local.unmade(dev)
 
 
 def _node(spec, signals, me):

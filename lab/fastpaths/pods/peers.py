@@ -21,15 +21,20 @@ on legacy and the ebpf peers, on every node (kube-proxy and Cilium run on each).
 """
 
 import ipaddress
-import json
 
 from ebpf.pods.tc_pods import TcPods, parse_endpoint
-from lab import nft
+from lab import netns, nft
 from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6
 from lab.netns import LabError
 from lab.peer import Peer
 
-FLANNEL_DEV, FLANNEL_PORT, BRIDGE = "flannel.1", 8472, "cni0"
+FLANNEL_PORT = 8472
+
+
+def vtep_mac(tb, node) -> str:
+    """A node's flannel device's MAC: each node knows every other's without asking (as
+    flannel reads it from the node's annotation), on a host as in namespaces."""
+    return f"02:76:74:6c:01:{tb.nodes.index(node) + 1:02x}"
 
 
 class PodPeer(Peer):
@@ -91,11 +96,6 @@ class Legacy(PodPeer):
         super().detach()
 
 
-def _mac(tb, node, dev) -> str:
-    out = tb.topo.run(node, ["ip", "-j", "link", "show", dev], capture_output=True, text=True).stdout
-    return json.loads(out)[0]["address"]
-
-
 def _family(addr) -> str:
     return "ip6" if ipaddress.ip_address(addr).version == 6 else "ip"
 
@@ -140,8 +140,10 @@ def ruleset(family, services) -> str:
 class BridgeVxlan(PodPeer):
     """flannel's vxlan backend on the testbed: each node's pods on a bridge (cni0) that
     holds the gateway addresses, a VXLAN device (flannel.1, VNI 1, port 8472, no
-    learning) whose neighbour and FDB entries name the other node, and a route to the
-    other node's pod prefix through it. Undone on detach: the testbed's routed veths."""
+    learning) whose neighbour and FDB entries name the other nodes, and a route to each
+    other node's pod prefix through it. Undone on detach: the testbed's routed veths.
+    On a user's host, that node's side only, with devices named as no CNI names its
+    own (tb.bridge_dev, tb.flannel_dev)."""
 
     name = "bridge-vxlan"
     colour = "#CC79A7"
@@ -151,20 +153,20 @@ class BridgeVxlan(PodPeer):
         if not tb.tunnel:
             raise LabError("bridge-vxlan needs room for VXLAN's headers: pods_testbed(tunnel=True)")
         self.attached = True  # so that a failure half-way is undone by detach()
+        bridge, vxlan = tb.bridge_dev, tb.flannel_dev
         try:
-            macs = {}
-            for node in tb.nodes:
+            for node in tb.local_nodes:
                 r = tb.topo.run
-                r(node, ["ip", "link", "add", BRIDGE, "type", "bridge"])
-                r(node, ["ip", "link", "set", BRIDGE, "up"])
-                r(node, ["ip", "addr", "add", f"{GATEWAY4}/32", "dev", BRIDGE])
-                r(node, ["ip", "addr", "add", f"{GATEWAY6}/64", "dev", BRIDGE, "nodad"])
+                r(node, ["ip", "link", "add", bridge, "type", "bridge"])
+                r(node, ["ip", "link", "set", bridge, "up"])
+                r(node, ["ip", "addr", "add", f"{GATEWAY4}/32", "dev", bridge])
+                r(node, ["ip", "addr", "add", f"{GATEWAY6}/64", "dev", bridge, "nodad"])
                 for pod in tb.pods[node]:
                     lxc = tb.lxc[pod]
                     r(node, ["ip", "addr", "flush", "dev", lxc])
-                    r(node, ["ip", "link", "set", lxc, "master", BRIDGE])
-                    r(node, ["ip", "route", "replace", f"{tb.pod4(pod)}/32", "dev", BRIDGE])
-                    r(node, ["ip", "-6", "route", "replace", f"{tb.pod6(pod)}/128", "dev", BRIDGE])
+                    r(node, ["ip", "link", "set", lxc, "master", bridge])
+                    r(node, ["ip", "route", "replace", f"{tb.pod4(pod)}/32", "dev", bridge])
+                    r(node, ["ip", "-6", "route", "replace", f"{tb.pod6(pod)}/128", "dev", bridge])
                     r(pod, ["ip", "neigh", "flush", "dev", "eth0"])
                     # flannel's pods share their node's subnet on the bridge: to each other at
                     # layer 2, not through the node (which would send them ICMP redirects)
@@ -172,33 +174,28 @@ class BridgeVxlan(PodPeer):
                     r(pod, ["ip", "-6", "route", "add", tb.prefix6(node), "dev", "eth0"])
                 r(
                     node,
-                    ["ip", "link", "add", FLANNEL_DEV, "type", "vxlan", "id", "1", "local", tb.underlay4(node)]
-                    + ["dstport", str(FLANNEL_PORT), "nolearning"],
+                    ["ip", "link", "add", vxlan, "address", vtep_mac(tb, node), "type", "vxlan", "id", "1"]
+                    + ["local", tb.underlay4(node), "dstport", str(FLANNEL_PORT), "nolearning"],
                 )
-                r(node, ["ip", "link", "set", FLANNEL_DEV, "up"])
-                macs[node] = _mac(tb, node, FLANNEL_DEV)
-            for node in tb.nodes:
+                r(node, ["ip", "link", "set", vxlan, "up"])
+                if tb.topo.hosts[node].own:  # a user's host: IPv4 forwarding is per ingress device
+                    for dev in (bridge, vxlan):
+                        netns.sysctl(None, f"net.ipv4.conf.{dev}.forwarding", 1)
                 for other in tb.nodes:
                     if other == node:
                         continue
                     # flannel: the other node's .0 as the gateway on flannel.1, its MAC known,
                     # and where that MAC lives in the underlay
+                    mac = vtep_mac(tb, other)
                     gw4 = tb.prefix4(other).split("/")[0]
                     gw6 = f"fe80::1:{tb.nodes.index(other) + 1:x}"  # IPv6: a link-local next hop
-                    r = tb.topo.run
+                    r(node, ["ip", "neigh", "replace", gw4, "lladdr", mac, "dev", vxlan, "nud", "permanent"])
+                    r(node, ["ip", "neigh", "replace", gw6, "lladdr", mac, "dev", vxlan, "nud", "permanent"])
+                    r(node, ["bridge", "fdb", "append", mac, "dev", vxlan, "dst", tb.underlay4(other)])
+                    r(node, ["ip", "route", "replace", tb.prefix4(other), "via", gw4, "dev", vxlan, "onlink"])
                     r(
                         node,
-                        ["ip", "neigh", "replace", gw4, "lladdr", macs[other], "dev", FLANNEL_DEV, "nud", "permanent"],
-                    )
-                    r(
-                        node,
-                        ["ip", "neigh", "replace", gw6, "lladdr", macs[other], "dev", FLANNEL_DEV, "nud", "permanent"],
-                    )
-                    r(node, ["bridge", "fdb", "append", macs[other], "dev", FLANNEL_DEV, "dst", tb.underlay4(other)])
-                    r(node, ["ip", "route", "replace", tb.prefix4(other), "via", gw4, "dev", FLANNEL_DEV, "onlink"])
-                    r(
-                        node,
-                        ["ip", "-6", "route", "replace", tb.prefix6(other), "via", gw6, "dev", FLANNEL_DEV, "onlink"],
+                        ["ip", "-6", "route", "replace", tb.prefix6(other), "via", gw6, "dev", vxlan, "onlink"],
                     )
         except BaseException:
             self.detach()
@@ -206,13 +203,13 @@ class BridgeVxlan(PodPeer):
 
     def detach(self):
         tb = self.tb
-        for node in tb.nodes:
+        for node in tb.local_nodes:
             r = tb.topo.run
             for pod in tb.pods[node]:
                 r(pod, ["ip", "route", "del", tb.prefix4(node), "dev", "eth0"], check=False, capture_output=True)
                 r(pod, ["ip", "-6", "route", "del", tb.prefix6(node), "dev", "eth0"], check=False, capture_output=True)
-            r(node, ["ip", "link", "del", FLANNEL_DEV], check=False, capture_output=True)
-            r(node, ["ip", "link", "del", BRIDGE], check=False, capture_output=True)  # its routes go with it
+            r(node, ["ip", "link", "del", tb.flannel_dev], check=False, capture_output=True)
+            r(node, ["ip", "link", "del", tb.bridge_dev], check=False, capture_output=True)  # its routes go with it
             tb.route_pods(node)  # the testbed's routed veths back, and the routes to the other node
         super().detach()
 

@@ -34,6 +34,9 @@ VXLAN_PORT = 4789
 TUNNEL_MTU = 1450  # 1500 less VXLAN over IPv4's 50 bytes of headers
 ROUTE_PROTO = netns.LAB_ROUTE_PROTO  # the routes to other nodes' pods: a host's cleanup flushes these
 HOST_LXC, HOST_TUNNEL_DEV = "vtl-lxc", "vtl-vxlan0"  # on a user's host: names no CNI's devices have
+FLANNEL_DEV, BRIDGE = "flannel.1", "cni0"  # bridge-vxlan's devices on a node of namespaces (flannel's names)
+HOST_FLANNEL_DEV, HOST_BRIDGE = "vtl-flannel", "vtl-cni0"  # and on a user's host (who may run flannel)
+HOST_DEVICES = (HOST_TUNNEL_DEV, HOST_FLANNEL_DEV, HOST_BRIDGE)  # what a run may make in a host's namespace
 
 
 @dataclass(repr=False)
@@ -48,6 +51,8 @@ class PodsTestbed(BuiltTestbed):
     underlay: dict | None = None  # node -> (IPv4, IPv6) underlay addresses (None: 198.18.99.N, 2001:2:99::N)
     underlay_dev: dict = field(default_factory=dict)  # node -> its underlay interface (default eth0)
     tunnel_dev: str = TUNNEL_DEV
+    flannel_dev: str = FLANNEL_DEV
+    bridge_dev: str = BRIDGE
 
     @property
     def local_nodes(self) -> list:
@@ -175,7 +180,7 @@ def pods_testbed(
     mtu = TUNNEL_MTU if tunnel else 1500
     if local is not None:
         tb.underlay_dev = {local: underlay_dev}
-        tb.tunnel_dev = HOST_TUNNEL_DEV
+        tb.tunnel_dev, tb.flannel_dev, tb.bridge_dev = HOST_TUNNEL_DEV, HOST_FLANNEL_DEV, HOST_BRIDGE
         t.add_host(local, own=True)
     else:
         for node in names:

@@ -175,15 +175,30 @@ def find(prefix: str) -> list[tuple[str, str, int, str]]:
     return out
 
 
+def _netns_of(pid) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
 def cleanup(prefix: str, spare_live=True) -> tuple[list[str], list[str]]:
     """Detach the programs named `prefix`* that no process holds (a killed run's); with
-    spare_live=False, live ones too. Returns (what was removed, what was spared)."""
+    spare_live=False, live ones too, of processes in this network namespace only.
+    Cgroups are the machine's, not a namespace's: where hosts are namespaces of one
+    machine (the hosts tests' rack), a host's cleanup of every run of its own would
+    otherwise detach another host's live programs, or a run of the machine's own, as
+    the tc filters it removes are only those of its own namespace. Returns (what was
+    removed, what was spared)."""
     found = find(prefix)
     held = holders([i for _, _, i, _ in found])
+    here = _netns_of("self")
     removed, spared = [], []
     for path, kind, i, name in found:
-        if held[i] and spare_live:
-            spared.append(f"{name} on cgroup {path} (pid {', '.join(map(str, held[i]))})")
+        elsewhere = [p for p in held[i] if _netns_of(p) != here]
+        if held[i] and (spare_live or elsewhere):
+            where = " in another network namespace" if elsewhere and not spare_live else ""
+            spared.append(f"{name} on cgroup {path} (pid {', '.join(map(str, held[i]))}{where})")
             continue
         fd = libbpf().bpf_prog_get_fd_by_id(ctypes.c_uint32(i))
         if fd < 0:

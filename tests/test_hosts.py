@@ -11,6 +11,7 @@ install, not three: the suite's time. Everything is driven through the command
 line as a user types it, in the controller's namespace.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -550,7 +551,8 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
     before = {h: link(rack, h, "eth1") for h in nodes}
 
     def pods(*extra):
-        args = ["bench", "pods", "--experiments", "stream,rr", "--paths", "across", "--parallel", "1"]
+        args = ["bench", "pods", "--experiments", "stream,rr,services", "--paths", "across", "--parallel", "1"]
+        args += ["--services", "3"]
         return lab(rack, *args, "--duration", "0.5", "--trials", "1", "--out", str(tmp_path), *extra)
 
     # IPv6 forwarding is the host's, and off here: refused before anything starts, with the fix
@@ -564,13 +566,22 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
     assert "another lab run is live" not in p.stderr, p.stderr
     (csv,) = tmp_path.glob("pods-*.csv")
     df = pd.read_csv(csv)
-    assert sorted(zip(df["experiment"], df["peer"], strict=True)) == sorted(
-        (e, peer) for e in ("rr", "stream") for peer in ("bridge-vxlan", "ebpf", "ebpf-vxlan", "legacy")
+    assert sorted(zip(df["experiment"], df["peer"], df["way"].fillna(""), strict=True)) == sorted(
+        [(e, peer, "") for e in ("rr", "stream") for peer in ("bridge-vxlan", "ebpf", "ebpf-vxlan", "legacy")]
+        + [("services", "ebpf", "connect"), ("services", "ebpf", "per-packet"), ("services", "legacy", "nft")]
     )
     assert (df["place"] == "hosts").all() and (df["n0_host"] == "alpha").all() and (df["n1_host"] == "beta").all()
     stream, rr = df[df["experiment"] == "stream"], df[df["experiment"] == "rr"]
     assert (stream["gbps"] > 0).all() and (stream["gbps_per_core"] > 0).all()
     assert (rr["transactions"] > 0).all() and (rr["errors"] == 0).all()
+    # services: a new connection per transaction from p00 to the VIP, each translated where
+    # its way says, on the client's node: at connect() (no packet rewritten), per packet, by nftables
+    svc = df[df["experiment"] == "services"].set_index("way")
+    assert (svc["transactions"] > 0).all() and (svc["errors"] == 0).all() and (svc["services"] == 3).all()
+    assert svc.loc["connect", "n0_connect"] >= svc.loc["connect", "transactions"], svc.T
+    assert svc.loc["connect", "n0_to_backend"] == 0, svc.T
+    assert svc.loc["per-packet", "n0_connect"] == 0 and svc.loc["per-packet", "n0_to_backend"] > 0, svc.T
+    assert pd.isna(svc.loc["nft", "n0_connect"]), svc.T  # the kernel's: no datapath counters
     # each node's CPU over its own window: the client's run on alpha, beta's serving
     assert (df["n0_window_s"] > 0).all() and (df["n1_window_s"] > 0).all() and (df["n1_busy_cores"] > 0).all()
     # ...beta's from its first busy tenth of a second to its last: the run's, within a sample each
@@ -596,6 +607,7 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
         assert link(rack, h, "eth1") == before[h], h
         for dev in HOST_DEVICES:  # the tunnels and flannel's bridge of the runs
             assert on_host(rack, h, ["ip", "link", "show", dev]).returncode != 0, (h, dev)
+        assert "vtl-kube-proxy" not in on_host(rack, h, ["nft", "list", "tables"]).stdout, h  # legacy's services
         for family in ("-4", "-6"):
             routes = on_host(rack, h, ["ip", family, "route", "show", "proto", "250"])
             assert routes.stdout == "", (h, routes.stdout)
@@ -607,11 +619,23 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
 
 
 def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack, tmp_path):
+    from ebpf import cgroup  # noqa: PLC0415
+    from ebpf.pods.tc_pods import TcPods  # noqa: PLC0415
+    from lab.fastpaths.pods.testbed import pods_testbed  # noqa: PLC0415
+
     topo = Topology("bystander")  # a lab run of this machine's own, beside the rack
     topo.add_host("a")
     topo.add_host("b")
     topo.add_link("a", "b")
-    with topo:
+    pods = pods_testbed()  # and a pods datapath of the machine's, its services' programs on a cgroup
+    with topo, pods, contextlib.closing(TcPods(netns=pods.ns("n0"))) as datapath:
+        datapath.load_program()
+        datapath.attach_services(pods.cgroup.path)
+
+        def its_programs():  # cgroups are the machine's: a host's cleanup of all its runs must not take these
+            return len([x for x in cgroup.find("pods_") if x[0] == str(pods.cgroup.path)])
+
+        assert its_programs() == 6
         for host, iface, address in (("alpha", "eth1", "198.19.7.1/24"), ("gamma", "eth1", "198.19.7.3/24")):
             item = json.dumps([{"iface": iface, "address": address, "promisc": True}])
             # what a bench's prepare step runs there (lab.hosts.bench), by hand
@@ -637,6 +661,7 @@ def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack,
         assert p.returncode == 0, p.stderr
         assert link(rack, "gamma", "eth1") == AS_MADE
         assert all(netns.exists(h.ns) for h in topo.hosts.values())
+        assert its_programs() == 6, p.stdout
 
 
 def _wait_for_rows(out, n, proc, seconds=120):

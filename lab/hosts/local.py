@@ -145,6 +145,12 @@ def restore(ifname) -> list[str]:
     was = record.get(ifname)
     if was is None:
         return []
+    if was.get("nft"):  # an nftables table the lab made (a pods node's services): deleted
+        family, table = was["nft"]
+        gone = subprocess.run(["nft", "delete", "table", family, table], capture_output=True).returncode != 0
+        del record[ifname]
+        _save(record) if record else RECORD.unlink(missing_ok=True)
+        return [f"nftables table {family} {table}: {'gone already' if gone else 'deleted (the lab made it)'}"]
     if was.get("created"):  # a device the lab made (a Testbed 2 tap's bridge): deleted
         with IPRoute() as ip:
             idx = ip.link_lookup(ifname=ifname)
@@ -344,6 +350,20 @@ def made(name):
             raise LabHostError(f"{name} exists on this host and is not the lab's; fix: remove it, or rename it")
     record[name] = {"ifname": name, "created": True}
     _save(record)
+
+
+def made_table(family, table) -> str:
+    """An nftables table this host's runner is about to make (a pods node's services):
+    recorded first, as made() records a device; refused when the host has a table of
+    that name that is not the lab's. Returns its record's key, for unmade()."""
+    key = f"nft {family} {table}"
+    record = _load()
+    listed = subprocess.run(["nft", "list", "table", family, table], capture_output=True).returncode == 0
+    if listed and key not in record:
+        raise LabHostError(f"nftables table {family} {table} exists on this host and is not the lab's; fix: remove it")
+    record[key] = {"nft": [family, table], "created": True}
+    _save(record)
+    return key
 
 
 def unmade(name):

@@ -47,12 +47,9 @@ WAYS = {"connect": "ebpf", "per-packet": "ebpf", "nft": "legacy"}  # a service's
 RR_PORT, IPERF_PORT = 7100, 5201
 VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
 COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
-# what runs on a user's hosts (lab.fastpaths.pods.hosts): the services' ways write tables a
-# node's own kube-proxy or CNI may hold (kube-proxy's table, cni0, flannel.1), not yet there
-HOSTS_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf", "ebpf-redirect", "ebpf-vxlan")
-HOSTS_EXPERIMENTS = ("stream", "rr")
-# of an eBPF peer's counters, each node's in a hosts run's rows (all of them: its runner's result.json there)
-DATAPATH_COUNTERS = ("seen", "redirect", "pass", "drop", "local_pod", "remote_pod", "tunneled")
+# of an eBPF peer's counters, each node's in a hosts run's rows (all of them: its runner's
+# result.json there); connect and to_backend: where a service was translated
+DATAPATH_COUNTERS = ("seen", "redirect", "pass", "drop", "local_pod", "remote_pod", "tunneled", "connect", "to_backend")
 
 
 def add_arguments(p):
@@ -69,7 +66,7 @@ def add_arguments(p):
         "--inventory",
         metavar="FILE",
         help="run on the hosts an Ansible inventory names (group nodes: two or more, each with its lab_iface; "
-        f"docs/hosts.md); there: experiments {', '.join(HOSTS_EXPERIMENTS)}, peers {', '.join(HOSTS_PEERS)} "
+        "docs/hosts.md; every experiment and peer, under device and table names no CNI or kube-proxy uses) "
         "(default: namespaces on this machine)",
     )
 
@@ -86,14 +83,9 @@ def main(a):
         raise ValueError("--parallel: 1..64 streams")
     if any(not 1 <= n <= 200 for n in counts):
         raise ValueError("--services: 1..200 services")
-    if a.inventory:
-        if a.peers == ",".join(PEERS):  # not chosen: those that run on hosts
-            peers = list(HOSTS_PEERS)
-        if a.experiments == ",".join(EXPERIMENTS):
-            experiments = list(HOSTS_EXPERIMENTS)
-        df, path = run_on_hosts(a.inventory, peers, experiments, parallel, families, paths, a.trials, a.duration, a.out)
-    else:
-        df, path = run(peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out)
+    df, path = run(
+        peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out, inventory=a.inventory
+    )
     print_summary(df)
     print(f"\nwrote {path} and {path.with_suffix('.json').name}")
     return 0
@@ -112,10 +104,13 @@ def cpu_of(sampler, gbps=None) -> dict:
     }
 
 
-def _services(tb, n):
+SERVICE_BACKENDS = ("p01", "p10")  # a service's backends: one pod on each node
+
+
+def services(tb, n):
     """n services, the measured one (VIP) last; the others' addresses are decoys, as a
     cluster's other services are to this one's lookup."""
-    backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in ("p01", "p10")]
+    backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in SERVICE_BACKENDS]
     out = [(f"198.18.{201 + i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1)]
     return out + [(VIP, 80, "tcp", backends)]
 
@@ -162,9 +157,11 @@ def run(
     inventory=None,
 ):
     """The sweep; returns (DataFrame, CSV path). inventory: an Ansible inventory's path,
-    the sweep on the nodes it names (run_on_hosts; counts and ways: not there)."""
+    the sweep on the nodes it names (run_on_hosts)."""
     if inventory is not None:
-        return run_on_hosts(inventory, peers, experiments, parallel, families, paths, trials, duration, out, progress)
+        return run_on_hosts(
+            inventory, peers, experiments, parallel, families, paths, trials, duration, out, progress, counts, ways
+        )
     variants = _variants(peers, experiments, parallel, families, paths, counts, ways)
     tb = pods_testbed(tunnel=True)
     bar = common.Progress(trials * len(variants)) if progress else None
@@ -172,7 +169,7 @@ def run(
     with tb, contextlib.ExitStack() as servers:
         # the request-response servers: each closed whatever fails after it started (one
         # that could not start leaves the others to this stack, not to the namespaces' end)
-        for ns in (tb.ns("p01"), tb.ns("p10")):
+        for ns in (tb.ns(b) for b in SERVICE_BACKENDS):
             servers.enter_context(RrServer(ns, RR_PORT))
         servers.enter_context(RrServer(tb.ns(tb.nodes[1]), RR_PORT + 1))  # host: node to node
         for trial, _, v in common.interleaved(trials, [0], variants):
@@ -186,7 +183,7 @@ def run(
                 elif experiment == "rr":
                     row.update(_rr(tb, name, duration))
                 else:
-                    peer.set_services(_services(tb, n))
+                    peer.set_services(services(tb, n))
                     row.update(_crr(tb, peer, way, duration))
                 rows.append(row)
             finally:
@@ -210,7 +207,20 @@ def run(
     return df, write_results(df, "pods", params, out)
 
 
-def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trials, duration, out=None, progress=True):
+def run_on_hosts(
+    inventory,
+    peers,
+    experiments,
+    parallel,
+    families,
+    paths,
+    trials,
+    duration,
+    out=None,
+    progress=True,
+    counts=(1, 100),
+    ways=tuple(WAYS),
+):
     """The sweep on the nodes an Ansible inventory names (group nodes, two or more; the
     first drives each run): each node's side built by its runner for the run
     (lab.fastpaths.pods.hosts), on its lab_iface as the underlay, with the addresses
@@ -221,13 +231,7 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
     from lab.hosts import bench as hosts_bench  # noqa: PLC0415
     from lab.hosts.inventory import InventoryError  # noqa: PLC0415
 
-    others = [p for p in peers if p not in HOSTS_PEERS]
-    if others:
-        raise ValueError(f"peer {others[0]} does not run on hosts yet (there: {', '.join(HOSTS_PEERS)})")
-    others = [e for e in experiments if e not in HOSTS_EXPERIMENTS]
-    if others:
-        raise ValueError(f"experiment {others[0]} does not run on hosts yet (there: {', '.join(HOSTS_EXPERIMENTS)})")
-    variants = _variants(peers, experiments, parallel, families, paths, [], [])
+    variants = _variants(peers, experiments, parallel, families, paths, counts, ways)
     hosts = Hosts(inventory)
     inv = hosts.inventory
     nodes = inv.roles(NAME)["nodes"]
@@ -251,9 +255,11 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
     deadline = hosts_bench.START_MARGIN + duration + hosts_bench.STOP_MARGIN + 30
     runs, variant_of = [], {}
     for trial, _, v in common.interleaved(trials, [0], variants):
-        experiment, name, _, path, fam, par, _ = v
-        label = f"{experiment} {name} {path} v{fam} x{par} t{trial}"
-        if name == "host":
+        experiment, name, way, path, fam, par, n = v
+        label = f"{experiment} {name} {way + ' ' if way else ''}{path} v{fam} x{par} t{trial}"
+        if experiment == "services":  # p00 to the service; its backends, one on each node, serve
+            client, server = "p00", None
+        elif name == "host":
             client, server = "n0", "n1"
         else:
             client, server = "p00", ("p01" if path == "same-node" else "p10")
@@ -269,6 +275,8 @@ def run_on_hosts(inventory, peers, experiments, parallel, families, paths, trial
             "duration": duration,
             "client": client,
             "server": server,
+            "way": way,
+            "services": n,
         }
         specs = {n: {**base, "node": n, "iface": iface[n], "driver": n == "n0"} for n in names}
         runs.append((label, specs))

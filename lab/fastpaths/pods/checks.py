@@ -108,9 +108,17 @@ MUTANTS = [
     M(
         "cgroup-cleanup-takes-live-programs",
         "ebpf/cgroup.py",
-        "if held[i] and spare_live:",
+        "if held[i] and (spare_live or elsewhere):",
         "if False:",
         "a cleanup detaches a running datapath's socket programs",
         (["tests/test_pods_command.py", "-k", "services_at or one_datapath"], []),
+    ),
+    M(
+        "cgroup-cleanup-takes-other-namespaces",
+        "ebpf/cgroup.py",
+        "if held[i] and (spare_live or elsewhere):",
+        "if held[i] and spare_live:",
+        "a host's cleanup of all its runs, on a rack of namespaces, detaches the machine's own live socket programs",
+        (["tests/test_hosts.py", "-k", "leaves_the_machines_own_runs"], []),
     ),
 ]

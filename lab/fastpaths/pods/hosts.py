@@ -26,9 +26,9 @@ from lab.metrics import CpuSampler, host_cpu, read_proc_stat
 from lab.traffic.iperf import Iperf3, IperfServer
 from lab.traffic.rr import RrServer, request_response
 
-from .bench import IPERF_PORT, RR_PORT, cpu_of, latency
+from .bench import IPERF_PORT, RR_PORT, SERVICE_BACKENDS, VIP, cpu_of, latency, services
 from .peers import PEERS
-from .testbed import HOST_DEVICES, pods_testbed
+from .testbed import HOST_DEVICES, HOST_NFT_TABLE, pods_testbed
 
 ACTIVE = 20  # packets per sample (0.1 s) on the node's lab interfaces: the run, not ARP or LLDP
 
@@ -78,8 +78,12 @@ class ActivitySampler:
 
 
 def _server(tb, spec):
-    """The run's server, where this node holds it (None elsewhere)."""
+    """The run's server, where this node holds it (None elsewhere); services: the
+    service's backend on this node (p01 on the first, p10 on the second)."""
     me, exp, peer = spec["node"], spec["experiment"], spec["peer"]
+    if exp == "services":
+        mine = [b for b in SERVICE_BACKENDS if tb.node_of(b) == me]
+        return RrServer(tb.ns(mine[0]), RR_PORT) if mine else None
     target = spec.get("server")  # "n1" (node to node), or a pod's name
     if target is None or (target if target in tb.nodes else tb.node_of(target)) != me:
         return None
@@ -95,9 +99,13 @@ def _server(tb, spec):
     return RrServer(tb.ns(target), RR_PORT)
 
 
-def _client(tb, spec, seconds) -> dict:
+def _client(tb, spec, seconds, peer_obj) -> dict:
     exp, peer, fam = spec["experiment"], spec["peer"], spec["family"]
     target = spec["server"]
+    if exp == "services":  # a new connection per transaction, to the service (a node's translation)
+        with CpuSampler(0.1) as cpu:
+            r = request_response(tb.ns(spec["client"]), VIP, 80, seconds, mode="crr", **peer_obj.client_kw(spec["way"]))
+        return latency(r), cpu
     if exp == "stream":
         if peer == "host":
             ns, ifname = None, tb.underlay_of(spec["node"])
@@ -131,12 +139,17 @@ def node(spec, signals):
     me = spec["node"]
     for dev in HOST_DEVICES:  # recorded before they exist: a host's cleanup deletes them if this runner dies
         local.made(dev)
+    tables = [local.made_table(f, HOST_NFT_TABLE) for f in ("ip", "ip6")] if spec["peer"] == "legacy" else []
     try:
         return _node(spec, signals, me)
     finally:  # deleted with the node's side: their records go (one still there stays, for the cleanup)
         for dev in HOST_DEVICES:
             if netns.run(None, ["ip", "link", "show", dev], check=False, capture_output=True).returncode:
                 local.unmade(dev)
+        for key in tables:
+            family, table = key.split()[1:]
+            if netns.run(None, ["nft", "list", "table", family, table], check=False, capture_output=True).returncode:
+                local.unmade(key)
 
 
 def _node(spec, signals, me):
@@ -151,6 +164,8 @@ def _node(spec, signals, me):
         peer = PEERS[spec["peer"]](tb)
         peer.attach()
         held.callback(peer.detach)
+        if spec["experiment"] == "services":  # on every node, as kube-proxy and Cilium keep them
+            peer.set_services(services(tb, spec["services"]))
         server = _server(tb, spec)
         if server is not None:
             held.enter_context(server)
@@ -162,7 +177,7 @@ def _node(spec, signals, me):
                 return out
             # bounded twice: by the run's seconds, and by what is left of the runner's deadline
             seconds = min(float(spec["duration"]), max(0.1, signals.seconds_left() - 5))
-            out["report"], cpu = _client(tb, spec, seconds)
+            out["report"], cpu = _client(tb, spec, seconds, peer)
             out["window_s"] = round(cpu.seconds, 3)
         else:
             with ActivitySampler(ifaces) as activity:

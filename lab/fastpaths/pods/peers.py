@@ -24,7 +24,7 @@ import ipaddress
 
 from ebpf.pods.tc_pods import TcPods, parse_endpoint
 from lab import netns, nft
-from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6
+from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6, NFT_TABLE
 from lab.netns import LabError
 from lab.peer import Peer
 
@@ -76,20 +76,19 @@ class Legacy(PodPeer):
     (a pod that is its own service's backend, hairpin, is masqueraded as kube-proxy does)."""
 
     serves = True
-    TABLE = "kube-proxy"
 
     def set_services(self, services):
         self.remove_services()
         for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
-                text = ruleset(family, [s for s in services if _family(s[0]) == family])
+                text = ruleset(family, [s for s in services if _family(s[0]) == family], self.tb.nft_table)
                 if text:
                     nft.run_text(self.tb.ns(node), text)
 
     def remove_services(self):
         for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
-                nft.delete_table(self.tb.ns(node), family, self.TABLE)
+                nft.delete_table(self.tb.ns(node), family, self.tb.nft_table)
 
     def detach(self):
         self.remove_services()
@@ -100,12 +99,13 @@ def _family(addr) -> str:
     return "ip6" if ipaddress.ip_address(addr).version == 6 else "ip"
 
 
-def ruleset(family, services) -> str:
-    """kube-proxy's nftables-mode table for `services` of one family (see Legacy)."""
+def ruleset(family, services, table=NFT_TABLE) -> str:
+    """kube-proxy's nftables-mode table for `services` of one family (see Legacy); on a
+    user's host under a name of the lab's (tb.nft_table)."""
     if not services:
         return ""
     addr_type = "ipv6_addr" if family == "ip6" else "ipv4_addr"
-    t = [f"table {family} {Legacy.TABLE} {{"]
+    t = [f"table {family} {table} {{"]
     t.append(f"  map service-ips {{ type {addr_type} . inet_proto . inet_service : verdict ; }}")
     t.append("  chain mark-for-masquerade { meta mark set meta mark | 0x4000 ; }")
     t.append("  chain nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; jump services ; }")
@@ -133,7 +133,7 @@ def ruleset(family, services) -> str:
             elements.append(f"{addr} . {proto} . {port} : goto service-{n}")
     t.append("}")
     if elements:
-        t.append(f"add element {family} {Legacy.TABLE} service-ips {{ {', '.join(elements)} }}")
+        t.append(f"add element {family} {table} service-ips {{ {', '.join(elements)} }}")
     return "\n".join(t) + "\n"
 
 

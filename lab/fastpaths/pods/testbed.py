@@ -37,6 +37,7 @@ HOST_LXC, HOST_TUNNEL_DEV = "vtl-lxc", "vtl-vxlan0"  # on a user's host: names n
 FLANNEL_DEV, BRIDGE = "flannel.1", "cni0"  # bridge-vxlan's devices on a node of namespaces (flannel's names)
 HOST_FLANNEL_DEV, HOST_BRIDGE = "vtl-flannel", "vtl-cni0"  # and on a user's host (who may run flannel)
 HOST_DEVICES = (HOST_TUNNEL_DEV, HOST_FLANNEL_DEV, HOST_BRIDGE)  # what a run may make in a host's namespace
+NFT_TABLE, HOST_NFT_TABLE = "kube-proxy", "vtl-kube-proxy"  # legacy's services: kube-proxy's table, and on a host
 
 
 @dataclass(repr=False)
@@ -53,6 +54,7 @@ class PodsTestbed(BuiltTestbed):
     tunnel_dev: str = TUNNEL_DEV
     flannel_dev: str = FLANNEL_DEV
     bridge_dev: str = BRIDGE
+    nft_table: str = NFT_TABLE  # legacy's services (a host's own kube-proxy keeps its table)
 
     @property
     def local_nodes(self) -> list:
@@ -181,6 +183,7 @@ def pods_testbed(
     if local is not None:
         tb.underlay_dev = {local: underlay_dev}
         tb.tunnel_dev, tb.flannel_dev, tb.bridge_dev = HOST_TUNNEL_DEV, HOST_FLANNEL_DEV, HOST_BRIDGE
+        tb.nft_table = HOST_NFT_TABLE
         t.add_host(local, own=True)
     else:
         for node in names:

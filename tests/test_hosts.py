@@ -603,6 +603,7 @@ def test_pods_on_two_nodes_carry_each_way_through_their_datapath_and_leave_each_
         plt.close(fig)
     meta = json.loads(csv.with_suffix(".json").read_text())
     assert meta["hosts"]["roles"] == {"n0": "alpha", "n1": "beta"} and meta["hosts"]["failure"] is None
+    assert meta["parameters"]["services"] == [3] and meta["parameters"]["ways"] == ["connect", "per-packet", "nft"]
     for h in nodes:  # as it was: its interface, and nothing of the lab's left in the host's namespace
         assert link(rack, h, "eth1") == before[h], h
         for dev in HOST_DEVICES:  # the tunnels and flannel's bridge of the runs

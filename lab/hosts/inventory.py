@@ -189,7 +189,8 @@ class Inventory:
         seen = []
         for role in ALL_ROLES:
             seen += [h for h in self.role(role) if h not in seen]
-        return seen or list(self.hosts.values())
+        order = list(self.hosts)  # as the inventory lists them: a table a user reads against it
+        return sorted(seen, key=lambda h: order.index(h.name)) or list(self.hosts.values())
 
     def ifaces_of(self, host, bench=None) -> dict[str, str]:
         """{"ROLE" or "ROLE:purpose": iface} the host uses, for `bench` or for every role it plays."""

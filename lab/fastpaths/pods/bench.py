@@ -334,6 +334,8 @@ def run_on_hosts(
         "parallel": parallel,
         "families": families,
         "paths": paths,
+        "services": list(counts),
+        "ways": list(ways),
         "trials": trials,
         "duration_s": duration,
         "pod_mtu": 1450,

@@ -155,23 +155,30 @@ def attached(path, attach_type: str) -> list[int]:
         os.close(cg)
 
 
-def find(prefix: str) -> list[tuple[str, str, int, str]]:
+def find(prefix: str, within=None) -> list[tuple[str, str, int, str]]:
     """(cgroup path, attach type, program id, name) of every program whose name starts with
-    `prefix`, attached anywhere in the cgroup v2 hierarchies."""
+    `prefix`, attached anywhere in the cgroup v2 hierarchies, or (within: cgroup paths)
+    on those cgroups alone."""
     out = []
     reach, mounts = _roots()[0]
-    for root in mounts:
-        for real, _, _ in os.walk(reach / root.relative_to("/")):
-            d = "/" + str(Path(real).relative_to(reach))
-            for kind in ATTACH_TYPES:
-                try:
-                    ids = attached(real, kind)
-                except OSError:
-                    continue
-                for i in ids:
-                    name = prog_name(i) or ""
-                    if name.startswith(prefix):
-                        out.append((d, kind, i, name))
+    if within is not None:
+        places = [(reach / Path(os.path.abspath(p)).relative_to("/"), str(p)) for p in within]
+    else:
+        places = [
+            (real, "/" + str(Path(real).relative_to(reach)))
+            for root in mounts
+            for real, _, _ in os.walk(reach / root.relative_to("/"))
+        ]
+    for real, d in places:
+        for kind in ATTACH_TYPES:
+            try:
+                ids = attached(real, kind)
+            except OSError:
+                continue
+            for i in ids:
+                name = prog_name(i) or ""
+                if name.startswith(prefix):
+                    out.append((d, kind, i, name))
     return out
 
 
@@ -182,15 +189,16 @@ def _netns_of(pid) -> int | None:
         return None
 
 
-def cleanup(prefix: str, spare_live=True) -> tuple[list[str], list[str]]:
+def cleanup(prefix: str, spare_live=True, within=None) -> tuple[list[str], list[str]]:
     """Detach the programs named `prefix`* that no process holds (a killed run's); with
-    spare_live=False, live ones too, of processes in this network namespace only.
+    spare_live=False, live ones too, of processes in this network namespace only;
+    within: on those cgroups alone (find()), as a caller that knows where its own are.
     Cgroups are the machine's, not a namespace's: where hosts are namespaces of one
     machine (the hosts tests' rack), a host's cleanup of every run of its own would
     otherwise detach another host's live programs, or a run of the machine's own, as
     the tc filters it removes are only those of its own namespace. Returns (what was
     removed, what was spared)."""
-    found = find(prefix)
+    found = find(prefix, within)
     held = holders([i for _, _, i, _ in found])
     here = _netns_of("self")
     removed, spared = [], []

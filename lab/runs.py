@@ -11,6 +11,7 @@ that asks which runs are alive or dead asks here: the topology, the daemons,
 what dead runs left when a command starts, once, with what removes it.
 """
 
+import hashlib
 import os
 import secrets
 import sys
@@ -111,6 +112,30 @@ def orphaned_run_dirs(suffix) -> list[Path]:
     if not RUN_DIR.exists():
         return []
     return [d for d in RUN_DIR.glob(f"{netns.PREFIX}*{suffix}") if not netns.exists(d.name.split(".", 1)[0])]
+
+
+def note_cgroup(path) -> Path:
+    """A cgroup outside the lab's own (a user's `--cgroup`) that this instance is about
+    to attach programs to: noted under its prefix, so that its cleanup looks there after
+    a kill, and another instance's never does. Cgroups are the machine's: a cleanup that
+    took every cgroup's leftovers took another instance's too (on the hosts tests' rack,
+    a host's cleanup took the machine's killed pods run's programs before its own
+    cleanup could)."""
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    note = RUN_DIR / f"{netns.PREFIX}cgroup.{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    note.write_text(f"{path}\n")
+    return note
+
+
+def noted_cgroups() -> dict[str, Path]:
+    """{cgroup path: its note} of this instance's noted cgroups."""
+    out = {}
+    for note in RUN_DIR.glob(f"{netns.PREFIX}cgroup.*") if RUN_DIR.exists() else []:
+        try:
+            out[note.read_text().strip()] = note
+        except OSError:
+            continue
+    return out
 
 
 def notice(out=None) -> str | None:

@@ -251,6 +251,17 @@ def test_a_cleanup_kills_only_the_runner_its_pid_file_names_not_a_process_that_t
             q.wait()
 
 
+def test_the_hosts_are_listed_in_the_inventorys_order_not_their_roles(tmp_path):
+    from lab.hosts.inventory import Inventory  # noqa: PLC0415
+
+    inv = tmp_path / "hosts.ini"  # INI, as a user's own may be; roles sort monitor, receiver, sender, tap
+    inv.write_text(
+        "[sender]\nzulu lab_iface=eth1\n[tap]\nmike lab_iface=eth1 lab_monitor_iface=eth2\n"
+        "[receiver]\nmike\n[monitor]\nalpha lab_iface=eth1\n"
+    )
+    assert [h.name for h in Inventory(inv).lab_hosts()] == ["zulu", "mike", "alpha"]
+
+
 def _local(ns, state, code):
     """lab.hosts.local's functions run in `ns` as a host runs them, its record in `state`."""
     p = netns.run(
@@ -628,15 +639,23 @@ def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack,
     topo.add_host("a")
     topo.add_host("b")
     topo.add_link("a", "b")
-    pods = pods_testbed()  # and a pods datapath of the machine's, its services' programs on a cgroup
+    pods = pods_testbed()  # and pods datapaths of the machine's, their services' programs on cgroups
     with topo, pods, contextlib.closing(TcPods(netns=pods.ns("n0"))) as datapath:
         datapath.load_program()
-        datapath.attach_services(pods.cgroup.path)
+        datapath.attach_services(pods.cgroup.path)  # a live one
+        killed = pods.cgroup.path.parent / f"{pods.ns('p00')}.killed"  # and one whose process was killed
+        killed.mkdir()
+        orphan = (
+            "import os, sys; from ebpf.pods.tc_pods import TcPods; from lab import runs; "
+            "p = TcPods(netns=sys.argv[1]); p.load_program(); runs.note_cgroup(sys.argv[2]); "
+            "p.attach_services(sys.argv[2]); os._exit(0)"  # as `lab pods --cgroup DIR` killed
+        )
+        subprocess.run([PY, "-c", orphan, pods.ns("n0"), str(killed)], cwd=ROOT, check=True)
 
-        def its_programs():  # cgroups are the machine's: a host's cleanup of all its runs must not take these
-            return len([x for x in cgroup.find("pods_") if x[0] == str(pods.cgroup.path)])
+        def programs(where):  # cgroups are the machine's: a host's cleanup of all its runs must not take these
+            return len([x for x in cgroup.find("pods_") if x[0] == str(where)])
 
-        assert its_programs() == 6
+        assert programs(pods.cgroup.path) == 6 and programs(killed) == 6
         for host, iface, address in (("alpha", "eth1", "198.19.7.1/24"), ("gamma", "eth1", "198.19.7.3/24")):
             item = json.dumps([{"iface": iface, "address": address, "promisc": True}])
             # what a bench's prepare step runs there (lab.hosts.bench), by hand
@@ -662,7 +681,12 @@ def test_cleanup_puts_back_only_its_hosts_and_leaves_the_machines_own_runs(rack,
         assert p.returncode == 0, p.stderr
         assert link(rack, "gamma", "eth1") == AS_MADE
         assert all(netns.exists(h.ns) for h in topo.hosts.values())
-        assert its_programs() == 6, p.stdout
+        assert programs(pods.cgroup.path) == 6 and programs(killed) == 6, p.stdout
+        # ...which are its own instance's: its cleanup takes the killed run's, from its note
+        p = subprocess.run([PY, "-m", "lab", "pods", "--cleanup"], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout.count(f"on cgroup {killed}") == 6, p.stdout + p.stderr
+        assert programs(killed) == 0 and programs(pods.cgroup.path) == 6
+        killed.rmdir()
 
 
 def _wait_for_rows(out, n, proc, seconds=120):

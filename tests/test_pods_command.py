@@ -326,6 +326,15 @@ def test_services_at_connect_and_per_packet_follow_the_file_and_a_kill_leaves_no
         assert r.returncode == 0 and len(held) == 6, r.stdout
         assert all(str(p.pid) in h.split(", ") for h in held), (p.pid, r.stdout)
         assert len([x for x in cgroup.find("pods_") if x[0] == str(pod_cgroup)]) == 6
+        # and --all from there too: a live datapath's programs are its own namespace's to take
+        r = subprocess.run(
+            ["ip", "netns", "exec", N1, sys.executable, "-m", "lab", "pods", "--cleanup", "--all"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0 and r.stdout.count("in another network namespace") == 6, r.stdout
+        assert len([x for x in cgroup.find("pods_") if x[0] == str(pod_cgroup)]) == 6
     finally:
         stop(other)
     os.killpg(p.pid, signal.SIGKILL)

@@ -189,8 +189,11 @@ class Inventory:
         seen = []
         for role in ALL_ROLES:
             seen += [h for h in self.role(role) if h not in seen]
-        order = list(self.hosts)  # as the inventory lists them: a table a user reads against it
-        return sorted(seen, key=lambda h: order.index(h.name)) or list(self.hosts.values())
+        # as the inventory has them (its groups' order: Ansible's --list sorts hostvars by
+        # name), so that a table of hosts reads as the file does
+        order = self.members("all")
+        seen.sort(key=lambda h: order.index(h.name) if h.name in order else len(order))
+        return seen or list(self.hosts.values())
 
     def ifaces_of(self, host, bench=None) -> dict[str, str]:
         """{"ROLE" or "ROLE:purpose": iface} the host uses, for `bench` or for every role it plays."""

@@ -118,7 +118,15 @@ MUTANTS = [
         "ebpf/cgroup.py",
         "if held[i] and (spare_live or elsewhere):",
         "if held[i] and spare_live:",
-        "a host's cleanup of all its runs, on a rack of namespaces, detaches the machine's own live socket programs",
+        "a cleanup of every run detaches a live datapath's socket programs from another network namespace",
+        (["tests/test_pods_command.py", "-k", "services_at"], []),
+    ),
+    M(
+        "cgroup-cleanup-every-cgroup",
+        "lab/fastpaths/pods/command.py",
+        'cgroup.cleanup("pods_", spare_live=not all_runs, within=list(notes))',
+        'cgroup.cleanup("pods_", spare_live=not all_runs)',
+        "a cleanup takes another instance's killed run's socket programs (on the rack: the machine's)",
         (["tests/test_hosts.py", "-k", "leaves_the_machines_own_runs"], []),
     ),
 ]

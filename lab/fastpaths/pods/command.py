@@ -38,7 +38,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import BpfError, InputError, NoSuchInterface, cgroup, netdev, tc
 from ebpf.pods.tc_pods import PROTOS, TcPods, parse_endpoint
-from lab import hostcheck
+from lab import hostcheck, runs
 from lab.console import CounterTable, UsageError, require, warn
 from lab.lifecycle import Command
 
@@ -290,8 +290,12 @@ class PodsCommand(Command):
 
     def cleanup(self, all_runs=False):
         removed, spared = tc.cleanup(OWNER, spare_live=not all_runs)
-        gone, live = cgroup.cleanup("pods_", spare_live=not all_runs)
+        notes = runs.noted_cgroups()  # this instance's cgroups, never another's
+        gone, live = cgroup.cleanup("pods_", spare_live=not all_runs, within=list(notes))
         removed += gone
+        for path, note in notes.items():  # nothing of ours left there: forgotten
+            if not cgroup.find("pods_", within=[path]):
+                note.unlink(missing_ok=True)
         if not spared:  # no live run here: a VXLAN device of ours that one left (external, by name)
             with netdev.ipr() as ip, contextlib.suppress(InputError):
                 idx = netdev.ifindex_of(ip, TUNNEL_DEV)
@@ -358,6 +362,7 @@ class PodsCommand(Command):
             self.prog.add_service(*svc)
         self.prog.load_program()
         if a.cgroup:
+            runs.note_cgroup(a.cgroup)  # (cgroups are the machine's: where this instance's cleanup looks)
             self.prog.attach_services(a.cgroup)
         self.services_stamp = self.services_pending = self._services_stamp()
         self.lock = threading.Lock()

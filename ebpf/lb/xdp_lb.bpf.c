@@ -36,11 +36,12 @@
  * fragment are not in it).
  *
  * Its parts: xdp_lb.h (constants and structs Python reads too), xdp_lb_maps.h
- * (the maps), xdp_lb_flow.h (hashing and comparing flows), and this file: the
- * sessions and the program, which BCC needs in one file (it turns a map call
- * into a helper call only in the file it compiles). It parses with the shared
- * parse_l4(); every return goes through xdp_exit() (verdict.h), which counts
- * the verdict and the reason.
+ * (the maps), xdp_lb_flow.h (hashing and comparing flows), lb_sessions.h (the
+ * sessions, as every hook of the LB keeps them: it calls the map wrappers this
+ * file defines, since BCC turns a map call into a helper call only in the file it
+ * compiles), and this file: the frame's access, rewrites and exit at XDP. It
+ * parses with the shared parse_l4(); every return goes through xdp_exit()
+ * (verdict.h), which counts the verdict and the reason.
  */
 #include <uapi/linux/bpf.h>
 #include "parsing_helpers.h"
@@ -53,10 +54,50 @@
 #ifndef LB_MODE
 #define LB_MODE LB_MODE_NAT
 #endif
-#define F_FIN 0x01
-#define F_SYN 0x02
-#define F_RST 0x04
-#define F_ACK 0x10
+
+/* The maps, as lb_sessions.h reaches them (its comment says why). */
+static __always_inline struct lb_session *lb_session_get(struct lb_flow_key *k, int half)
+{
+	return half ? half_open.lookup(k) : sessions.lookup(k);
+}
+static __always_inline void lb_session_put(struct lb_flow_key *k, struct lb_session *s, int half)
+{
+	half ? half_open.update(k, s) : sessions.update(k, s);
+}
+static __always_inline void lb_session_del(struct lb_flow_key *k, int half)
+{
+	half ? half_open.delete(k) : sessions.delete(k);
+}
+static __always_inline struct lb_flow_key *lb_reverse_get(struct lb_reverse_key *k, int half)
+{
+	return half ? reverse_half.lookup(k) : reverse.lookup(k);
+}
+static __always_inline int lb_reverse_claim(struct lb_reverse_key *k, struct lb_flow_key *fk, int half)
+{
+	return half ? reverse_half.insert(k, fk) : reverse.insert(k, fk);
+}
+static __always_inline void lb_reverse_put(struct lb_reverse_key *k, struct lb_flow_key *fk)
+{
+	reverse.update(k, fk);
+}
+static __always_inline void lb_reverse_del(struct lb_reverse_key *k, int half)
+{
+	half ? reverse_half.delete(k) : reverse.delete(k);
+}
+static __always_inline __u32 *lb_ring_get(__u32 slot)
+{
+	return rings.lookup(&slot);
+}
+static __always_inline struct lb_backend *lb_backend_get(__u32 idx)
+{
+	return backends.lookup(&idx);
+}
+static __always_inline struct lb_service_info *lb_service_info_get(__u32 sid)
+{
+	return service_info.lookup(&sid);
+}
+
+#include "lb_sessions.h"
 
 /* A parsed frame and the checksum its rewrites keep valid. */
 struct pkt {
@@ -151,46 +192,6 @@ static __always_inline void count(__u32 backend, __u32 len, int reply, int new_s
 	add_traffic(backend_stats.lookup(&backend), len, reply, new_session);
 }
 
-static __always_inline void end_session(struct lb_flow_key *fk, struct lb_session *s, struct lb_backend *be,
-					__u8 proto)
-{
-	struct lb_reverse_key rk = {};
-
-	if (LB_MODE == LB_MODE_NAT && be) {
-		reverse_key(&rk, be, s->lb_port, proto);
-		reverse.delete(&rk);
-		reverse_half.delete(&rk);
-	}
-	sessions.delete(fk);
-	half_open.delete(fk);
-}
-
-/* A TCP connection closing, as each side's packets show it (side 0: the
- * client's, 1: the backend's). A FIN marks its side and keeps the ACK number
- * that acknowledges it (the sequence number just past the FIN); an ACK at or
- * past the other side's marks that FIN acknowledged. Returns 1 when both FINs
- * are acknowledged: this packet is the connection's last, whichever side
- * closed first, or both at once. (Ending at the first ACK after both FINs
- * would be right only when the client closes first: when the backend does,
- * that ACK is the client's, and the backend's ACK of the client's FIN would
- * find no session.) */
-static __always_inline int closed(struct pkt *p, struct lb_session *s, __u8 flags, int side)
-{
-	struct tcphdr *t = p->h.l4hdr;
-	int other = !side;
-	__u8 mine = s->closing[side];
-
-	if (flags & F_FIN) {
-		s->fin_ack[side] = bpf_ntohl(t->seq) + (p->h.l4len - t->doff * 4) + 1;
-		mine |= LB_CL_FIN;
-	}
-	if ((flags & F_ACK) && (s->closing[other] & LB_CL_FIN) &&
-	    (__s32)(bpf_ntohl(t->ack_seq) - s->fin_ack[other]) >= 0)
-		mine |= LB_CL_ACKED;
-	s->closing[side] = mine;
-	return mine == LB_CL_DONE && s->closing[other] == LB_CL_DONE;
-}
-
 /* client -> VIP. Returns the XDP action; *reason says why. */
 static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct lb_stats *st, struct lb_conf *cf,
 				      __u32 service, int *reason)
@@ -198,7 +199,6 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 	struct lb_flow_key fk = {};
 	struct lb_session *s, ns = {};
 	struct lb_backend *be;
-	struct lb_reverse_key rk = {};
 	__u64 now = bpf_ktime_get_ns();
 	__u8 flags = p->h.tcpflags ? *p->h.tcpflags : 0;
 	int syn = p->h.l4 == IPPROTO_TCP && (flags & (F_SYN | F_ACK)) == F_SYN;
@@ -214,43 +214,14 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 	fk.service = service;
 	fk.proto = p->h.l4;
 
-	s = sessions.lookup(&fk);
+	s = lb_find(&fk, p->h.l4, now, cf, st, &half);
 	if (!s) {
-		s = half_open.lookup(&fk);
-		half = s != 0;
-	}
-	if (s) {
-		__u8 base = s->state & 0x0F;
-		__u32 to = base == LB_ST_UDP ? LB_TO_UDP : base == LB_ST_SYN ? LB_TO_SYN :
-			   ((s->closing[0] | s->closing[1]) & LB_CL_FIN) ? LB_TO_FIN : LB_TO_EST;
-
-		/* The other direction runs on another CPU and may have stamped last_seen
-		 * after this CPU read `now`: a stamp ahead of now is fresh, not an idle
-		 * time of 2^64 ns (which ended live sessions mid-connection). */
-		if (to < LB_TIMEOUTS && now > s->last_seen && now - s->last_seen > cf->timeout_ns[to & 3]) {
-			idx = s->backend;
-			be = backends.lookup(&idx);
-			end_session(&fk, s, be, p->h.l4);
-			st->expired++;
-			s = 0;
-			half = 0;
-		}
-	}
-	if (!s) {
-		__u32 slot;
 		__u32 h = flow_hash(&fk);
 
 		if (p->h.l4 == IPPROTO_TCP && !syn)
 			return XDP_DROP;  /* no_session */
-		slot = service * LB_RING_SIZE + h % LB_RING_SIZE;
-		__u32 *b = rings.lookup(&slot);
-		if (!b || !*b) {
-			*reason = R_NO_BACKEND;
-			return XDP_DROP;
-		}
-		idx = *b;
-		be = backends.lookup(&idx);
-		if (!be || !be->live) {
+		be = lb_pick(service, h, &idx);
+		if (!be) {
 			*reason = R_NO_BACKEND;
 			return XDP_DROP;
 		}
@@ -261,44 +232,17 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 			return XDP_DROP;
 		}
 		__builtin_memcpy(ns.client_mac, p->h.eth->h_source, ETH_ALEN);
-		if (LB_MODE == LB_MODE_NAT) {
-			/* an LB port no live session to this backend holds, claimed atomically */
-			int found = 0;
-
-			for (int i = 0; i < LB_PORT_PROBES; i++) {
-				__u16 port = cf->port_min + (h + i * 0x9e37) % (cf->port_count ? cf->port_count : 1);
-
-				reverse_key(&rk, be, bpf_htons(port), p->h.l4);
-				/* taken in the other table, or (insert: BPF_NOEXIST) in its own */
-				if (ns.state == LB_ST_SYN) {
-					if (reverse.lookup(&rk) || reverse_half.insert(&rk, &fk) != 0)
-						continue;
-				} else if (reverse_half.lookup(&rk) || reverse.insert(&rk, &fk) != 0) {
-					continue;
-				}
-				ns.lb_port = bpf_htons(port);
-				found = 1;
-				break;
-			}
-			if (!found) {
-				*reason = R_NO_PORT;
-				return XDP_DROP;
-			}
+		if (LB_MODE == LB_MODE_NAT && lb_claim_port(&ns, &fk, be, h, cf, p->h.l4) < 0) {
+			*reason = R_NO_PORT;
+			return XDP_DROP;
 		}
-		ns.last_seen = now;
-		if (ns.state == LB_ST_SYN)
-			half_open.update(&fk, &ns);
-		else
-			sessions.update(&fk, &ns);
-		st->new_sessions++;
+		s = lb_begin(&fk, &ns, now, st, &half);
 		is_new = 1;
-		s = ns.state == LB_ST_SYN ? half_open.lookup(&fk) : sessions.lookup(&fk);
-		half = ns.state == LB_ST_SYN;
 		if (!s)
 			return XDP_DROP;  /* no_session: evicted as soon as made */
 	}
 	idx = s->backend;
-	be = backends.lookup(&idx);
+	be = lb_backend_get(idx);
 	if (!be || !be->live) {
 		*reason = R_NO_BACKEND;
 		return XDP_DROP;
@@ -307,27 +251,9 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 
 	/* the handshake's last ACK: the session is established */
 	if (half && !syn && (flags & F_ACK)) {
-		struct lb_session est = *s;
-
-		est.state = LB_ST_EST;
-		if (LB_MODE == LB_MODE_NAT) {
-			reverse_key(&rk, be, s->lb_port, p->h.l4);
-			struct lb_flow_key *owner = reverse_half.lookup(&rk);
-			if (!owner || !same_flow(owner, &fk)) {
-				/* evicted, and its port taken by another: this one cannot go on */
-				half_open.delete(&fk);
-				*reason = R_STALE;
-				return XDP_DROP;
-			}
-			reverse.update(&rk, &fk);
-			reverse_half.delete(&rk);
-		}
-		sessions.update(&fk, &est);
-		half_open.delete(&fk);
-		st->established++;
-		s = sessions.lookup(&fk);
+		s = lb_establish(&fk, s, be, p->h.l4, st, reason);
 		if (!s)
-			return XDP_DROP;  /* no_session: evicted as soon as made */
+			return XDP_DROP;  /* stale, or no_session: evicted as soon as made */
 	}
 
 	if (LB_MODE == LB_MODE_NAT) {
@@ -345,10 +271,10 @@ static __always_inline int to_backend(struct xdp_md *ctx, struct pkt *p, struct 
 	count(idx, p->len, 0, is_new);
 
 	if (flags & F_RST) {
-		end_session(&fk, s, be, p->h.l4);
+		lb_end_session(&fk, be, s->lb_port, p->h.l4);
 		st->closed_rst++;
-	} else if (p->h.l4 == IPPROTO_TCP && closed(p, s, flags, 0)) {
-		end_session(&fk, s, be, p->h.l4);
+	} else if (p->h.l4 == IPPROTO_TCP && lb_closed(&p->h, s, flags, 0)) {
+		lb_end_session(&fk, be, s->lb_port, p->h.l4);
 		st->closed_fin++;
 	}
 	*reason = R_TO_BACKEND;
@@ -360,12 +286,11 @@ static __always_inline int to_client(struct xdp_md *ctx, struct pkt *p, struct l
 				     int *reason)
 {
 	struct lb_reverse_key rk = {};
-	struct lb_flow_key *owner, fk;
+	struct lb_flow_key fk;
 	struct lb_session *s;
 	struct lb_service_info *svc;
 	__u8 flags = p->h.tcpflags ? *p->h.tcpflags : 0;
 	__u32 sid, idx;
-	struct lb_backend *be;
 
 	if (p->h.v4)
 		copy_addr(&rk.backend, 1, &p->h.iph->saddr);
@@ -375,22 +300,11 @@ static __always_inline int to_client(struct xdp_md *ctx, struct pkt *p, struct l
 	rk.lb_port = *p->h.dport;
 	rk.proto = p->h.l4;
 	rk.family = p->h.v4 ? 4 : 6;
-	owner = reverse.lookup(&rk);
-	if (!owner)
-		owner = reverse_half.lookup(&rk);
-	if (!owner) {
-		*reason = R_UNMATCHED;
-		return XDP_PASS;   /* the LB's own traffic (health checks) */
-	}
-	*reason = R_NO_SESSION;
-	fk = *owner;
-	s = sessions.lookup(&fk);
-	if (!s)
-		s = half_open.lookup(&fk);
-	if (!s)
-		return XDP_DROP;
+	s = lb_reply(&rk, &fk, reason);
+	if (!s)  /* not a session's: the LB's own traffic (health checks); or one that vanished */
+		return *reason == R_UNMATCHED ? XDP_PASS : XDP_DROP;
 	sid = fk.service;
-	svc = service_info.lookup(&sid);
+	svc = lb_service_info_get(sid);
 	if (!svc)
 		return XDP_DROP;  /* no_session: its service is gone */
 	s->last_seen = bpf_ktime_get_ns();
@@ -402,12 +316,10 @@ static __always_inline int to_client(struct xdp_md *ctx, struct pkt *p, struct l
 	idx = s->backend;
 	count(idx, p->len, 1, 0);
 	if (flags & F_RST) {
-		be = backends.lookup(&idx);
-		end_session(&fk, s, be, p->h.l4);
+		lb_end_session(&fk, lb_backend_get(idx), s->lb_port, p->h.l4);
 		st->closed_rst++;
-	} else if (p->h.l4 == IPPROTO_TCP && closed(p, s, flags, 1)) {
-		be = backends.lookup(&idx);
-		end_session(&fk, s, be, p->h.l4);
+	} else if (p->h.l4 == IPPROTO_TCP && lb_closed(&p->h, s, flags, 1)) {
+		lb_end_session(&fk, lb_backend_get(idx), s->lb_port, p->h.l4);
 		st->closed_fin++;
 	}
 	*reason = R_TO_CLIENT;

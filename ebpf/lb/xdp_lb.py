@@ -211,7 +211,9 @@ class XdpLoadBalancer(BpfProgram):
             port_min, port_count = nat_ports(netns)
         if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
             raise InputError(f"LB ports {port_min}..{port_min + port_count - 1} are outside 1024..65535")
-        super().__init__([f"-DLB_MODE={MODES[mode]}", *cflags], source)
+        # a map wrapper lb_sessions.h declares and the program does not define: an error, not a
+        # warning and then a load that fails without saying why
+        super().__init__([f"-DLB_MODE={MODES[mode]}", "-Werror=undefined-internal", *cflags], source)
         self.mode, self.netns = mode, netns
         self.self4 = ipaddress.IPv4Address(self4) if self4 else None
         self.self6 = ipaddress.IPv6Address(self6) if self6 else None

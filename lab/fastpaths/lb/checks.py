@@ -26,16 +26,16 @@ MUTANTS = [
     ),
     M(
         "lb-ring-ignores-service",
-        "ebpf/lb/xdp_lb.bpf.c",
-        "slot = service * LB_RING_SIZE + h % LB_RING_SIZE;",
-        "slot = h % LB_RING_SIZE;",
+        "ebpf/lb/lb_sessions.h",
+        "lb_ring_get(service * LB_RING_SIZE + h % LB_RING_SIZE)",
+        "lb_ring_get(h % LB_RING_SIZE)",
         "every service uses the first service's backends",
         LB,
     ),
     M(
         "lb-reverse-leak",
-        "ebpf/lb/xdp_lb.bpf.c",
-        "\t\treverse.delete(&rk);",
+        "ebpf/lb/lb_sessions.h",
+        "\t\tlb_reverse_del(&rk, 0);",
         "\t\t;",
         "an ended NAT session keeps its LB port",
         LB,
@@ -50,7 +50,7 @@ MUTANTS = [
     ),
     M(
         "lb-fin-one-side",
-        "ebpf/lb/xdp_lb.bpf.c",
+        "ebpf/lb/lb_sessions.h",
         "return mine == LB_CL_DONE && s->closing[other] == LB_CL_DONE;",
         "return mine == LB_CL_DONE || (flags & F_FIN);",
         "a session ends at one side's FIN",
@@ -58,7 +58,7 @@ MUTANTS = [
     ),
     M(
         "lb-fin-any-ack",
-        "ebpf/lb/xdp_lb.bpf.c",
+        "ebpf/lb/lb_sessions.h",
         "(__s32)(bpf_ntohl(t->ack_seq) - s->fin_ack[other]) >= 0)",
         "1)",
         "any ACK after a FIN is taken for its acknowledgement (the session ends early when the backend closes first)",
@@ -66,7 +66,7 @@ MUTANTS = [
     ),
     M(
         "lb-timeout-doubled",
-        "ebpf/lb/xdp_lb.bpf.c",
+        "ebpf/lb/lb_sessions.h",
         "now - s->last_seen > cf->timeout_ns[to & 3]",
         "now - s->last_seen > 2 * cf->timeout_ns[to & 3]",
         "sessions live twice their timeout",
@@ -221,7 +221,7 @@ MUTANTS = [
     ),
     M(
         "lb-expiry-wraps",
-        "ebpf/lb/xdp_lb.bpf.c",
+        "ebpf/lb/lb_sessions.h",
         "now > s->last_seen && now - s->last_seen > cf->timeout_ns[to & 3]",
         "now - s->last_seen > cf->timeout_ns[to & 3]",
         "a stamp another CPU wrote after this one read the clock counts as 2^64 ns idle: a live session expires",

@@ -202,7 +202,7 @@ class Hosts:
         return out
 
     def _cleanup_pass(self, names, bench, timeout) -> dict:
-        task = cleanup_task(bench)
+        task = cleanup_task(bench, timeout=min(120, timeout // 2))  # the task's own bound within the play's
         r = engine.run_play(self.inventory.path, names, [task], "cleanup", timeout=timeout)
         self.last_artifacts = r.artifacts
         out = {}

@@ -330,6 +330,14 @@ SHARED = [
         (["tests/test_xdp.py", "-k", "window"], HOSTS[1]),
     ),
     M(
+        "tc-floor-macs-kept",
+        "ebpf/instruments/tc_swap.bpf.c",
+        "\t__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);",
+        "\t;",
+        "the TC floor sends frames back to the address they are for (a bridge drops them)",
+        (["tests/test_xdp.py", "-k", "tc_floor"], []),
+    ),
+    M(
         "hosts-runner-on-dut-core",
         "lab/hosts/runner.py",
         "    keep_off(spec)  # first:",

@@ -5,6 +5,7 @@ closing it frees everything even when a sink refuses."""
 
 import ctypes
 import os
+import sys
 import time
 
 import pytest
@@ -242,3 +243,36 @@ def test_a_window_sink_spans_from_its_first_counted_frame_to_its_last():
     assert one["packets"] == 200 and t0 <= one["first_s"] < one["last_s"] <= t1, (t0, one, t1)
     assert two["packets"] == 400 and two["first_s"] == one["first_s"], two
     assert t2 <= two["last_s"] <= t3 and two["window_s"] == two["last_s"] - two["first_s"], (t2, two, t3)
+
+
+def test_the_tc_floor_sends_each_frame_back_out_of_its_interface_with_the_macs_swapped():
+    """The TC twin of `xdp-bench tx -m swap` (what the LB at TC is measured against):
+    frames into b's eth0 come back to a, counted once each, their addresses swapped."""
+    from ebpf.instruments.tc_swap import TcSwap  # noqa: PLC0415
+    from lab.topology import Topology  # noqa: PLC0415
+
+    topo = Topology("tcswap")
+    topo.add_host("a")
+    topo.add_host("b")
+    topo.add_link("a", "b", a_addrs=["198.18.63.1/24"], b_addrs=["198.18.63.2/24"])
+    n, dport = 50, 9137
+    with topo, TcSwap() as floor, XdpSink("drop", match=("198.18.63.1", dport)) as back:
+        a_mac, b_mac = topo.mac("a", "eth0"), topo.mac("b", "eth0")
+        frame = Ether(src=a_mac, dst=b_mac) / IP(src="198.18.63.1", dst="198.18.63.2") / UDP(dport=dport)
+        r = testrun.run(floor.load_program().fd, bytes(frame), xdp=False, ingress_ifindex=1)
+        assert r.retval == 7  # TC_ACT_REDIRECT
+        assert r.data[:12] == bytes.fromhex(a_mac.replace(":", "") + b_mac.replace(":", "")), r.data[:12].hex()
+        floor.reset_counters()
+        back.attach("eth0", netns=topo.ns("a"))  # a counts what comes back, the sender's frames only
+        floor.attach("eth0", netns=topo.ns("b"))
+        send = (
+            "from scapy.all import Ether, sendp; "
+            f"sendp(Ether(bytes.fromhex('{bytes(frame).hex()}')), iface='eth0', count={n}, verbose=0)"
+        )
+        topo.run("a", [sys.executable, "-c", send], check=True)
+        deadline = time.monotonic() + 5
+        while back.counters()["packets"] < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # and no more than n
+        assert back.counters()["packets"] == n
+        assert floor.counters() == {"packets": n, "bytes": n * len(frame)}

@@ -185,15 +185,18 @@ class BpfProgram(Shown):
         return fn
 
     # --- attaching ----------------------------------------------------------
-    def attach_tc(self, function: str, ifname: str, direction: str, netns=None, owner="ebpf", mirror_ifindex=0):
+    def attach_tc(
+        self, function: str, ifname: str, direction: str, netns=None, owner="ebpf", mirror_ifindex=0, first=True
+    ):
         """Attach `function` as a cls_bpf filter on ifname's clsact ingress or
         egress hook, next to whatever filters are already there: direct-action,
         or with mirror_ifindex a classifier whose matches a mirred action copies
-        to that interface (see tc._bpf_filter)."""
+        to that interface (see tc._bpf_filter). first: before the filters there
+        (an observer's place), else after them (see ebpf/tc.py)."""
         self.refuse_reattach_tc(function, ifname, (direction,), netns)
         fn = self.load(function, "SCHED_CLS")
         with interrupts.held():  # attached and recorded, or neither
-            f = tc.attach(netns, ifname, direction, fn.fd, function, owner, mirror_ifindex)
+            f = tc.attach(netns, ifname, direction, fn.fd, function, owner, mirror_ifindex, first)
             self._tc_filters.append(f)
         return f
 
@@ -337,7 +340,7 @@ class BpfProgram(Shown):
         return list(self._xdp)
 
     # --- a datapath left attached: kept, or its process killed -----------------------------
-    # close() leaves the XDP hooks attached and serving when this is set: the program holds
+    # close() leaves the XDP hooks and TC filters attached and serving when this is set: the program holds
     # its maps, so sessions and counters live on with it, for a later object to take over
     # (take_over_xdp). Nothing is pinned: a bpffs that outlives the process is not there
     # everywhere (`ip netns exec` mounts a fresh /sys, hiding /sys/fs/bpf).
@@ -367,7 +370,44 @@ class BpfProgram(Shown):
         ifindex, their_mode, pid, live = found
         refuse_live(ifname, function, live)
         fn = self.load(function, "XDP")
-        theirs = objinfo.prog_fd(pid)
+        why = f"it runs in XDP {their_mode} mode, this one would in {mode}" if their_mode != mode else None
+
+        def record():
+            a = xdp.XdpAttachment(netns, ifname, ifindex, their_mode, fn.fd)
+            self._xdp.append(a)
+            return a
+
+        return self._become(fn, pid, f"{ifname} runs a kept {function}", why, check, record)
+
+    def kept_tc(self, function, ifname, owner, netns=None, direction="ingress"):
+        """The filter named for `owner` that runs a program named `function` on ifname's
+        hook and is not this object's (tc.Found: its processes in .pids), or None."""
+        mine = {f.prog_id for f in self._tc_filters}
+        with netdev.ipr(netns) as ip:
+            ifindex = netdev.ifindex_of(ip, ifname, netns)  # an unknown interface: its one-line error
+        for f in tc.filters_of(owner, netns, ifindex, direction):
+            if f.entry.name.split(":", 1)[-1] == function and f.entry.prog_id not in mine:
+                return f
+        return None
+
+    def take_over_tc(self, function, found, netns=None, check=None):
+        """take_over_xdp() for a filter kept_tc() found: the same checks, and the filter
+        recorded as this object's."""
+        refuse_live(found.ifname, function, found.pids)
+        fn = self.load(function, "SCHED_CLS")
+
+        def record():
+            f = tc.adopt(netns, found, found.entry.prog_id)
+            self._tc_filters.append(f)
+            return f
+
+        return self._become(fn, found.entry.prog_id, f"{found.ifname} runs a kept {function}", None, check, record)
+
+    def _become(self, fn, their_id, what, why, check, record):
+        """This object's program `fn` and its maps made the kept program `their_id`'s, when
+        `why` (the caller's reason against it) is None and the tag, the maps' shapes and
+        `check` agree; then record() notes the hook as ours. Else KeptDatapathMismatch."""
+        theirs = objinfo.prog_fd(their_id)
         maps = {}
         try:
             maps = objinfo.maps_of(theirs)
@@ -375,31 +415,26 @@ class BpfProgram(Shown):
             mine_shape = {n: m for n, (_, m) in ours.items()}
             for fd, _ in ours.values():
                 os.close(fd)
-            why = None
-            if their_mode != mode:
-                why = f"it runs in XDP {their_mode} mode, this one would in {mode}"
-            elif objinfo.prog(theirs).tag != objinfo.prog(fn.fd).tag:
+            if why is None and objinfo.prog(theirs).tag != objinfo.prog(fn.fd).tag:
                 why = (
                     f"its program is another (tag {objinfo.prog(theirs).tag}, this one's "
                     f"{objinfo.prog(fn.fd).tag}: another mode, table size or version)"
                 )
-            elif {n: m for n, (_, m) in maps.items()} != mine_shape:
+            elif why is None and {n: m for n, (_, m) in maps.items()} != mine_shape:
                 why = "its maps differ from this one's"
             if why is None and check is not None:
                 why = check({n: self._table_on(n, fd) for n, (fd, _) in maps.items()})
             if why:
-                raise KeptDatapathMismatch(f"{ifname} runs a kept {function} that this one cannot take over: {why}")
+                raise KeptDatapathMismatch(f"{what} that this one cannot take over: {why}")
             with interrupts.held(), _BCC_LOCK:  # all of it, or none
                 os.dup2(theirs, fn.fd)  # first: our own program, gone, lets go of our maps
                 for name, (fd, _) in maps.items():
                     os.dup2(fd, self.table(name).map_fd)
-                a = xdp.XdpAttachment(netns, ifname, ifindex, their_mode, fn.fd)
-                self._xdp.append(a)
+                return record()
         finally:
             os.close(theirs)
             for fd, _ in maps.values():
                 os.close(fd)
-        return a
 
     def _table_on(self, name, fd):
         """One of this program's tables (its key and value types) on another map's fd."""
@@ -487,7 +522,7 @@ class BpfProgram(Shown):
 
     def _close(self):
         errors = []
-        for f in reversed(self._tc_filters):
+        for f in reversed(self._tc_filters if not self.keep_attached else []):
             try:
                 tc.detach(f)
             except Exception as e:  # keep going: leaving the rest attached is worse

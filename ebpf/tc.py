@@ -11,6 +11,11 @@ Rules, so that attach/detach and a later cleanup after SIGKILL agree:
   runs a newly added cls_bpf program before the older ones of its priority, and
   our TC_ACT_UNSPEC hands the frame on to them). Otherwise we go last and say so
   (TcFilter.runs_after).
+- A program that acts on frames (a load balancer) goes last instead (first=False):
+  after every filter there, so that observers see its frames before it sends them
+  on; it hands what is not its own on with TC_ACT_UNSPEC, to the filters after it.
+  On an empty hook it takes tc's own first priority (49152), which leaves an
+  observer room to go before it.
 - Detach removes only our filter: the one at our priority and handle that runs
   our program (by the kernel's program id, which no other load can share), so a
   later instance that reused the slot is never touched. The clsact qdisc goes too
@@ -142,6 +147,18 @@ def _place(ip, ifindex, parent):
     return prio, 1, sum(1 for p in prios if p < prio)  # priorities, not entries: u32 lists its hash table too
 
 
+LAST_BASE = 0xC000  # tc's first automatic priority: a filter added last on an empty hook takes it
+
+
+def _place_last(ip, ifindex, parent):
+    """(prio, handle, runs_after) for a new filter that should see frames after every other."""
+    prios = {m["info"] >> 16 for m in _filter_msgs(ip, ifindex, parent)}
+    if not prios:
+        return LAST_BASE, 1, 0
+    prio = max(prios) + 1 if max(prios) < 0xFFFF else next(p for p in range(0xFFFF, 0, -1) if p not in prios)
+    return prio, 1, sum(1 for p in prios if p < prio)
+
+
 def has_clsact(ip, ifindex):
     return any(q.get_attr("TCA_KIND") == "clsact" for q in ip.get_qdiscs(index=ifindex))
 
@@ -185,9 +202,10 @@ def _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex
     ip.nlm_request(msg, msg_type=RTM_NEWTFILTER, msg_flags=flags)
 
 
-def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0) -> TcFilter:
+def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0, first=True) -> TcFilter:
     """Attach a cls_bpf filter (direct-action, or with a mirred action when
-    mirror_ifindex is given, see _bpf_filter) where it sees frames first."""
+    mirror_ifindex is given, see _bpf_filter) where it sees frames first, or with
+    first=False after every other filter (see the module's rules)."""
     if direction not in DIRECTIONS:
         raise AttachError(f"unknown direction {direction!r} (ingress or egress)")
     parent = PARENTS[direction]
@@ -213,7 +231,7 @@ def attach(netns, ifname, direction, prog_fd, prog_name, owner, mirror_ifindex=0
                 )
             name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
             for attempt in range(3):
-                prio, handle, runs_after = _place(ip, ifindex, parent)
+                prio, handle, runs_after = (_place if first else _place_last)(ip, ifindex, parent)
                 try:
                     _bpf_filter(ip, ifindex, parent, prio, handle, prog_fd, name, mirror_ifindex)
                     break
@@ -240,6 +258,50 @@ def retarget(f: TcFilter, prog_fd, mirror_ifindex):
         except NetlinkError as e:
             raise AttachError(f"retargeting the mirror on {f.where}: {netlink_reason(e)}") from None
     f.mirror_ifindex = mirror_ifindex
+
+
+def replace(netns, found: "Found", prog_fd, prog_name, owner) -> TcFilter:
+    """Put a direct-action program in place of a filter found on a hook (its priority
+    and handle, in one step: every frame meets one program or the other). Keeps the
+    found filter's mark of a clsact qdisc we created."""
+    created = CREATED_MARK in found.entry.name
+    name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
+    parent = PARENTS[found.direction]
+    with ipr(netns) as ip:
+        try:
+            _bpf_filter(ip, found.ifindex, parent, found.entry.prio, found.entry.handle, prog_fd, name, replace=True)
+        except NetlinkError as e:
+            raise AttachError(f"replacing {found.entry.name} on {found.where}: {netlink_reason(e)}") from None
+        prios = {m["info"] >> 16 for m in _filter_msgs(ip, found.ifindex, parent)}
+    runs_after = sum(1 for p in prios if p < found.entry.prio)
+    return TcFilter(
+        netns,
+        found.ifname,
+        found.ifindex,
+        found.direction,
+        found.entry.prio,
+        found.entry.handle,
+        name,
+        runs_after,
+        prog_id=program_id(prog_fd),
+    )
+
+
+def adopt(netns, found: "Found", prog_id) -> TcFilter:
+    """A filter found on a hook, as one of ours (to detach it later, or keep it)."""
+    with ipr(netns) as ip:
+        prios = {m["info"] >> 16 for m in _filter_msgs(ip, found.ifindex, PARENTS[found.direction])}
+    return TcFilter(
+        netns,
+        found.ifname,
+        found.ifindex,
+        found.direction,
+        found.entry.prio,
+        found.entry.handle,
+        found.entry.name,
+        sum(1 for p in prios if p < found.entry.prio),
+        prog_id=prog_id,
+    )
 
 
 NO_ACTION_STATS = {"packets": 0, "bytes": 0, "failed": 0}
@@ -385,6 +447,19 @@ def cleanup(owner, netns=None, spare_live=True) -> tuple[list[str], list[Found]]
             if drop_clsact_if_unused(ip, ifindex):
                 removed.append(f"clsact qdisc on {next(f.ifname for f in found if f.ifindex == ifindex)}")
     return removed, spared
+
+
+def cleanup_one(netns, f: Found) -> None:
+    """Remove one filter filters_of() found (a kept program another one replaces), and
+    the clsact qdisc with it when we created that and nothing else is left on it."""
+    with ipr(netns) as ip:
+        try:
+            _delete(ip, f.ifindex, PARENTS[f.direction], f.entry.prio, f.entry.handle)
+        except NetlinkError as e:
+            if e.code != errno.ENOENT:
+                raise AttachError(f"removing filter {f.entry.name} on {f.where}: {netlink_reason(e)}") from None
+        if CREATED_MARK in f.entry.name:
+            drop_clsact_if_unused(ip, f.ifindex)
 
 
 def hook_snapshot(netns=None):

@@ -25,6 +25,18 @@ from ebpf.errors import BpfError
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
 BPF_F_TEST_SKB_CHECKSUM_COMPLETE = 1 << 2  # 6.11+
 XDP_VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+TC_ACTIONS = {-1: "TC_ACT_UNSPEC", 0: "TC_ACT_OK", 2: "TC_ACT_SHOT", 7: "TC_ACT_REDIRECT"}
+# what either hook's return does with the frame, in one word (TestRun.action)
+ACTIONS = {
+    "XDP_TX": "sent",
+    "XDP_REDIRECT": "sent",
+    "TC_ACT_REDIRECT": "sent",
+    "XDP_PASS": "pass",
+    "TC_ACT_OK": "pass",
+    "TC_ACT_UNSPEC": "pass",
+    "XDP_DROP": "drop",
+    "TC_ACT_SHOT": "drop",
+}
 MAX_FRAME = 9216  # room for the output frame: a program may grow it (encapsulation)
 
 
@@ -110,13 +122,20 @@ class TestRun:
     retval: int  # the program's return value (an XDP verdict, a TC action)
     data: bytes  # the frame as the program left it
     duration_ns: int  # mean run time per repeat, as the kernel measured it
+    xdp: bool = True  # an XDP program's run, else a TC program's
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
 
     @property
     def verdict(self):
-        """The XDP verdict's name (XDP_PASS ...), or the number."""
-        return XDP_VERDICTS.get(self.retval, self.retval)
+        """The XDP verdict's name (XDP_PASS ...) or the TC action's (TC_ACT_OK ...), or the number."""
+        return (XDP_VERDICTS if self.xdp else TC_ACTIONS).get(self.retval, self.retval)
+
+    @property
+    def action(self):
+        """What the return does with the frame, the same word at either hook: sent (back
+        out, or to another interface), pass (on to the stack), drop; else the verdict."""
+        return ACTIONS.get(self.verdict, self.verdict)
 
 
 def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_complete=False) -> TestRun:
@@ -145,7 +164,7 @@ def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_c
         opts.ctx_size_in = ctypes.sizeof(ctx)
     if libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)) != 0:
         raise BpfError(f"BPF_PROG_TEST_RUN: {os.strerror(ctypes.get_errno())}")
-    return TestRun(opts.retval, out.raw[: opts.data_size_out], opts.duration)
+    return TestRun(ctypes.c_int32(opts.retval).value, out.raw[: opts.data_size_out], opts.duration, xdp)
 
 
 class LiveFrames:

@@ -223,6 +223,7 @@ def _remove(ip, ifindex, mode, prog_id, what) -> bool:
 
 
 # --- what a device can do with XDP frames: the netdev generic netlink family ---------
+NETDEV_XDP_ACT_BASIC = 1 << 0  # uapi netdev.h: the driver runs XDP programs (native mode)
 NETDEV_XDP_ACT_NDO_XMIT = 1 << 2  # uapi netdev.h: the driver transmits XDP frames (a redirect's target)
 _GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _CTRL_ATTR_FAMILY_ID, _CTRL_ATTR_FAMILY_NAME = 0x10, 3, 1, 2
 _NETDEV_CMD_DEV_GET, _NETDEV_A_DEV_IFINDEX, _NETDEV_A_DEV_XDP_FEATURES = 1, 1, 3
@@ -253,10 +254,9 @@ def _nla(kind, payload: bytes) -> bytes:
     return struct.pack("=HH", 4 + len(payload), kind) + payload + b"\0" * pad
 
 
-def transmits_xdp(netns, ifindex) -> bool | None:
-    """Does the kernel say this device takes XDP frames sent to it (NDO_XMIT in
-    its xdp-features: a veth only while its peer runs an XDP program or has
-    NAPI on)? None when the kernel cannot say (before 6.3: no netdev family)."""
+def features(netns, ifindex) -> int | None:
+    """The device's xdp-features (uapi netdev.h's NETDEV_XDP_ACT_* bits), or None when
+    the kernel cannot say (before 6.3: no netdev family)."""
     with netdev.entered(netns) if netns else contextlib.nullcontext():
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16)  # NETLINK_GENERIC
     with sock:
@@ -267,5 +267,20 @@ def transmits_xdp(netns, ifindex) -> bool | None:
             return None
         family = struct.unpack("=H", fam[_CTRL_ATTR_FAMILY_ID][:2])[0]
         reply = _genl(sock, family, _NETDEV_CMD_DEV_GET, _nla(_NETDEV_A_DEV_IFINDEX, struct.pack("=I", ifindex)))
-        features = reply.get(_NETDEV_A_DEV_XDP_FEATURES)
-        return bool(struct.unpack("=Q", features[:8])[0] & NETDEV_XDP_ACT_NDO_XMIT) if features else None
+        found = reply.get(_NETDEV_A_DEV_XDP_FEATURES)
+        return struct.unpack("=Q", found[:8])[0] if found else None
+
+
+def transmits_xdp(netns, ifindex) -> bool | None:
+    """Does the kernel say this device takes XDP frames sent to it (NDO_XMIT in
+    its xdp-features: a veth only while its peer runs an XDP program or has
+    NAPI on)? None when the kernel cannot say (before 6.3: no netdev family)."""
+    f = features(netns, ifindex)
+    return None if f is None else bool(f & NETDEV_XDP_ACT_NDO_XMIT)
+
+
+def runs_native(netns, ifindex) -> bool | None:
+    """Does the device's driver run XDP programs natively (BASIC in its xdp-features)?
+    None when the kernel cannot say."""
+    f = features(netns, ifindex)
+    return None if f is None else bool(f & NETDEV_XDP_ACT_BASIC)

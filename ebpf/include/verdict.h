@@ -124,10 +124,11 @@ static __always_inline int xdp_exit(struct fp_counts *fp, int action, int reason
 	return fp_exit(fp, v, reason, action);
 }
 
-/* A direct-action TC program's return code, as a verdict. */
+/* A direct-action TC program's return code, as a verdict: TC_ACT_UNSPEC (on to
+ * the next filter, then the stack) passes as TC_ACT_OK does. */
 static __always_inline int tc_exit(struct fp_counts *fp, int action, int reason)
 {
-	int v = action == TC_ACT_OK ? V_PASS : action == TC_ACT_SHOT ? V_DROP :
+	int v = action == TC_ACT_OK || action == TC_ACT_UNSPEC ? V_PASS : action == TC_ACT_SHOT ? V_DROP :
 		action == TC_ACT_REDIRECT ? V_REDIRECT : V_ABORTED;
 
 	return fp_exit(fp, v, reason, action);

@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ebpf import endpoints, interrupts, maps, netdev, objinfo, xdp
+from ebpf import endpoints, interrupts, maps, netdev, objinfo, tc, xdp
 from ebpf.abi import defines
 from ebpf.errors import InputError
 from ebpf.lb.maglev import maglev_table
@@ -38,6 +38,9 @@ MODES = {"nat": ABI["LB_MODE_NAT"], "dsr": ABI["LB_MODE_DSR"]}
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 STATES = {ABI["LB_ST_SYN"]: "syn", ABI["LB_ST_EST"]: "established", ABI["LB_ST_UDP"]: "udp"}
 TIMEOUTS = {"syn": 10.0, "established": 300.0, "fin": 10.0, "udp": 30.0}  # seconds, as conntrack's order
+
+
+TC_OWNER, TC_FUNCTION = "lab-lb", "tc_lb"  # the LB at TC (tc_lb.py): its filters' name, which cleanup finds
 
 
 def _words(addr) -> list[int]:
@@ -167,6 +170,7 @@ def forwarding_problem(ifname, families, netns=None) -> str | None:
 class XdpLoadBalancer(BpfProgram):
     SOURCE = "xdp_lb.bpf.c"
     FUNCTION = "xdp_lb"
+    INLINE = ("lb_sessions.h",)  # the sessions, the same at both hooks (its map calls are BCC's)
     ROWS = "backend"
     MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "tx", "pass", "drop")
     VERDICTS = ("tx", "pass", "drop")
@@ -211,8 +215,8 @@ class XdpLoadBalancer(BpfProgram):
             port_min, port_count = nat_ports(netns)
         if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
             raise InputError(f"LB ports {port_min}..{port_min + port_count - 1} are outside 1024..65535")
-        # a map wrapper lb_sessions.h declares and the program does not define: an error, not a
-        # warning and then a load that fails without saying why
+        # lb_hook_new_session(), which lb_sessions.h declares, left out of a program: an error,
+        # not a warning and then a load that fails without saying why
         super().__init__([f"-DLB_MODE={MODES[mode]}", "-Werror=undefined-internal", *cflags], source)
         self.mode, self.netns = mode, netns
         self.self4 = ipaddress.IPv4Address(self4) if self4 else None
@@ -365,6 +369,19 @@ class XdpLoadBalancer(BpfProgram):
         if problem:
             raise InputError(problem)
         self.adopted = False
+        at_tc = self.kept_tc(TC_FUNCTION, ifname, TC_OWNER, self.netns)
+        if at_tc is not None:
+            if kept != "replace":
+                raise InputError(
+                    f"{ifname} runs a load balancer at the TC hook left serving (kept, or its process "
+                    "killed); this one would run at XDP and cannot take its sessions over: replace it "
+                    "(--replace: its sessions are lost), run this one with --hook tc, or remove it "
+                    "(python -m lab lb --cleanup)"
+                )
+            refuse_live(ifname, TC_FUNCTION, at_tc.pids)
+            a = self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
+            tc.cleanup_one(self.netns, at_tc)
+            return a
         found = self.kept_xdp(self.FUNCTION, ifname, self.netns)
         if found is None:
             return self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)

@@ -59,7 +59,7 @@ MUTANTS = [
     M(
         "lb-fin-any-ack",
         "ebpf/lb/lb_sessions.h",
-        "(__s32)(bpf_ntohl(t->ack_seq) - s->fin_ack[other]) >= 0)",
+        "(__s32)(p->ack - s->fin_ack[other]) >= 0)",
         "1)",
         "any ACK after a FIN is taken for its acknowledgement (the session ends early when the backend closes first)",
         LB,

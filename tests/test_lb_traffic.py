@@ -335,7 +335,7 @@ def test_backends_behind_a_router_and_a_second_instance_refused():
                 second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
                 assert second.returncode == 1
                 assert second.stderr.strip().splitlines() == [
-                    f"python -m lab lb: error: eth0 already runs xdp_lb (pid {first.pid}): stop that one first; "
+                    f"python -m lab lb: error: eth0 already runs tc_lb (pid {first.pid}): stop that one first; "
                     "nothing changed"
                 ]
                 assert set(c.request()) == {"served by be1", "served by be2"}  # the first one goes on

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, require_tool
 from helpers import Lines, wait_for
 
-from ebpf import xdp
+from ebpf import tc, xdp
 from ebpf.abi import defines
 from ebpf.instruments.xdp_sink import XdpSink
 from ebpf.lb.xdp_lb import XdpLoadBalancer
@@ -93,6 +93,12 @@ def test_http_through_the_lb_to_two_backends_ipv4_and_ipv6(lab):
     )
 
 
+def tc_qdiscs(tb):
+    return subprocess.run(
+        ["ip", "netns", "exec", tb.ns(tb.lb), "tc", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+    ).stdout
+
+
 def lb_cli(tb, *args):
     return subprocess.Popen(
         ["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", *args],
@@ -146,7 +152,7 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
         assert set(get(tb, f"http://{tb.vip4}/", 20)) == {"served by be1"}
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=20) == 0
-        assert xdp.attached(tb.ns(tb.lb)) == []
+        assert xdp.attached(tb.ns(tb.lb)) == [] and tc.filters_of("lab-lb", tb.ns(tb.lb)) == []
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -175,7 +181,8 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
     out.t.join(timeout=10)
     p.stdout.close()
     p.stderr.close()
-    assert len(xdp.attached(tb.ns(tb.lb))) == 1
+    # at the hook --hook auto picks on a veth: TC (and nothing at XDP)
+    assert len(tc.filters_of("lab-lb", tb.ns(tb.lb))) == 1 and xdp.attached(tb.ns(tb.lb)) == []
     r = subprocess.run(
         ["ip", "netns", "exec", tb.ns(tb.lb), sys.executable, "-m", "lab", "lb", "--cleanup"],
         cwd=ROOT,
@@ -183,8 +190,8 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
         text=True,
         timeout=60,
     )
-    assert r.returncode == 0 and "lb: removed" in r.stdout, r.stdout + r.stderr
-    assert xdp.attached(tb.ns(tb.lb)) == []
+    assert r.returncode == 0 and "lb: removed filter lab-lb+clsact:tc_lb on eth0 ingress" in r.stdout, r.stdout
+    assert tc.filters_of("lab-lb", tb.ns(tb.lb)) == [] and "clsact" not in tc_qdiscs(tb)
 
 
 @pytest.mark.parametrize(

@@ -182,9 +182,7 @@ def test_reply_is_translated_back_and_the_handshake_establishes(rig, v6):
 def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig, v6):
     syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert (
-        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).action == "sent"
-    )
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).action == "sent"
     assert (
         rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5001, ack=1002), v6=v6)).action
         == "sent"
@@ -195,9 +193,7 @@ def test_fin_from_both_sides_and_the_last_ack_end_the_session(rig, v6):
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
     assert len(rig.lb.table("reverse")) == 0 == len(rig.lb.table("reverse_half"))  # its LB port is free again
     # and nothing of it is left: a stray ACK now has no session
-    assert (
-        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).action == "drop"
-    )
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5002), v6=v6)).action == "drop"
     assert rig.lb.counters()["dropped_no_session"] == 1
 
 
@@ -207,9 +203,7 @@ def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(r
     Those ACKs must not end the session; only the ACK after both FINs does."""
     syn, *_ = handshake(rig, v6=v6)
     lb_port = Ether(syn.data)[TCP].sport
-    assert (
-        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).action == "sent"
-    )
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="FA", seq=1001, ack=5001), v6=v6)).action == "sent"
     for i in range(3):  # the backend's data after the client's FIN, each ACKed
         data = rig.run(
             rig.from_backend(
@@ -226,9 +220,7 @@ def test_a_half_closed_connection_keeps_its_session_until_the_backend_fins_too(r
         rig.run(rig.from_backend(TCP(sport=8080, dport=lb_port, flags="FA", seq=5301, ack=1002), v6=v6)).action
         == "sent"
     )
-    assert (
-        rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302), v6=v6)).action == "sent"
-    )
+    assert rig.run(rig.from_client(TCP(sport=40000, dport=80, flags="A", seq=1002, ack=5302), v6=v6)).action == "sent"
     assert rig.lb.sessions() == [] and rig.lb.counters()["closed_fin"] == 1
 
 

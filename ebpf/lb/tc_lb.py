@@ -74,7 +74,7 @@ class TcLoadBalancer(XdpLoadBalancer):
         serving on ifname (kept or killed) is taken over as XdpLoadBalancer.attach()
         says (kept="adopt", "replace", "refuse"); one left at the XDP hook is another
         hook's: refused with the reason, unless kept="replace" (its sessions are lost)."""
-        self.adopted = False
+        self.adopted, self.replaced = False, None
         at_xdp = self.kept_xdp(XdpLoadBalancer.FUNCTION, ifname, self.netns)
         if at_xdp is not None:
             if kept != "replace":
@@ -89,6 +89,7 @@ class TcLoadBalancer(XdpLoadBalancer):
             self.load_program()
             f = self.attach_tc(self.FUNCTION, ifname, "ingress", self.netns, owner=OWNER, first=False)
             xdp.remove(self.netns, ifindex, their_mode, pid)
+            self.replaced = "xdp"
             return f
         found = self.kept_tc(self.FUNCTION, ifname, OWNER, self.netns)
         if found is None:
@@ -107,4 +108,5 @@ class TcLoadBalancer(XdpLoadBalancer):
         fn = self.load_program()
         f = tc.replace(self.netns, found, fn.fd, self.FUNCTION, OWNER)
         self._tc_filters.append(f)
+        self.replaced = "tc"
         return f

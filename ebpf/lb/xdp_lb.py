@@ -368,7 +368,7 @@ class XdpLoadBalancer(BpfProgram):
         problem = forwarding_problem(ifname, {s.vip.version for s in self._services}, self.netns)
         if problem:
             raise InputError(problem)
-        self.adopted = False
+        self.adopted, self.replaced = False, None  # replaced: the hook of a kept LB this one replaced
         at_tc = self.kept_tc(TC_FUNCTION, ifname, TC_OWNER, self.netns)
         if at_tc is not None:
             if kept != "replace":
@@ -381,6 +381,7 @@ class XdpLoadBalancer(BpfProgram):
             refuse_live(ifname, TC_FUNCTION, at_tc.pids)
             a = self.attach_xdp(self.FUNCTION, ifname, self.netns, mode)
             tc.cleanup_one(self.netns, at_tc)
+            self.replaced = "tc"
             return a
         found = self.kept_xdp(self.FUNCTION, ifname, self.netns)
         if found is None:
@@ -395,6 +396,7 @@ class XdpLoadBalancer(BpfProgram):
             self._take_over_state()
             self.adopted = True
             return a
+        self.replaced = "xdp"
         return self._replace(ifname, mode, found)
 
     def _replace(self, ifname, mode, found):

@@ -1,5 +1,7 @@
-"""python -m lab lb: a layer-4 load balancer at the XDP hook (ebpf.XdpLoadBalancer),
-with health checks and a live table per backend. What is its own is below; the
+"""python -m lab lb: a layer-4 load balancer at the TC or the XDP hook
+(ebpf.TcLoadBalancer, ebpf.XdpLoadBalancer), with health checks and a live table
+per backend. --hook auto (the default) picks XDP where the interface's driver runs
+it natively and it is not a veth, TC otherwise; the start line says which and why. What is its own is below; the
 lifecycle every tool shares (lab.lifecycle) does the rest: it works in the
 namespace it starts in, every exit detaches what it attached, and the same exit
 statuses.
@@ -16,8 +18,10 @@ import contextlib
 import ipaddress
 from pathlib import Path
 
-from ebpf import BpfError, InputError, netdev, xdp
+from ebpf import BpfError, InputError, netdev, tc, xdp
 from ebpf.errors import KeptDatapathMismatch
+from ebpf.lb.tc_lb import OWNER as TC_OWNER
+from ebpf.lb.tc_lb import TcLoadBalancer, hook_for
 from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer, forwarding_problem
 from lab import hostcheck
 from lab.console import SIGNALS, LiveTable, UsageError, add_xdp_mode, require, warn
@@ -35,6 +39,7 @@ examples:
   python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backends-file backends.txt
                         # edit the file while it runs: weights change, 0 drains
   python -m lab lb ... --mode dsr       # backends hold the VIP and answer clients directly
+  python -m lab lb ... --hook xdp       # at the XDP hook (auto: XDP on a NIC that runs it natively, else TC)
   python -m lab lb ... --timeout udp=5  # idle UDP flows leave the table after 5 s
   ip netns exec lb python -m lab lb ...     # inside a network namespace
   python -m lab lb ... --keep           # on exit, leave it serving: the next run takes it over
@@ -48,18 +53,19 @@ exit status: 0 stopped (--duration, Ctrl-C, SIGTERM, SIGHUP, output closed);
 
 NEEDS = """\
 what the hosts around it need (checked at start; each missing piece is one line with its fix):
-  - forwarding on --iface (bpf_fib_lookup() finds the backends' MACs only there):
+  - at XDP only: forwarding on --iface (bpf_fib_lookup() finds the backends' MACs only there):
       sysctl -w net.ipv4.conf.IF.forwarding=1 net.ipv6.conf.IF.forwarding=1
-  - if --iface is a veth: a native XDP program on its peer, or the frames the LB
-    sends back out (XDP_TX) are lost; --prepare-peer attaches one while it runs
+  - at XDP only, if --iface is a veth: a native XDP program on its peer, or the frames
+    the LB sends back out (XDP_TX) are lost; --prepare-peer attaches one while it runs.
+    At TC neither: the kernel's neighbour table finds the next hop as a frame leaves
   - NAT: clients reach the VIP through this host (the VIP an address of --iface,
     or routed to it); backends answer to this host's own address (--self; by
     default --iface's first address that is not a VIP, else the VIP itself)
   - DSR: each backend holds the VIP on its loopback and does not answer ARP/ND for it
     (sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2);
     health checks come from an address of this host that is not a VIP (--self)
-TX checksum offload may stay on everywhere: the program finishes checksums the
-senders left partial.
+TX checksum offload may stay on everywhere: at XDP the program finishes checksums
+the senders left partial; at TC the kernel's skb helpers keep them right.
 """
 
 
@@ -132,7 +138,9 @@ class Printer(LiveTable):
             event="attached",
             iface=iface,
             mode=args.mode,
-            xdp_mode=args.xdp_mode,
+            hook=args.hook,
+            hook_reason=args.hook_why,
+            xdp_mode=args.xdp_mode if args.hook == "xdp" else None,
             services=[str(s) for s in lb.services],
             backends=[str(b) for b in lb.backends],
             lb_ports=ports if args.mode == "nat" else None,
@@ -146,7 +154,7 @@ class Printer(LiveTable):
             if taken_over is not None:
                 self.emit(f"lb: took over the load balancer left serving on {iface}: its {taken_over} sessions go on")
             self.emit(
-                f"lb: {args.mode} on {iface} ({args.xdp_mode}); {len(lb.services)} service(s), "
+                f"lb: {args.mode} on {iface} at {hook_text(args)}; {len(lb.services)} service(s), "
                 f"{len(lb.backends)} backend(s)"
                 + (f"; backends answer to {own_text(used, vip_as_own, iface)}" if args.mode == "nat" else "")
                 + (f"; LB ports {ports}" if args.mode == "nat" else "")
@@ -198,6 +206,12 @@ class Printer(LiveTable):
             self.emit(f"{'':8} dropped: " + ", ".join(f"{k[8:].replace('_', '-')} {v}" for k, v in drops.items()))
 
 
+def hook_text(args) -> str:
+    """Where it runs, and why there: "TC (eth0 is a veth: ...)", "XDP native (--hook xdp)"."""
+    where = f"XDP {args.xdp_mode}" if args.hook == "xdp" else "TC ingress"
+    return f"{where} ({args.hook_why})"
+
+
 def own_addresses(iface, vips=()):
     """Per IP version, the LB's own address on the interface: what NAT's backends
     answer to, and where health checks come from. The first global address that is
@@ -244,8 +258,46 @@ def address_problems(args, families, own, vip_as_own) -> list[str]:
     return out
 
 
+def arp_source_problem(iface, vips, backends, own=None) -> str | None:
+    """DSR at TC: why the kernel cannot resolve the IPv4 backends' MACs, with the fix, or None.
+    bpf_redirect_neigh() resolves a next hop as the kernel does for a frame it forwards: its
+    ARP request comes from the interface's first primary address in the backend's subnet
+    (inet_select_addr(): the frame's own source, the client, is no address of this host).
+    When that is a VIP, the backends, which hold the VIP themselves, never answer. own: the
+    LB's own IPv4 address, put back by the fix (deleting a primary address deletes the
+    secondaries of its subnet with it)."""
+    vips = {ipaddress.ip_address(v) for v in vips if ipaddress.ip_address(v).version == 4}
+    with netdev.ipr(None) as ip:
+        index = netdev.ifindex_of(ip, iface)
+        addrs = [
+            (
+                ipaddress.ip_interface(f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}"),
+                bool((m.get_attr("IFA_FLAGS") or m["flags"]) & 0x01),  # IFA_F_SECONDARY
+            )
+            for m in ip.get_addr(index=index, family=2)
+        ]
+    primaries = [a for a, secondary in addrs if not secondary]
+    for be in backends:
+        if be.version != 4:
+            continue
+        chosen = next((a for a in primaries if be in a.network), None)
+        if chosen is not None and chosen.ip in vips:
+            fix = f"ip addr del {chosen} dev {iface} && ip addr add {chosen.ip}/32 dev {iface}"
+            mine = next((a for a, _ in addrs if own is not None and a.ip == ipaddress.ip_address(own)), None)
+            if mine is not None:
+                fix += f" && ip addr replace {mine} dev {iface}"
+            return (
+                f"DSR at TC: the kernel's ARP requests for backend {be} would come from the VIP {chosen.ip} "
+                f"({iface}'s first address in {chosen.network}), which the backends hold and never answer; "
+                f"make the VIP a /32 so that this host's own address is used: {fix}; or run at XDP (--hook xdp)"
+            )
+    return None
+
+
 def host_findings(args):
     """What the hosts around the LB lack, as far as this namespace can see."""
+    if args.hook != "xdp":  # at TC the kernel sends an skb on: nothing is needed of the peer, nor of GRO
+        return []
     # generic mode sends XDP_TX frames as skbs, through the veth's own xmit: no NAPI needed
     found = (
         hostcheck.check_veth_peer(args.iface, sends="XDP_TX")
@@ -259,7 +311,7 @@ def host_findings(args):
 class LbCommand(Command):
     name, short = "python -m lab lb", "lb"
     description = (
-        "Spread connections to services (protocol, VIP, port) over backends at the XDP hook: "
+        "Spread connections to services (protocol, VIP, port) over backends at the TC or XDP hook: "
         "Maglev consistent hashing, connection tracking, NAT or DSR.\n\n" + NEEDS
     )
     examples = EXAMPLES
@@ -298,11 +350,19 @@ class LbCommand(Command):
             help="the LB's own address: what the backends answer to in NAT mode, where health checks come from "
             "(default: the interface's first address of each family that is not a VIP, else the VIP)",
         )
-        add_xdp_mode(p)  # here, not the lifecycle's (xdp_mode): --help has always listed it before --prepare-peer
+        p.add_argument(
+            "--hook",
+            default="auto",
+            choices=("auto", "tc", "xdp"),
+            help="where the program runs: tc (ingress, after the filters there), xdp, or auto: XDP where "
+            "--iface's driver runs it natively and it is not a veth, else TC; --xdp-mode or --prepare-peer "
+            "given choose XDP (default %(default)s)",
+        )
+        add_xdp_mode(p, default=None)  # here, not the lifecycle's: --help has always listed it before --prepare-peer
         p.add_argument(
             "--prepare-peer",
             action="store_true",
-            help="if --iface is a veth whose peer runs no native XDP program, attach a pass program "
+            help="--hook xdp: if --iface is a veth whose peer runs no native XDP program, attach a pass program "
             "there while this runs (so the frames it sends back out arrive)",
         )
         p.add_argument(
@@ -364,11 +424,18 @@ class LbCommand(Command):
                 raise UsageError(f"bad --self {addr!r}: want an IPv4 or IPv6 address of this host") from None
         if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
             raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
+        xdp_given = [o for o, v in (("--xdp-mode", args.xdp_mode), ("--prepare-peer", args.prepare_peer)) if v]
+        if args.hook == "tc" and xdp_given:
+            raise UsageError(f"{' and '.join(xdp_given)} go with --hook xdp (at TC no peer program is needed)")
 
     def cleanup(self, all_runs=False):
         """What killed load balancers left in this namespace: (removed, spared), as lines."""
         removed, spared = xdp.cleanup("xdp_lb", spare_live=not all_runs)
+        tc_removed, tc_spared = tc.cleanup(TC_OWNER, spare_live=not all_runs)
+        removed += [r for r in tc_removed if r.startswith("filter ")]
+        spared += [f"tc_lb on {f.where} (tc): pid {', '.join(map(str, f.pids))} holds it" for f in tc_spared]
         removed = [f"{what}: a load balancer left serving (--keep, or killed), its sessions ended" for what in removed]
+        removed += [r for r in tc_removed if not r.startswith("filter ")]  # the clsact qdiscs it made
         removed += hostcheck.cleanup_peer_programs()  # what --prepare-peer left on veth peers
         return removed, spared
 
@@ -383,15 +450,22 @@ class LbCommand(Command):
             own[version] = addr
             vip_as_own.discard(version)
         self.sources, self.vip_as_own = own, vip_as_own
+        self.choose_hook()
         if not args.ebpf:
             families = {s.vip.version for s in self.services}
             refusals = address_problems(args, families, own, vip_as_own)
-            refusals += filter(None, [forwarding_problem(args.iface, families)])
+            if args.hook == "xdp":
+                refusals += filter(None, [forwarding_problem(args.iface, families)])
+            elif args.mode == "dsr" and not refusals:  # an own IPv4 address first (address_problems)
+                vips = [s.vip for s in self.services]
+                backends = [b.addr for b in self.weights]
+                refusals += filter(None, [arp_source_problem(args.iface, vips, backends, own[4])])
             for finding in host_findings(args):
                 warn(str(finding))
             if refusals:
                 raise InputError("\n".join(refusals))
-        self.lb = XdpLoadBalancer(self4=own[4], self6=own[6], mode=args.mode, timeouts=self.timeouts)
+        kind = XdpLoadBalancer if args.hook == "xdp" else TcLoadBalancer
+        self.lb = kind(self4=own[4], self6=own[6], mode=args.mode, timeouts=self.timeouts)
         # it runs for days: BCC and its compiler (60-160 MB resident) only in a child that loads it
         self.lb.compile_in = "child"
         for svc in self.services:
@@ -399,6 +473,19 @@ class LbCommand(Command):
         self.health = None  # the health checks run from start() on; until then every backend is up
         self.apply()
         return self.lb
+
+    def choose_hook(self):
+        """args.hook made tc or xdp, args.hook_why why (the start line says both)."""
+        args = self.args
+        if args.hook != "auto":
+            args.hook_why = f"--hook {args.hook}"
+        elif given := [o for o, v in (("--xdp-mode", args.xdp_mode), ("--prepare-peer", args.prepare_peer)) if v]:
+            args.hook, args.hook_why = "xdp", f"auto: {' and '.join(given)} given"
+        else:
+            args.hook, why = hook_for(args.iface)
+            args.hook_why = f"auto: {why}"
+        if args.hook == "xdp" and args.xdp_mode is None:
+            args.xdp_mode = "native"
 
     def apply(self):
         """The weights, with a backend its health check holds down at 0, into each service of its family."""
@@ -424,7 +511,7 @@ class LbCommand(Command):
         # second for its SYN's retransmission, a UDP client loses its datagram).
         if args.prepare_peer and args.xdp_mode == "native" and (peer := peers.prepare(args.iface)):
             warn(f"attached a pass program to {args.iface}'s veth peer {peer.ifname} ({peer.label}) while this runs")
-        for addr in hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources):
+        for addr in hostcheck.resolve_neighbours(self.to_resolve(), self.sources):
             warn(
                 f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
                 "until the kernel resolves it"
@@ -437,6 +524,11 @@ class LbCommand(Command):
                 f"{e}; --replace puts this one in its place (its established sessions are lost), "
                 f"{self.name} --cleanup removes it; nothing changed"
             ) from None
+        if lb.replaced:
+            warn(
+                f"replaced the load balancer left serving at {args.iface}'s {lb.replaced.upper()} hook "
+                "(--replace): its sessions are lost"
+            )
         if args.keep:  # from here on: whatever ends the run, the datapath stays
             lb.keep_attached = True
             peers.keep = True
@@ -447,6 +539,16 @@ class LbCommand(Command):
             self.health = HealthChecker(self.weights, args.check_interval, args.rise, args.fall, sources=self.sources)
             stack.callback(self.health.stop)
             self.health.start()
+
+    @property
+    def at_xdp(self):
+        return self.args.hook == "xdp"
+
+    def to_resolve(self) -> list:
+        """The backends whose MACs this process has the kernel resolve before it attaches: at
+        XDP every one (bpf_fib_lookup() only reads the neighbour table); at TC none, as
+        bpf_redirect_neigh() resolves a next hop itself (see arp_source_problem())."""
+        return [b.addr for b in self.weights] if self.at_xdp else []
 
     def say_kept(self):
         n = len(self.lb.sessions())
@@ -472,10 +574,15 @@ class LbCommand(Command):
 
     def tick(self):
         args, lb, health = self.args, self.lb, self.health
-        if not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments):
+        if self.at_xdp and (not lb.xdp_attachments or xdp.removed_from_outside(lb.xdp_attachments)):
             raise BpfError(
                 f"stopped: the program was removed from {args.iface} from outside "
                 "(python -m lab lb --cleanup --all, ip link set ... xdp off)"
+            )
+        if not self.at_xdp and (not lb.tc_filters or any(tc.find(f) is None for f in lb.tc_filters)):
+            raise BpfError(
+                f"stopped: the program was removed from {args.iface} from outside "
+                "(python -m lab lb --cleanup --all, tc filter del ...)"
             )
         if args.backends_file:
             m = Path(args.backends_file).stat().st_mtime_ns
@@ -497,7 +604,7 @@ class LbCommand(Command):
             down = [str(b) for b, ok in health.healthy.items() if not ok]
             warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
         lb.sweep()
-        dropped = lb.counters()["dropped_no_neigh"]
+        dropped = lb.counters().get("dropped_no_neigh", 0)
         if dropped > self.no_neigh:  # an entry expired or was flushed: ask again, without waiting
             self.no_neigh = dropped
             hostcheck.resolve_neighbours([b.addr for b in self.weights], self.sources, seconds=0)

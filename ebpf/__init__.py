@@ -11,13 +11,14 @@ include/ (the parsing, checksum, rewriting headers and the one exit, verdict.h).
                    an interface or tunnelled to a collector (Session, Rule: config.py)
     redirect/      XdpRedirect (xdp_redirect.bpf.c), TcRedirect (tc_redirect.bpf.c): rewrite a
                    service's datagrams to a backend, and back, at XDP or at TC
-    lb/            XdpLoadBalancer (xdp_lb.bpf.c): a layer-4 load balancer: Maglev, connection
-                   tracking, NAT or DSR
+    lb/            XdpLoadBalancer (xdp_lb.bpf.c), TcLoadBalancer (tc_lb.bpf.c): a layer-4 load
+                   balancer at XDP or at TC: Maglev, connection tracking, NAT or DSR
     port_filter/   XdpPortFilter (xdp_port_filter.bpf.c): drop TCP/UDP frames to listed ports
     pods/          TcPods (tc_pods.bpf.c): pods on a node as Cilium connects them: into a pod by
                    its veth's peer, to other nodes' pods by the FIB or a VXLAN tunnel (TC)
     instruments/   the lab's own: XdpSink (count, then drop/pass/tx/redirect), XdpGen (the
-                   generator), XdpPeerPass (pass everything on a veth peer, so XDP frames arrive)
+                   generator), XdpPeerPass (pass everything on a veth peer, so XDP frames arrive),
+                   TcSwap (the TC floor: swap the MACs, send the frame back)
 
 The names are imported on first use, so that a light module of this package
 (errors, privileges) can be imported without pyroute2 or BCC.
@@ -46,11 +47,13 @@ _LAZY = {
     "XdpRedirect": ".redirect.xdp_redirect",
     "TcRedirect": ".redirect.tc_redirect",
     "XdpLoadBalancer": ".lb.xdp_lb",
+    "TcLoadBalancer": ".lb.tc_lb",
     "XdpPortFilter": ".port_filter.xdp_port_filter",
     "TcPods": ".pods.tc_pods",
     "XdpSink": ".instruments.xdp_sink",
     "XdpGen": ".instruments.xdp_gen",
     "XdpPeerPass": ".instruments.xdp_peer_pass",
+    "TcSwap": ".instruments.tc_swap",
 }
 
 __all__ = [
@@ -65,9 +68,11 @@ __all__ = [
     "Rule",
     "Session",
     "SessionMirror",
+    "TcLoadBalancer",
     "TcMirror",
     "TcPods",
     "TcRedirect",
+    "TcSwap",
     "VerifierError",
     "XdpGen",
     "XdpLoadBalancer",

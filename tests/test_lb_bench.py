@@ -224,7 +224,7 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
                 "bench",
                 "lb",
                 "--peers",
-                "direct,xdp,nginx-l4",
+                "direct,tc,nginx-l4",
                 "--connections",
                 "20",
                 "--loads",
@@ -247,10 +247,10 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
     assert len(df) == 6 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
     assert (df["requests"] > 0).all() and (df["rps"] > 0).all()
-    direct, xdp_rows = df[df["lb"] == "direct"], df[df["lb"] == "xdp"]
+    direct, tc_rows = df[df["lb"] == "direct"], df[df["lb"] == "tc"]
     assert direct["lb_cpu_cores"].isna().all() and (df["napi"] == "softirq").all()
-    assert (xdp_rows["lb_maps_mb"] > 0).all() and (xdp_rows["mode"] == "nat").all()
-    assert (xdp_rows["lb_proc_cores"] > 0).all() and xdp_rows["lb_napi_cores"].isna().all()
+    assert (tc_rows["lb_maps_mb"] > 0).all() and (tc_rows["mode"] == "nat").all()
+    assert (tc_rows["lb_proc_cores"] > 0).all() and tc_rows["lb_napi_cores"].isna().all()
     check_cpu_columns(df, used)
     # softirq: the LB's CPU is known only at equal offered load (the open loop), from the machine's
     assert df[df["loop"] == "closed"]["lb_cpu_cores"].isna().all()
@@ -264,13 +264,14 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     # at 20 connections nothing is lost anywhere (what the counters count: the test below)
     losses = ["veth_ring_drops", "xdp_tx_errors", "if_dropped", "client_retrans", "lb_retrans", "backend_retrans"]
     assert (df[losses] == 0).all().all(), df[["lb", "loop", *losses, "lost_at"]]
-    assert (xdp_rows["lb_program_drops"] == 0).all()
+    assert (tc_rows["lb_program_drops"] == 0).all()
     lat = pd.read_csv(bench_latency(csv))
     assert len(lat) == 6 * len(QUANTILES) and lat["latency_ms"].notna().all()
     assert "median over trials" in r.stdout and "open loop" in r.stdout
-    # xdp among the peers: its cost per packet against its floor, measured first, in the sidecar
-    floor = json.loads(csv.with_suffix(".json").read_text())["parameters"]["floor"]
-    assert floor["floor_ratio"] > 0 and floor["lb_ns_per_run"] > floor["floor_ns_per_run"] > 0
+    # tc among the peers: its cost per packet against its floor (TC's), measured first, in the sidecar
+    (floor,) = json.loads(csv.with_suffix(".json").read_text())["parameters"]["floor"]
+    assert floor["hook"] == "tc" and floor["floor_ratio"] > 0
+    assert floor["lb_ns_per_run"] > floor["floor_ns_per_run"] > 0
     assert (tmp_path / floor["floor_csv"]).is_file() and "against its floor" in r.stdout
 
 

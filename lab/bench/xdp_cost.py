@@ -4,7 +4,9 @@ and run_cnt of the program), and what the LB's interface costs per packet in all
 (its NAPI thread's time), for frames whose TCP/UDP checksums are whole or
 partial (as a sender with TX checksum offload leaves them, which the program
 must finish before XDP_TX / XDP_REDIRECT), beside the floor: a program that only
-swaps the MAC addresses and sends the frame back (XDP_TX). Interleaved trials."""
+swaps the MAC addresses and sends the frame back (XDP_TX); the load balancer at
+TC beside its own floor (the same at TC: bpf_redirect to its own interface).
+Interleaved trials."""
 
 import argparse
 import ctypes
@@ -12,7 +14,7 @@ import os
 import sys
 import time
 
-from ebpf import XdpLoadBalancer, XdpRedirect, XdpSink
+from ebpf import TcLoadBalancer, TcSwap, XdpLoadBalancer, XdpRedirect, XdpSink
 from ebpf.testrun import libbpf
 
 from .. import netns, nft
@@ -35,9 +37,11 @@ interface's in all (driver, program, the frame's way back out), from the
 schedstat of its NAPI kthread (threaded NAPI, pinned apart from the generator).
 Beside them the floor: a program that only swaps the MAC addresses and returns
 XDP_TX (xdp-bench tx -m swap's), the least a frame that leaves the way it came
-costs; the summary gives each program's ratio to it. And nft-nat: no program, the
-kernel's forward path with an nftables DNAT rule (what nft-lb does per packet), on
-the same interface's thread. Runs interleave."""
+costs; the summary gives each program's ratio to it. The LB at TC (tc-lb-nat,
+tc-lb-dsr) against tc-floor, its twin at TC (a MAC swap and bpf_redirect out of
+the interface the frame came in on): after GRO, on the skb the kernel built. And
+nft-nat: no program, the kernel's forward path with an nftables DNAT rule (what
+nft-lb does per packet), on the same interface's thread. Runs interleave."""
 EXAMPLES = """\
 examples:
   python -m lab bench xdp-cost                  # lb-nat, lb-dsr, xdp-forward, floor at 64 and 1518 B,
@@ -45,8 +49,9 @@ examples:
   python -m lab bench xdp-cost --rate 100000    # paced: the program's cost on a quiet path
   python -m lab bench xdp-cost --peers lb-nat,floor --sizes 64 --trials 1 --duration 1   # a smoke test
 """
-PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor", "nft-nat")
+PROGRAMS = ("lb-nat", "lb-dsr", "xdp-forward", "floor", "tc-lb-nat", "tc-lb-dsr", "tc-floor", "nft-nat")
 FLOOR = "floor"
+TC_FLOOR = "tc-floor"  # the TC programs' floor
 KERNEL = "nft-nat"  # no program: the kernel's forward path and an nftables DNAT
 SETTLE_S = 1.0  # at most this long after a send for its last frames to run or be counted lost
 CSUMS = ("whole", "partial")
@@ -62,7 +67,8 @@ COLUMNS = [
     "offered_pps",
     "duration_s",
 ]
-PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82, FLOOR: 83, KERNEL: 84}
+PORT = {"lb-nat": 80, "lb-dsr": 81, "xdp-forward": 82, FLOOR: 83, KERNEL: 84, "tc-lb-nat": 85, "tc-lb-dsr": 86}
+PORT[TC_FLOOR] = 87
 BPF_STATS_RUN_TIME = 0
 
 
@@ -92,26 +98,46 @@ def main(a):
 
 
 def print_summary(df, stream=sys.stdout):
-    """Median [min..max] of both costs, and each program's ratio to the floor's medians."""
+    """Median [min..max] of both costs, and each program's ratio to its floor's medians (a TC
+    program's to tc-floor's, the others' to floor's)."""
     s = common.summarize(df, ["program", "size", "sender_csum"], ["ns_per_run", "node_ns_per_packet"])
-    floor = s[s["program"] == FLOOR].set_index(["size", "sender_csum"])
+    floors = {f: s[s["program"] == f].set_index(["size", "sender_csum"]) for f in (FLOOR, TC_FLOOR)}
     stream.write(
         "\nmedian [min..max] ns per packet: the program's own run, and the LB interface's in all\n"
-        f"(its NAPI thread); x{FLOOR}: the ratio of the medians to the floor's\n"
+        f"(its NAPI thread); x{FLOOR}: the ratio of the medians to its floor's ({TC_FLOOR} for tc-*)\n"
     )
     for _, r in s.iterrows():
         key = (r["size"], r["sender_csum"])
-        ratio = ""
-        if r["program"] != FLOOR and key in floor.index:
+        name = floor_of(r["program"])
+        floor, ratio = floors[name], ""
+        if r["program"] not in (FLOOR, TC_FLOOR) and key in floor.index:
             f = floor.loc[key]
             ratio = (
-                f"  x{FLOOR} {r['ns_per_run_median'] / f['ns_per_run_median']:.2f} (program) "
+                f"  x{name} {r['ns_per_run_median'] / f['ns_per_run_median']:.2f} (program) "
                 f"{r['node_ns_per_packet_median'] / f['node_ns_per_packet_median']:.2f} (interface)"
             )
         stream.write(
             f"  {r['program']:<12} {int(r['size']):>5} B  {r['sender_csum']:<8} "
             f"{common.span(r, 'ns_per_run'):>16} {common.span(r, 'node_ns_per_packet'):>18}{ratio}\n"
         )
+
+
+def floor_of(program) -> str:
+    return TC_FLOOR if program.startswith("tc-") else FLOOR
+
+
+def at_tc(prog) -> bool:
+    return isinstance(prog, (TcLoadBalancer, TcSwap))
+
+
+def permanent_neighbour(tb):
+    """The backend's neighbour entry made permanent on the LB host: what leaves ends at the
+    switch's drop program, an ARP request included, so the kernel could never resolve it
+    itself (NftNat, and bpf_redirect_neigh() at TC, need it)."""
+    mac = tb.topo.mac(tb.backends[0], "eth0")
+    netns.run(
+        tb.ns(tb.lb), ["ip", "neigh", "replace", tb.backend4(0), "lladdr", mac, "dev", "eth0", "nud", "permanent"]
+    )
 
 
 def run_stats(fd):
@@ -173,8 +199,7 @@ class NftNat:
         self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
         for k in self.SYSCTLS:
             netns.run(self.ns, ["sysctl", "-qw", f"{k}=0"])
-        mac = self.tb.topo.mac(self.tb.backends[0], "eth0")
-        netns.run(self.ns, ["ip", "neigh", "replace", addr, "lladdr", mac, "dev", "eth0", "nud", "permanent"])
+        permanent_neighbour(self.tb)
 
     def detach(self):
         if self.attached:
@@ -197,8 +222,11 @@ def _programs(tb, names):
             prog = NftNat(tb, PORT[name], (tb.backend4(0), tb.backend_port))
         elif name == FLOOR:
             prog = XdpSink("swap")
-        elif name.startswith("lb-"):
-            prog = XdpLoadBalancer(self4=tb.lb4, self6=tb.lb6, mode=name[3:], netns=tb.ns(tb.lb))
+        elif name == TC_FLOOR:
+            prog = TcSwap()
+        elif name.startswith(("lb-", "tc-lb-")):
+            kind = TcLoadBalancer if name.startswith("tc-") else XdpLoadBalancer
+            prog = kind(self4=tb.lb4, self6=tb.lb6, mode=name.rsplit("-", 1)[1], netns=tb.ns(tb.lb))
             svc = prog.add_service(f"udp:{tb.vip4}:{PORT[name]}")
             prog.set_backends(svc, {be: 1})
         else:
@@ -210,8 +238,10 @@ def _programs(tb, names):
 def _attach(prog, tb):
     if isinstance(prog, NftNat):
         return prog.attach()
-    if isinstance(prog, XdpSink):
+    if isinstance(prog, (XdpSink, TcSwap)):
         return prog.attach("eth0", netns=tb.ns(tb.lb))
+    if isinstance(prog, TcLoadBalancer):
+        permanent_neighbour(tb)
     return prog.attach("eth0")
 
 
@@ -289,7 +319,7 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                         frames = [partial(f) for f in frames]
                     gens[key] = GENERATORS["xdp"](tb.ns(tb.client), "eth0", frames, cpu=0).open()
                 kernel = isinstance(prog, NftNat)
-                fd = None if kernel else prog.load(type(prog).FUNCTION, "XDP").fd
+                fd = None if kernel else prog.load(type(prog).FUNCTION, "SCHED_CLS" if at_tc(prog) else "XDP").fd
                 a = _attach(prog, tb)
                 try:
                     l0 = path_losses(spaces)
@@ -312,7 +342,7 @@ def run(programs, sizes, csums, trials, duration, rate, out=None, progress=True)
                         time.sleep(0.01)
                     c1 = on_cpu_ns([napi])
                 finally:
-                    prog.detach() if kernel else prog.detach_xdp(a)
+                    prog.detach() if kernel else prog.detach_tc(a) if at_tc(prog) else prog.detach_xdp(a)
                 rows.append(
                     {
                         "program": name,

@@ -115,6 +115,8 @@ COLUMNS = [
 MODES = {
     "direct": "none",
     "xdp": "nat",
+    "xdp-generic": "nat",
+    "tc": "nat",
     "nginx-l4": "stream",
     "nginx-l7": "http",
     "haproxy-l4": "tcp",
@@ -152,8 +154,8 @@ def add_arguments(p):
         "--no-floor",
         dest="floor",
         action="store_false",
-        help="skip the XDP LB's cost per packet against its floor (bench xdp-cost's lb-nat and floor, "
-        "64 B, measured first when xdp is among the peers)",
+        help="skip the LB's cost per packet against its floor (bench xdp-cost's lb-nat and floor, 64 B, "
+        "measured first when xdp is among the peers; tc-lb-nat and tc-floor when tc is)",
     )
     p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
     p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
@@ -178,15 +180,19 @@ def check(args):
 FLOOR_SECONDS = 2.0
 
 
-def measure_floor(trials, out=None, progress=True) -> dict:
-    """The XDP LB's cost per packet against its floor, as bench xdp-cost measures it: NAT
-    mode and the MAC-swapping XDP_TX program, 64 B, whole checksums, the generator's
-    ceiling, `trials` interleaved trials; the ratio of the medians, for the LB
-    interface's cost in all (its NAPI thread) and for the program's own run."""
-    df, path = xdp_cost.run(["lb-nat", "floor"], [64], ["whole"], trials, FLOOR_SECONDS, None, out, progress)
+def measure_floor(trials, out=None, progress=True, hook="xdp") -> dict:
+    """The LB's cost per packet against its floor, as bench xdp-cost measures it: NAT mode
+    and the floor of its hook (XDP: the MAC-swapping XDP_TX program; TC: the MAC swap and
+    bpf_redirect), 64 B, whole checksums, the generator's ceiling, `trials` interleaved
+    trials; the ratio of the medians, for the LB interface's cost in all (its NAPI thread)
+    and for the program's own run."""
+    name = "tc-lb-nat" if hook == "tc" else "lb-nat"
+    floor_name = xdp_cost.floor_of(name)
+    df, path = xdp_cost.run([name, floor_name], [64], ["whole"], trials, FLOOR_SECONDS, None, out, progress)
     med = df.groupby("program")[["ns_per_run", "node_ns_per_packet"]].median()
-    lb, floor = med.loc["lb-nat"], med.loc[xdp_cost.FLOOR]
+    lb, floor = med.loc[name], med.loc[floor_name]
     return {
+        "hook": hook,
         "floor_ratio": round(lb["node_ns_per_packet"] / floor["node_ns_per_packet"], 3),
         "floor_program_ratio": round(lb["ns_per_run"] / floor["ns_per_run"], 3),
         "lb_ns_per_packet": round(lb["node_ns_per_packet"], 1),
@@ -198,8 +204,13 @@ def measure_floor(trials, out=None, progress=True) -> dict:
 
 
 def floor_line(f) -> str:
+    what = (
+        "the LB at TC against its floor (a MAC swap and bpf_redirect)"
+        if f["hook"] == "tc"
+        else ("the XDP LB against its floor (a MAC swap and XDP_TX)")
+    )
     return (
-        f"\nthe XDP LB against its floor (a MAC swap and XDP_TX), 64 B, per packet: the LB's interface "
+        f"\n{what}, 64 B, per packet: the LB's interface "
         f"{f['lb_ns_per_packet']:.0f} ns, {f['floor_ratio']:.2f}x the floor's {f['floor_ns_per_packet']:.0f}; "
         f"the program's own run {f['lb_ns_per_run']:.0f} ns, {f['floor_program_ratio']:.2f}x ({f['floor_csv']})\n"
     )
@@ -207,7 +218,7 @@ def floor_line(f) -> str:
 
 def main(args):
     lbs, loops, conns, loads = check(args)  # a ValueError: `lab bench: error: ...`, in one line
-    floor = measure_floor(args.trials, args.out) if args.floor and "xdp" in lbs else None
+    floors = [measure_floor(args.trials, args.out, hook=h) for h in ("xdp", "tc") if args.floor and h in lbs]
     df, path = run(
         lbs,
         loops,
@@ -221,11 +232,11 @@ def main(args):
         args.out,
         backends=args.backends,
         napi=args.napi,
-        floor=floor,
+        floor=floors,
     )
     print_summary(df)
-    if floor:
-        sys.stdout.write(floor_line(floor))
+    for f in floors:
+        sys.stdout.write(floor_line(f))
     print(f"\nwrote {path}, {path.with_suffix('.json').name} and {path.name.replace('lb-', 'lb_latency-', 1)}")
     return 0
 

@@ -7,7 +7,12 @@ same way (lab.peer.Peer), so that `python -m lab bench lb` swaps them by name:
 
     direct      no balancer: the clients talk to the backends themselves, the load split
                 evenly between them (the ceiling: the same backends with no LB)
-    xdp         ebpf.XdpLoadBalancer through its command line (python -m lab lb), NAT mode
+    xdp         ebpf.XdpLoadBalancer through its command line (python -m lab lb --prepare-peer),
+                NAT mode, native XDP
+    xdp-generic the same in XDP's generic mode: after the skb is built, so beside `xdp` it
+                separates what an skb costs from where the hook is
+    tc          ebpf.TcLoadBalancer through its command line (python -m lab lb --hook tc):
+                the same sessions at TC ingress, nothing on the veth peer
     nginx-l4    nginx stream proxy (one worker), as in the articles
     nginx-l7    nginx http proxy (one worker) with upstream keepalive, as in the articles
     haproxy-l4  HAProxy mode tcp (one thread)
@@ -270,11 +275,12 @@ class XdpBalancer(Balancer):
 
     name = "xdp"
     colour = "#0072B2"
+    # --prepare-peer: the pass program on the switch's port that XDP_TX needs, while it runs
+    options = ("--prepare-peer",)
 
     def attach(self):
         vip, port = self.target()
-        # --prepare-peer: the pass program on the switch's port that XDP_TX needs, while it runs
-        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends, ["--prepare-peer"]).start(timeout=60)
+        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends, self.options).start(timeout=60)
         self.attached = True
 
     def pids(self):
@@ -294,6 +300,29 @@ class XdpBalancer(Balancer):
         self.attached = False
 
 
+class XdpGenericBalancer(XdpBalancer):
+    """The XDP load balancer in generic mode: the program runs on the skb the kernel has
+    built, and XDP_TX sends that skb out (no peer program needed)."""
+
+    name = "xdp-generic"
+    colour = "#7FB2D8"
+    options = ("--hook", "xdp", "--xdp-mode", "generic")
+
+
+class TcBalancer(XdpBalancer):
+    """The load balancer at TC ingress, as its users run it on a veth (--hook auto picks TC
+    there; given here so that the peer says what it is): no program on the veth peer. Its
+    packet work runs in the LB interface's receive softirq (or NAPI thread), where nft-lb's
+    does too; its process only reads counters, sweeps and checks health."""
+
+    name = "tc"
+    colour = "#332288"
+    options = ("--hook", "tc")
+
+
 # in the order figures show them
-PEERS = {cls.name: cls for cls in (Direct, XdpBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)}
+PEERS = {
+    cls.name: cls
+    for cls in (Direct, XdpBalancer, XdpGenericBalancer, TcBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)
+}
 BALANCERS = PEERS

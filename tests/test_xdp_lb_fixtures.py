@@ -741,3 +741,22 @@ def test_maglev_shares_follow_weights_that_do_not_divide_each_other():
                 assert low < off < high, (size, weights, b, held[b], size * w / total, (low, high))
             if len(live) < len(weights):
                 assert held["10.0.0.4:80"] == 0 and differing(table, maglev_table(live, size)) == []
+
+
+def test_at_tc_a_frame_longer_than_the_interface_mtu_is_dropped_as_too_big(net):
+    """bpf_redirect_neigh() bypasses IP forwarding, so nothing fragments for the LB at TC: a
+    frame that does not fit the egress interface's MTU (here the test run's device, the LB's
+    eth0, 1500) is dropped and counted as too_big, never sent on to be lost unseen; one that
+    fits goes on. (Live traffic on one interface never has such a frame: it arrived through
+    that MTU; a GSO frame is checked by its segments, tests/test_tc_lb.py.)"""
+    r = Rig(net, hook="tc", services=("udp",))
+    try:
+        fits = r.run(r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 28))))
+        assert fits.action == "sent" and Ether(fits.data)[IP].dst == BE1
+        big = r.run(r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 27))))
+        assert big.verdict == "TC_ACT_SHOT"
+        c = r.lb.counters()
+        assert (c["dropped_too_big"], c["drop"], c["redirect"]) == (1, 1, 1), c
+        assert r.lb.backend_counters()[f"{BE1}:8080"]["packets"] == 1  # only what went on
+    finally:
+        r.close()

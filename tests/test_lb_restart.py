@@ -17,17 +17,18 @@ import pytest
 from conftest import ROOT
 from helpers import ECHO, PORT, Tool, echo_servers, stop_all, wait_for
 
-from ebpf import xdp
+from ebpf import tc, xdp
 from lab import netns
 from lab.fastpaths.lb.testbed import user_segment
 
 PER_FAMILY = 100
 
 
-def lb_args(tb, mode="nat", weights=(1, 1), reordered=False):
+def lb_args(tb, mode="nat", weights=(1, 1), reordered=False, hook="xdp"):
     """reordered: a UDP service first and the backends in reverse order, so that a run that
     numbered services and backends anew would number them differently."""
-    args = ["--iface", "eth0", "--prepare-peer", "--check-interval", "0.3", "--mode", mode]
+    at = ["--prepare-peer"] if hook == "xdp" else ["--hook", "tc"]
+    args = ["--iface", "eth0", *at, "--check-interval", "0.3", "--mode", mode]
     if reordered:
         args += ["--service", f"udp:{tb.vip4}:{PORT}"]
     for vip in (tb.vip4, f"[{tb.vip6}]"):
@@ -94,8 +95,9 @@ def run_out(tool):
 
 
 def programs(tb):
-    """(the LB's XDP program ids, the switch's: the veth peer's pass program)."""
-    return [a[3] for a in xdp.attached(tb.ns("lb"))], [a[3] for a in xdp.attached(tb.ns("switch"))]
+    """(the LB's program ids: XDP's and its TC filters', the switch's: the veth peer's pass program)."""
+    lb = [a[3] for a in xdp.attached(tb.ns("lb"))] + [f.entry.prog_id for f in tc.filters_of("lab-lb", tb.ns("lb"))]
+    return lb, [a[3] for a in xdp.attached(tb.ns("switch"))]
 
 
 def connect_and_echo(tb, addr, n):
@@ -137,8 +139,9 @@ def segment(request):
             stop_all(procs)
 
 
+@pytest.mark.parametrize("hook", ["xdp", "tc"])
 @pytest.mark.parametrize("segment", ["nat", "dsr"], indirect=True)
-def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
+def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment, hook):
     tb, _ = segment
     mode = (
         "dsr"
@@ -150,7 +153,7 @@ def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
     )
     # no image kept (ebpf/images.py): each start compiles, and still maps no compiler
     cold = {"VTL_BPF_CACHE": "off"}
-    first = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode), "--keep", env=cold)
+    first = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode, hook=hook), "--keep", env=cold)
     held = Held(tb)
     try:
         assert without_compiler(first.p.pid) == []
@@ -159,9 +162,10 @@ def test_a_kept_lb_stopped_and_started_again_breaks_no_connection(segment):
         assert lines[-1] == {"event": "kept", "iface": "eth0", "sessions": 2 * PER_FAMILY}
         before = lines[-2]  # the final counters
         kept = programs(tb)
-        assert [len(k) for k in kept] == [1, 1]  # the LB's program and the peer's, serving with no process
+        # the LB's program (and at XDP the peer's), serving with no process
+        assert [len(k) for k in kept] == [1, 1 if hook == "xdp" else 0]
         time.sleep(2)
-        second = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode), env=cold)
+        second = Tool(tb.ns("lb"), "lb", *lb_args(tb, mode, hook=hook), env=cold)
         assert second.attached["taken_over"] and second.attached["sessions_taken_over"] == 2 * PER_FAMILY
         assert programs(tb) == kept  # the same programs: nothing was swapped
         assert without_compiler(second.p.pid) == []

@@ -2,11 +2,15 @@
 its FastPath (lab.fastpath): how the one-exit check runs its program, and its
 mutants with the tests that must catch each."""
 
+from ebpf.lb.tc_lb import TcLoadBalancer
 from ebpf.lb.xdp_lb import XdpLoadBalancer
 from lab.fastpath import ExitCheck
 from lab.mutants import M
 
-EXITS = [ExitCheck("ebpf.lb.xdp_lb:XdpLoadBalancer", make="lab.fastpaths.lb.checks:balancer")]
+EXITS = [
+    ExitCheck("ebpf.lb.xdp_lb:XdpLoadBalancer", make="lab.fastpaths.lb.checks:balancer"),
+    ExitCheck("ebpf.lb.tc_lb:TcLoadBalancer", hook="tc", make="lab.fastpaths.lb.checks:tc_balancer"),
+]
 LB = (
     ["tests/test_xdp_lb_fixtures.py", "tests/test_partial_csum.py", "tests/test_one_exit.py"],
     ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"],
@@ -18,9 +22,9 @@ HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_t
 MUTANTS = [
     M(
         "lb-synack-as-syn",
-        "ebpf/lb/xdp_lb.bpf.c",
-        "(flags & (F_SYN | F_ACK)) == F_SYN;",
-        "(flags & F_SYN);",
+        "ebpf/lb/lb_sessions.h",
+        "(p->flags & (F_SYN | F_ACK)) == F_SYN;",
+        "(p->flags & F_SYN);",
         "a SYN-ACK from outside opens a session",
         LB,
     ),
@@ -84,15 +88,15 @@ MUTANTS = [
     # can hold a port outside the range, so the lookup finds none and the frame passes as before)
     M(
         "lb-port-range-last",
-        "ebpf/lb/xdp_lb.bpf.c",
-        "port - cf->port_min < cf->port_count)",
-        "port - cf->port_min < cf->port_count - 1)",
+        "ebpf/lb/lb_sessions.h",
+        "port - cf->port_min < cf->port_count;",
+        "port - cf->port_min < cf->port_count - 1;",
         "a reply to the range's last LB port not taken for one",
         LB,
     ),
     M(
         "lb-port-range-first",
-        "ebpf/lb/xdp_lb.bpf.c",
+        "ebpf/lb/lb_sessions.h",
         "port >= cf->port_min &&",
         "port > cf->port_min &&",
         "a reply to the range's first LB port not taken for one",
@@ -108,9 +112,9 @@ MUTANTS = [
     ),
     M(
         "lb-frag-passes",
-        "ebpf/lb/xdp_lb.bpf.c",
-        "\t\t*verdict = XDP_DROP;",
-        "\t\t*verdict = XDP_PASS;",
+        "ebpf/lb/lb_sessions.h",
+        "\t\t*drop = 1;",
+        "\t\t*drop = 0;",
         "a fragment (or a cut-short header) to a VIP passed to the stack",
         LB,
     ),
@@ -259,12 +263,64 @@ MUTANTS = [
         "--timeout accepted and ignored",
         (["tests/test_lb_health.py"], []),
     ),
+    M(
+        "tc-lb-not-its-own-ends-classification",
+        "ebpf/lb/tc_lb.bpf.c",
+        "#define LB_PASS TC_ACT_UNSPEC",
+        "#define LB_PASS TC_ACT_OK",
+        "what the LB at TC does not own ends the hook's classification there: filters after it never run",
+        (["tests/test_xdp_lb_fixtures.py", "-k", "not_for_a_service or reaches_the_stack"], []),
+    ),
+    M(
+        "tc-lb-placed-first",
+        "ebpf/lb/tc_lb.py",
+        'return self.attach_tc(self.FUNCTION, ifname, "ingress", self.netns, owner=OWNER, first=False)',
+        'return self.attach_tc(self.FUNCTION, ifname, "ingress", self.netns, owner=OWNER)',
+        "the LB at TC goes before observers: a vTAP started before it never sees the frames it balances",
+        (["tests/test_tc_lb.py", "-k", "vtap"], []),
+    ),
+    M(
+        "tc-lb-dsr-to-the-vip",
+        "ebpf/lb/tc_lb.bpf.c",
+        "send_on(skb, LB_MODE == LB_MODE_NAT ? 0 : &to, p->v4, reason)",
+        "send_on(skb, 0, p->v4, reason)",
+        "DSR at TC sends the client's frames towards the VIP, the LB host's own address: none reaches a backend",
+        (["tests/test_tc_lb.py", "-k", "gso and dsr"], []),
+    ),
+    M(
+        "tc-lb-mtu-gso-whole",
+        "ebpf/lb/tc_lb.bpf.c",
+        "if (check_mtu(skb, 0, &mtu_len, 0, 0) != 0) {",
+        "if (check_mtu(skb, 0, &mtu_len, 0, 0) != 0 || skb->len > 1514) {",
+        "a GSO frame from a sender's TSO is measured whole against the MTU: every bulk upload dropped as too_big",
+        (["tests/test_tc_lb.py", "-k", "gso and nat and ipv4"], []),
+    ),
+    M(
+        "tc-lb-counts-what-it-dropped",
+        "ebpf/lb/tc_lb.bpf.c",
+        "\tif (action == TC_ACT_REDIRECT)  /* counted, and a close taken, only for what went on */",
+        "\tif (1)",
+        "a frame dropped as too big is counted as sent to its backend, and a RST that never left ends its session",
+        (["tests/test_xdp_lb_fixtures.py", "-k", "too_big"], []),
+    ),
+    M(
+        "tc-lb-kept-detached",
+        "ebpf/program.py",
+        "for f in reversed(self._tc_filters if not self.keep_attached else []):",
+        "for f in reversed(self._tc_filters):",
+        "lab lb --keep at TC removes its filter on exit: every connection through it breaks",
+        (["tests/test_lb_restart.py", "-k", "stopped_and_started and tc"], []),
+    ),
 ]
 
 
-def balancer():
+def balancer(kind=XdpLoadBalancer):
     """An LB with a service on each family (none of the one-exit frames is for it)."""
-    lb = XdpLoadBalancer(self4="198.18.5.1", self6="2001:2:0:5::1")
+    lb = kind(self4="198.18.5.1", self6="2001:2:0:5::1")
     lb.set_backends(lb.add_service("tcp:198.18.5.100:80"), {"198.18.5.11:8080": 1})
     lb.set_backends(lb.add_service("udp:[2001:2:0:5::100]:80"), {"[2001:2:0:5::11]:8080": 1})
     return lb
+
+
+def tc_balancer():
+    return balancer(TcLoadBalancer)

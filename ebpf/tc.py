@@ -266,40 +266,38 @@ def replace(netns, found: "Found", prog_fd, prog_name, owner) -> TcFilter:
     found filter's mark of a clsact qdisc we created."""
     created = CREATED_MARK in found.entry.name
     name = f"{owner}{CREATED_MARK if created else ''}:{prog_name}"
-    parent = PARENTS[found.direction]
     with ipr(netns) as ip:
         try:
-            _bpf_filter(ip, found.ifindex, parent, found.entry.prio, found.entry.handle, prog_fd, name, replace=True)
+            _bpf_filter(
+                ip,
+                found.ifindex,
+                PARENTS[found.direction],
+                found.entry.prio,
+                found.entry.handle,
+                prog_fd,
+                name,
+                replace=True,
+            )
         except NetlinkError as e:
             raise AttachError(f"replacing {found.entry.name} on {found.where}: {netlink_reason(e)}") from None
-        prios = {m["info"] >> 16 for m in _filter_msgs(ip, found.ifindex, parent)}
-    runs_after = sum(1 for p in prios if p < found.entry.prio)
-    return TcFilter(
-        netns,
-        found.ifname,
-        found.ifindex,
-        found.direction,
-        found.entry.prio,
-        found.entry.handle,
-        name,
-        runs_after,
-        prog_id=program_id(prog_fd),
-    )
+    return adopt(netns, found, program_id(prog_fd), name)
 
 
-def adopt(netns, found: "Found", prog_id) -> TcFilter:
-    """A filter found on a hook, as one of ours (to detach it later, or keep it)."""
+def adopt(netns, found: "Found", prog_id, name=None) -> TcFilter:
+    """A filter found on a hook, as one of ours (to detach it later, or keep it); name: the
+    one it carries now, if not the found one's."""
     with ipr(netns) as ip:
         prios = {m["info"] >> 16 for m in _filter_msgs(ip, found.ifindex, PARENTS[found.direction])}
+    e = found.entry
     return TcFilter(
         netns,
         found.ifname,
         found.ifindex,
         found.direction,
-        found.entry.prio,
-        found.entry.handle,
-        found.entry.name,
-        sum(1 for p in prios if p < found.entry.prio),
+        e.prio,
+        e.handle,
+        name or e.name,
+        sum(1 for p in prios if p < e.prio),
         prog_id=prog_id,
     )
 

@@ -47,24 +47,11 @@ def hook_for(ifname, netns=None) -> tuple[str, str]:
 class TcLoadBalancer(XdpLoadBalancer):
     SOURCE = "tc_lb.bpf.c"
     FUNCTION = "tc_lb"
-    HOOK = "tc"
     MAIN_COUNTERS = ("seen", "to_backend", "to_client", "new_sessions", "redirect", "pass", "drop")
     VERDICTS = ("redirect", "pass", "drop")
-    REASONS = (
-        "to_backend",
-        "to_client",
-        "not_ip",
-        "malformed",
-        "unmatched",
-        "fragment",
-        "ip_options",
-        "no_backend",
-        "no_port",
-        "no_session",
-        "stale",
-        "too_big",
-    )
-    DROPS = ("malformed", "fragment", "ip_options", "no_backend", "no_port", "no_session", "stale", "too_big")
+    # XDP's, but no_neigh (bpf_redirect_neigh() resolves a next hop itself), and too_big
+    REASONS = (*(r for r in XdpLoadBalancer.REASONS if r != "no_neigh"), "too_big")
+    DROPS = (*(r for r in XdpLoadBalancer.DROPS if r != "no_neigh"), "too_big")
 
     def load_program(self):
         return self.load(self.FUNCTION, "SCHED_CLS")

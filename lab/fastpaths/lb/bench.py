@@ -1,7 +1,7 @@
-"""python -m lab bench lb: after the two load-balancer articles, an XDP load
-balancer against nginx, HAProxy and nftables on the LB testbed
-(lab.fastpaths.lb.testbed.lb_testbed): a client, the LB and two nginx backends (one worker
-each, access log off) on a bridge.
+"""python -m lab bench lb: after the two load-balancer articles, the lab's load
+balancer (at XDP, in XDP's generic mode and at TC) against nginx, HAProxy and
+nftables on the LB testbed (lab.fastpaths.lb.testbed.lb_testbed): a client, the LB
+and two nginx backends (one worker each, access log off) on a bridge.
 
     client --- [br0] --- lb (the balancer under test, VIP 198.18.5.100:80)
                     +--- be1, be2 (nginx :8080)
@@ -14,8 +14,9 @@ closed-loop median here, or --capacity), and counts latency from each
 request's due time, so a stall is not hidden (coordinated omission).
 
 What the LB costs in CPU depends on where its work runs. Its processes'
-threads (a proxy's workers, the XDP LB's command line) are read from their
-schedstat. The kernel's receive work for it runs in softirq, which Linux
+threads (a proxy's workers, the XDP or TC LB's command line) are read from their
+schedstat. The kernel's receive work for it runs in softirq (the LB's program
+too, at XDP and at TC, as nft-lb's rules), which Linux
 charges to whatever task it interrupted, so by default (--napi softirq, how
 the kernel runs unless told otherwise) the LB's CPU is what it adds to the
 whole machine's (user, system, irq and softirq time, steal excluded) over
@@ -65,7 +66,7 @@ from .peers import BALANCERS
 from .testbed import lb_testbed
 
 NAME = "lb"
-SUMMARY = "the load-balancer articles: the XDP LB against nginx, HAProxy, nftables (RPS, latency, CPU)"
+SUMMARY = "the load-balancer articles: the LB at XDP and TC against nginx, HAProxy, nftables (RPS, latency, CPU)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EXAMPLES = """\
 examples:

@@ -178,7 +178,7 @@ int tc_lb(struct __sk_buff *skb)
 	struct lb_service *svc;
 	struct lb_conf *cf;
 	__u32 zero = 0, linear, sid;
-	int reason, action, drop;
+	int reason, action, drop, parsed;
 	struct lb_stats *st = stats.lookup(&zero);
 
 	if (!st)
@@ -188,16 +188,23 @@ int tc_lb(struct __sk_buff *skb)
 	if (!cf) /* index 0 of an array always exists: not reached */
 		return tc_exit(&st->exits, LB_PASS, R_UNMATCHED);
 
-	/* Headers split across pages (GSO, some drivers) are not in the linear data
-	 * the parser reads: pull just enough of them, before any packet pointer is
-	 * taken (the pull invalidates them). */
-	linear = skb->data_end - skb->data;
-	if (linear < PULL_DEPTH && skb->len > linear)
-		bpf_skb_pull_data(skb, skb->len < PULL_DEPTH ? skb->len : PULL_DEPTH);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
+	parsed = parse_l4(data, data_end, &h, PARSE_L4);
+	/* Headers split across pages (some drivers) are not in the linear data the
+	 * parser reads: then, and only then, pull just enough of them and parse
+	 * again. A sender's TCP segment has its payload in pages but its headers in
+	 * the linear data: pulling it every time (as a pull by length would) copies
+	 * payload into a new head for nothing. The pull invalidates packet pointers. */
+	linear = skb->data_end - skb->data;
+	if ((parsed == PARSE_MALFORMED || parsed == PARSE_SHORT_L4) && linear < PULL_DEPTH && skb->len > linear) {
+		bpf_skb_pull_data(skb, skb->len < PULL_DEPTH ? skb->len : PULL_DEPTH);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		parsed = parse_l4(data, data_end, &h, PARSE_L4);
+	}
 
-	reason = lb_what_it_is(parse_l4(data, data_end, &h, PARSE_L4), &h, &drop);
+	reason = lb_what_it_is(parsed, &h, &drop);
 	if (reason >= 0)
 		return tc_exit(&st->exits, drop ? TC_ACT_SHOT : LB_PASS, reason);
 	lb_seen_from(&h, skb->len, &p);

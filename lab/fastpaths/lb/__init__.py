@@ -1,12 +1,12 @@
-"""The XDP load balancer: Maglev, connection tracking, NAT with XDP_TX or DSR
-(ebpf.XdpLoadBalancer), after the two XDP load-balancer articles."""
+"""The load balancer: Maglev, connection tracking, NAT or DSR, at TC or XDP
+(ebpf.TcLoadBalancer, ebpf.XdpLoadBalancer), after the two XDP load-balancer articles."""
 
 from lab.fastpath import FastPath
 
 FASTPATH = FastPath(
     name="lb",
     title="a layer-4 load balancer: Maglev, connection tracking, NAT or DSR",
-    hook="XDP",
+    hook="TC or XDP",
     program="ebpf.lb.xdp_lb:XdpLoadBalancer",
     command="lab.fastpaths.lb.command",
     example="python -m lab lb --iface eth0 --service tcp:198.18.5.100:80 --backend 198.18.5.11:8080",

@@ -129,7 +129,9 @@ class TestRun:
     @property
     def verdict(self):
         """The XDP verdict's name (XDP_PASS ...) or the TC action's (TC_ACT_OK ...), or the number."""
-        return (XDP_VERDICTS if self.xdp else TC_ACTIONS).get(self.retval, self.retval)
+        if self.xdp:
+            return XDP_VERDICTS.get(self.retval, self.retval)
+        return TC_ACTIONS.get(ctypes.c_int32(self.retval).value, self.retval)  # retval: the u32 the kernel gives
 
     @property
     def action(self):
@@ -164,7 +166,7 @@ def run(prog_fd, frame: bytes, ingress_ifindex=0, xdp=True, repeat=1, checksum_c
         opts.ctx_size_in = ctypes.sizeof(ctx)
     if libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)) != 0:
         raise BpfError(f"BPF_PROG_TEST_RUN: {os.strerror(ctypes.get_errno())}")
-    return TestRun(ctypes.c_int32(opts.retval).value, out.raw[: opts.data_size_out], opts.duration, xdp)
+    return TestRun(opts.retval, out.raw[: opts.data_size_out], opts.duration, xdp)
 
 
 class LiveFrames:

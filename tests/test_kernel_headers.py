@@ -335,11 +335,13 @@ PROGRAMS = {
     "XdpRedirect": lambda: ebpf.XdpRedirect(),
     "TcRedirect": lambda: ebpf.TcRedirect(),
     "XdpLoadBalancer": lambda: ebpf.XdpLoadBalancer(),
+    "TcLoadBalancer": lambda: ebpf.TcLoadBalancer(),
     "XdpPortFilter": lambda: ebpf.XdpPortFilter(["udp:9"]),
     "TcPods": lambda: ebpf.TcPods(),
     "XdpSink": lambda: ebpf.XdpSink(),
     "XdpGen": lambda: ebpf.XdpGen(),
     "XdpPeerPass": lambda: ebpf.XdpPeerPass(),
+    "TcSwap": lambda: ebpf.TcSwap(),
 }
 # Kernel headers (not uapi) a program may name: linux/socket.h is entered and
 # skipped by its guard (parsing_helpers.h), linux/in6.h is a few lines.

@@ -595,6 +595,7 @@ def in_empty_netns(*argv, timeout=60):
             "python -m lab redirect: error: argument --action: invalid choice: 'sideways'",
         ),
         (["-m", "lab", "lb", "--mode", "foo"], "python -m lab lb: error: argument --mode: invalid choice: 'foo'"),
+        (["-m", "lab", "lb", "--hook", "nic"], "python -m lab lb: error: argument --hook: invalid choice: 'nic'"),
         (
             ["-m", "lab", "lb", "--health-check", "http"],
             "python -m lab lb: error: argument --health-check: invalid choice",

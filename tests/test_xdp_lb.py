@@ -205,6 +205,25 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
         ),
         (["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5"], "bad backend '1.2.3.5'"),
         (["--iface", "eth0", "--service", "tcp:[2001:2::1]:80", "--backend", "1.2.3.5:80"], "has no IPv6 backend"),
+        (
+            [
+                "--iface",
+                "eth0",
+                "--service",
+                "tcp:1.2.3.4:80",
+                "--backend",
+                "1.2.3.5:80",
+                "--hook",
+                "tc",
+                "--prepare-peer",
+            ],
+            "--prepare-peer goes with --hook xdp (at TC no peer program is needed)",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--hook", "tc"]
+            + ["--xdp-mode", "generic", "--prepare-peer"],
+            "--xdp-mode and --prepare-peer go with --hook xdp",
+        ),
         (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
         (
             ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "udp=0"],

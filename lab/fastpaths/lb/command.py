@@ -426,7 +426,8 @@ class LbCommand(Command):
             raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
         xdp_given = [o for o, v in (("--xdp-mode", args.xdp_mode), ("--prepare-peer", args.prepare_peer)) if v]
         if args.hook == "tc" and xdp_given:
-            raise UsageError(f"{' and '.join(xdp_given)} go with --hook xdp (at TC no peer program is needed)")
+            verb = "go" if len(xdp_given) > 1 else "goes"
+            raise UsageError(f"{' and '.join(xdp_given)} {verb} with --hook xdp (at TC no peer program is needed)")
 
     def cleanup(self, all_runs=False):
         """What killed load balancers left in this namespace: (removed, spared), as lines."""

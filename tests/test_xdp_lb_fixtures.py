@@ -743,20 +743,50 @@ def test_maglev_shares_follow_weights_that_do_not_divide_each_other():
                 assert held["10.0.0.4:80"] == 0 and differing(table, maglev_table(live, size)) == []
 
 
-def test_at_tc_a_frame_longer_than_the_interface_mtu_is_dropped_as_too_big(net):
-    """bpf_redirect_neigh() bypasses IP forwarding, so nothing fragments for the LB at TC: a
-    frame that does not fit the egress interface's MTU (here the test run's device, the LB's
-    eth0, 1500) is dropped and counted as too_big, never sent on to be lost unseen; one that
-    fits goes on. (Live traffic on one interface never has such a frame: it arrived through
+def test_at_tc_a_frame_too_big_for_the_interface_gets_the_icmp_error_forwarding_would_send(net):
+    """bpf_redirect_neigh() bypasses IP forwarding, so nothing fragments or answers for the
+    LB at TC: a frame that does not fit the interface it would leave by (here the test
+    run's device, the LB's eth0, MTU 1500) goes back to its sender as "fragmentation
+    needed" (IPv4, DF set) or "packet too big" (IPv6), from the address it was sent to,
+    quoting its headers; without DF it is dropped. Each counted too_big; one that fits
+    goes on. (Live traffic on one interface never has such a frame: it arrived through
     that MTU; a GSO frame is checked by its segments, tests/test_tc_lb.py.)"""
     r = Rig(net, hook="tc", services=("udp",))
     try:
         fits = r.run(r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 28))))
         assert fits.action == "sent" and Ether(fits.data)[IP].dst == BE1
-        big = r.run(r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 27))))
-        assert big.verdict == "TC_ACT_SHOT"
+        big = r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 27)))
+        assert r.run(big).verdict == "TC_ACT_SHOT"  # no DF: it should be fragmented, not answered
+        big[IP].flags = "DF"
+        # cut to the error's length, the skb is no longer CHECKSUM_COMPLETE (the kernel's trim
+        # makes it CHECKSUM_NONE: the receiver sums it), which the test run's check of
+        # skb->csum does not look at: run on a plain skb
+        out = r.run(big, checksum_complete=False)
+        assert out.verdict == "TC_ACT_REDIRECT"
+        e = Ether(out.data)
+        assert (e.src, e.dst) == (r.mac, CLIENT_MAC) and len(out.data) == 14 + 56
+        assert (e[IP].src, e[IP].dst, e[IP].proto, e[ICMP].type, e[ICMP].code) == (VIP, CLIENT4, 1, 3, 4)
+        assert e[ICMP].nexthopmtu == 1500 and bytes(e[ICMP].payload) == bytes(big[IP])[:28]
+        assert checksums_valid(out.data) and icmp_valid(e[ICMP])
+        big6 = r.from_client(UDP(sport=5000, dport=80) / (b"x" * (1500 - 47)), v6=True)
+        out6 = r.run(big6, checksum_complete=False)
+        assert out6.verdict == "TC_ACT_REDIRECT" and len(out6.data) == 14 + 96
+        e6 = Ether(out6.data)
+        assert (e6[IPv6].src, e6[IPv6].dst, e6[IPv6].nh, e6[IPv6].plen) == (VIP6, CLIENT6, 58, 56)
+        ptb = e6[ICMPv6PacketTooBig]
+        assert ptb.mtu == 1500 and bytes(ptb.payload) == bytes(big6[IPv6])[:48]
+        redo = Ether(out6.data)
+        del redo[ICMPv6PacketTooBig].cksum
+        assert Ether(bytes(redo))[ICMPv6PacketTooBig].cksum == ptb.cksum
         c = r.lb.counters()
-        assert (c["dropped_too_big"], c["drop"], c["redirect"]) == (1, 1, 1), c
+        assert (c["too_big"], c["dropped_too_big"], c["drop"], c["redirect"]) == (3, 1, 1, 3), c
         assert r.lb.backend_counters()[f"{BE1}:8080"]["packets"] == 1  # only what went on
+        assert r.lb.sessions()[0]["client_port"] == 5000 and len(r.lb.sessions()) == 1  # the one that fit
     finally:
         r.close()
+
+
+def icmp_valid(icmp) -> bool:
+    redo = ICMP(bytes(icmp))
+    del redo.chksum
+    return ICMP(bytes(redo)).chksum == icmp.chksum

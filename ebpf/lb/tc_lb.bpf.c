@@ -22,9 +22,10 @@
  *     the destination is still the VIP, to the backend's address as the next hop.
  *     The kernel resolves the neighbour itself (TC has the skb its queue needs):
  *     no forwarding sysctl, no neighbour entries made beforehand, no no_neigh.
- *   - bpf_redirect bypasses IP forwarding, so nothing fragments for it: a
- *     non-GSO frame longer than the egress MTU (bpf_check_mtu) is dropped and
- *     counted as too_big, never sent to be lost on the wire unseen.
+ *   - bpf_redirect bypasses IP forwarding, so nothing fragments or sends ICMP for
+ *     it: a frame longer than the egress MTU (bpf_check_mtu; a GSO frame by its
+ *     segments) is answered with the ICMP error forwarding would send (too_big()),
+ *     counted as too_big.
  *   - what is not the LB's goes on with TC_ACT_UNSPEC, so that filters after it
  *     still run (TC_ACT_OK would end classification there).
  * The session's MACs (backend_mac) stay unset: the neighbour table has them.
@@ -52,7 +53,9 @@
  * 0.26's helpers.h declares it without plen: see tc_redirect.bpf.c). */
 static long (*redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
 	(void *)BPF_FUNC_redirect_neigh;
-/* bpf_check_mtu(ctx, ifindex, *mtu_len, len_diff, flags), missing from BCC 0.26's helpers.h */
+/* bpf_check_mtu(ctx, ifindex, *mtu_len, len_diff, flags), missing from BCC 0.26's helpers.h;
+ * BPF_MTU_CHK_SEGS (an enum in uapi bpf.h): a GSO frame is checked by its segments */
+#define MTU_CHK_SEGS 1
 static long (*check_mtu)(void *ctx, __u32 ifindex, __u32 *mtu_len, __s32 len_diff, __u64 flags) =
 	(void *)BPF_FUNC_check_mtu;
 
@@ -87,18 +90,11 @@ static __always_inline int rewrite_ports(struct __sk_buff *skb, struct pkt_field
 }
 
 /* Out of the interface the frame came in on, to `nh` as the next hop (DSR: the
- * backend), or, nh NULL, to the next hop the routes give for its destination.
- * *reason: too_big when it cannot leave whole. */
-static __always_inline int send_on(struct __sk_buff *skb, struct lb_addr *nh, int v4, int *reason)
+ * backend), or, nh NULL, to the next hop the routes give for its destination. */
+static __always_inline int send_on(struct __sk_buff *skb, struct lb_addr *nh, int v4)
 {
 	struct bpf_redir_neigh to = {};
-	__u32 mtu_len = 0;
 
-	/* GSO frames leave as segments that fit: the helper checks those */
-	if (check_mtu(skb, 0, &mtu_len, 0, 0) != 0) {
-		*reason = R_TOO_BIG;
-		return TC_ACT_SHOT;
-	}
 	if (!nh)
 		return redirect_neigh(skb->ingress_ifindex, 0, 0, 0);
 	if (v4) {
@@ -109,6 +105,94 @@ static __always_inline int send_on(struct __sk_buff *skb, struct lb_addr *nh, in
 		__builtin_memcpy(to.ipv6_nh, nh->a, 16);
 	}
 	return redirect_neigh(skb->ingress_ifindex, &to, sizeof(to), 0);
+}
+
+#define ICMP_QUOTE 8  /* bytes of the original's TCP/UDP header an ICMP error quotes (RFC 792) */
+#define ICMP_FRAG_NEEDED_TYPE 3
+#define ICMP_FRAG_NEEDED_CODE 4
+#define ICMPV6_PKT_TOOBIG 2
+
+/* A frame too big for the interface it would leave by, handed back to its sender
+ * as the ICMP error the kernel's forwarding would send: IPv4 "fragmentation
+ * needed" (DF set; without it the frame is dropped: nothing here fragments) or
+ * IPv6 "packet too big", from the address the frame was sent to (the VIP, or the
+ * LB's own address for a backend's reply), to its source, quoting its IP header
+ * and the 8 bytes after (a service's frame has no options or extension headers:
+ * those are dropped before). Built in place: the frame is cut to the error's
+ * length, its MACs swapped, and sent back out the way it came. Handing the frame
+ * to the stack instead would not do: the rewritten one's error would go to the
+ * LB's own address (NAT's source), and the original one is to a local VIP (it
+ * would be delivered here, and answered with a RST). Returns the TC action. */
+static __always_inline int too_big(struct __sk_buff *skb, struct pkt_fields *f, __u32 mtu)
+{
+	__u32 zero = 0, l3 = ETH_HLEN;
+	struct csum_block *scratch = csum_scratch.lookup(&zero);
+	unsigned char mac[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+	__u8 *d;
+	__u64 sum;
+
+	if (!scratch || skb->gso_size || f->l3 != ETH_HLEN || bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(swapped, mac + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, mac, ETH_ALEN);
+	d = scratch->b;
+	if (f->v4) {
+		/* d[0..20) the error's IP header, d[20..28) ICMP, d[28..56) the quote */
+		struct iphdr *ip = (void *)d;
+		struct iphdr *orig = (void *)(d + 28);
+
+		if (bpf_skb_load_bytes(skb, l3, d + 28, sizeof(struct iphdr) + ICMP_QUOTE) < 0 ||
+		    !(orig->frag_off & bpf_htons(0x4000)))  /* DF clear: it should be fragmented */
+			return TC_ACT_SHOT;
+		__builtin_memset(d, 0, 28);
+		ip->version = 4;
+		ip->ihl = 5;
+		ip->tos = 0xc0;  /* internetwork control, as the kernel's ICMP errors */
+		ip->tot_len = bpf_htons(56);
+		ip->ttl = 64;
+		ip->protocol = IPPROTO_ICMP;
+		ip->saddr = orig->daddr;
+		ip->daddr = orig->saddr;
+		ip->check = csum_from_sum((__u32)bpf_csum_diff(0, 0, (void *)d, 20, 0));
+		d[20] = ICMP_FRAG_NEEDED_TYPE;
+		d[21] = ICMP_FRAG_NEEDED_CODE;
+		*(__be16 *)(d + 26) = bpf_htons(mtu);  /* the next hop's MTU */
+		*(__sum16 *)(d + 22) = csum_from_sum((__u32)bpf_csum_diff(0, 0, (void *)(d + 20), 36, 0));
+		if (bpf_skb_change_tail(skb, l3 + 56, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, l3, d, 56, BPF_F_RECOMPUTE_CSUM) < 0)
+			return TC_ACT_SHOT;
+	} else {
+		/* d[0..40) the error's IPv6 header, d[40..48) ICMPv6, d[48..96) the quote,
+		 * d[128..168) the pseudo-header its checksum covers */
+		struct ipv6hdr *ip6 = (void *)d;
+		struct ipv6hdr *orig = (void *)(d + 48);
+
+		if (bpf_skb_load_bytes(skb, l3, d + 48, sizeof(struct ipv6hdr) + ICMP_QUOTE) < 0)
+			return TC_ACT_SHOT;
+		__builtin_memset(d, 0, 48);
+		ip6->version = 6;
+		ip6->payload_len = bpf_htons(56);
+		ip6->nexthdr = IPPROTO_ICMPV6;
+		ip6->hop_limit = 64;
+		__builtin_memcpy(&ip6->saddr, &orig->daddr, 16);
+		__builtin_memcpy(&ip6->daddr, &orig->saddr, 16);
+		d[40] = ICMPV6_PKT_TOOBIG;
+		*(__be32 *)(d + 44) = bpf_htonl(mtu);
+		__builtin_memcpy(d + 128, &ip6->saddr, 16);
+		__builtin_memcpy(d + 144, &ip6->daddr, 16);
+		*(__be32 *)(d + 160) = bpf_htonl(56);
+		*(__be32 *)(d + 164) = bpf_htonl(IPPROTO_ICMPV6);
+		sum = (__u32)bpf_csum_diff(0, 0, (void *)(d + 128), 40, 0);
+		sum = (__u32)bpf_csum_diff(0, 0, (void *)(d + 40), 56, (__u32)sum);
+		*(__sum16 *)(d + 42) = csum_from_sum(sum);
+		if (bpf_skb_change_tail(skb, l3 + 96, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, l3, d, 96, BPF_F_RECOMPUTE_CSUM) < 0)
+			return TC_ACT_SHOT;
+	}
+	/* flags 0: a CHECKSUM_COMPLETE sum starts after the Ethernet header */
+	if (bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
 }
 
 /* client -> VIP. Returns the TC action; *reason says why. */
@@ -135,7 +219,7 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct pkt_fields *
 		return TC_ACT_SHOT;
 	}
 	*reason = R_TO_BACKEND;
-	action = send_on(skb, LB_MODE == LB_MODE_NAT ? 0 : &to, p->v4, reason);
+	action = send_on(skb, LB_MODE == LB_MODE_NAT ? 0 : &to, p->v4);
 	if (action == TC_ACT_REDIRECT)  /* counted, and a close taken, only for what went on */
 		lb_client_done(p, &fk, s, be, is_new, st);
 	return action;
@@ -163,7 +247,7 @@ static __always_inline int to_client(struct __sk_buff *skb, struct pkt_fields *f
 		return TC_ACT_SHOT;
 	}
 	*reason = R_TO_CLIENT;
-	action = send_on(skb, 0, p->v4, reason);
+	action = send_on(skb, 0, p->v4);
 	if (action == TC_ACT_REDIRECT)
 		lb_reply_done(p, &fk, s, st);
 	return action;
@@ -177,7 +261,7 @@ int tc_lb(struct __sk_buff *skb)
 	struct pkt_fields f = {};
 	struct lb_service *svc;
 	struct lb_conf *cf;
-	__u32 zero = 0, linear, sid;
+	__u32 zero = 0, linear, sid, mtu = 0;
 	int reason, action, drop, parsed;
 	struct lb_stats *st = stats.lookup(&zero);
 
@@ -225,6 +309,10 @@ int tc_lb(struct __sk_buff *skb)
 	f.l3 = h.v4 ? (void *)h.iph - data : (void *)h.ip6h - data;
 	sid = svc ? svc->id : 0;
 
+	/* Too big for the interface it would leave by (the one it came in on, whose MTU a
+	 * driver need not have held it to); a GSO frame by its segments */
+	if (check_mtu(skb, 0, &mtu, 0, MTU_CHK_SEGS) != 0)
+		return tc_exit(&st->exits, too_big(skb, &f, mtu), R_TOO_BIG);
 	if (svc)
 		action = to_backend(skb, &f, &p, st, cf, sid, &reason);
 	else

@@ -27,6 +27,7 @@ FUNCTIONS = {
     "XdpRedirect": {"xdp_redirect": ("XDP", None)},
     "TcRedirect": {"tc_redirect": ("SCHED_CLS", None)},
     "XdpLoadBalancer": {"xdp_lb": ("XDP", None)},
+    "TcLoadBalancer": {"tc_lb": ("SCHED_CLS", None)},
     "XdpPortFilter": {"xdp_port_filter": ("XDP", None)},
     "TcPods": {
         "pods_from_pod": ("SCHED_CLS", None),
@@ -36,6 +37,7 @@ FUNCTIONS = {
     "XdpSink": {"xdp_sink": ("XDP", None)},
     "XdpGen": {"xdp_gen": ("XDP", None)},
     "XdpPeerPass": {"xdp_peer_pass": ("XDP", None)},
+    "TcSwap": {"tc_swap": ("SCHED_CLS", None)},
 }
 
 

@@ -165,3 +165,41 @@ def test_the_vtap_sees_the_lbs_frames_whichever_starts_first(first):
             sink.wait()
         # every client frame the LB balanced was copied first (ARP and the like too: more, never fewer)
         assert final["to_backend"] > 0 and rx_packets(ns, "mon1") - copies >= final["to_backend"], final
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_sender_learns_the_lbs_smaller_mtu_from_its_icmp_error(v6):
+    """The LB's interface has a smaller MTU (1400) than the rest of the segment (1500), as
+    a misconfigured segment does. A veth still hands it the client's GSO frames (their
+    segments are checked only when they leave): the LB answers the first with the error
+    forwarding would send ("fragmentation needed", "packet too big"), the client's kernel
+    takes the smaller MTU for the VIP (its route cache says 1400) and the upload arrives
+    whole. Without the error the connection stalled: nothing fragments for a program
+    that redirects."""
+    with user_segment(backends=1) as tb:
+        netns.run(tb.ns("lb"), ["ip", "link", "set", "eth0", "mtu", "1400"], check=True)
+        vip, be = (tb.vip6, tb.backend6(0)) if v6 else (tb.vip4, tb.backend4(0))
+        bracket = (lambda a: f"[{a}]") if v6 else str
+        sink = tb.topo.popen("be1", [sys.executable, "-c", SINK, be, str(PORT)], stdout=subprocess.PIPE, text=True)
+        tool = None
+        try:
+            assert sink.stdout.readline().strip() == "ready"
+            args = ["--iface", "eth0", "--service", f"tcp:{bracket(vip)}:{PORT}", "--backend", f"{bracket(be)}:{PORT}"]
+            tool = Tool(tb.ns("lb"), "lb", *args, "--health-check", "none")
+            got = tb.topo.run(
+                "client",
+                [sys.executable, "-c", UPLOAD, vip, str(PORT), str(1 << 22)],
+                timeout=60,
+                capture_output=True,
+                text=True,
+            )
+            assert got.stdout.split()[0] == str(1 << 22), got.stderr
+            final, _ = tool.stop()
+        finally:
+            if tool:
+                tool.kill()
+            sink.kill()
+            sink.wait()
+        route = netns.run(tb.ns("client"), ["ip", "route", "get", vip], capture_output=True, text=True).stdout
+        assert "mtu 1400" in route, route
+        assert final["too_big"] >= 1 and final["dropped_too_big"] == 0, final

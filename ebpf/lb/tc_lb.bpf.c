@@ -119,7 +119,9 @@ static __always_inline int send_on(struct __sk_buff *skb, struct lb_addr *nh, in
  * LB's own address for a backend's reply), to its source, quoting its IP header
  * and the 8 bytes after (a service's frame has no options or extension headers:
  * those are dropped before). Built in place: the frame is cut to the error's
- * length, its MACs swapped, and sent back out the way it came. Handing the frame
+ * length (bpf_skb_change_tail(), made for such replies, which also ends a GSO
+ * frame's offload: one whose segments do not fit gets its error too, as
+ * forwarding would send it), its MACs swapped, and sent back out the way it came. Handing the frame
  * to the stack instead would not do: the rewritten one's error would go to the
  * LB's own address (NAT's source), and the original one is to a local VIP (it
  * would be delivered here, and answered with a RST). Returns the TC action. */
@@ -131,7 +133,7 @@ static __always_inline int too_big(struct __sk_buff *skb, struct pkt_fields *f, 
 	__u8 *d;
 	__u64 sum;
 
-	if (!scratch || skb->gso_size || f->l3 != ETH_HLEN || bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)) < 0)
+	if (!scratch || f->l3 != ETH_HLEN || bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)) < 0)
 		return TC_ACT_SHOT;
 	__builtin_memcpy(swapped, mac + ETH_ALEN, ETH_ALEN);
 	__builtin_memcpy(swapped + ETH_ALEN, mac, ETH_ALEN);

@@ -296,6 +296,15 @@ MUTANTS = [
         (["tests/test_tc_lb.py", "-k", "gso and nat and ipv4"], []),
     ),
     M(
+        "tc-lb-gso-too-big-dropped",
+        "ebpf/lb/tc_lb.bpf.c",
+        "if (!scratch || f->l3 != ETH_HLEN ||",
+        "if (!scratch || skb->gso_size || f->l3 != ETH_HLEN ||",
+        "a GSO frame whose segments do not fit the LB's interface is dropped unanswered: on a segment whose "
+        "MTUs differ every bulk upload stalls",
+        (["tests/test_tc_lb.py", "-k", "mtu and ipv4"], []),
+    ),
+    M(
         "tc-lb-icmp-to-itself",
         "ebpf/lb/tc_lb.bpf.c",
         "\t\tip->daddr = orig->saddr;",

@@ -22,8 +22,6 @@ from ebpf.lb.xdp_lb import TC_OWNER as OWNER
 from ebpf.lb.xdp_lb import XdpLoadBalancer
 from ebpf.program import refuse_live
 
-HOOKS = ("tc", "xdp")
-
 
 def hook_for(ifname, netns=None) -> tuple[str, str]:
     """("xdp" or "tc", why) for the load balancer on ifname: XDP where its driver runs

@@ -18,10 +18,10 @@ class _BatchOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 
 
-def array_slice(fd, start, count, value_type=ctypes.c_uint32) -> list:
+def array_slice(fd, start, count, value_type=ctypes.c_uint32, as_list=True):
     """Values [start, start + count) of an array map (u32 keys), with BPF_MAP_LOOKUP_BATCH:
     a batch resumes after the key its token names, so one that starts at `start` is given
-    start - 1 (none for 0)."""
+    start - 1 (none for 0). A list, or (as_list=False) the ctypes array read into."""
     keys = (ctypes.c_uint32 * count)()
     values = (value_type * count)()
     got = 0
@@ -46,7 +46,34 @@ def array_slice(fd, start, count, value_type=ctypes.c_uint32) -> list:
         token_in.value = token_out.value
     if got != count:
         raise BpfError(f"map fd {fd}: {got} of {count} entries from {start}")
-    return values[:got]  # a simple type's array slices to Python ints
+    return values[:got] if as_list else values  # a simple type's array slices to Python ints
+
+
+def array_write(fd, keys, values, count=None, value_type=ctypes.c_uint32, chunk=65536) -> int:
+    """Write values[i] at keys[i] of an array map (u32 keys) for the first `count` (all)
+    of them, with BPF_MAP_UPDATE_BATCH, `chunk` entries a call (one call for a Maglev
+    table), in the order given: a reader between two entries sees each slot old or new,
+    never empty. keys and values: sequences, or ctypes arrays (written as they are)."""
+    total = len(keys) if count is None else count
+    if total > min(len(keys), len(values)):
+        raise ValueError("fewer keys or values than entries to write")
+    k = keys if isinstance(keys, ctypes.Array) else (ctypes.c_uint32 * total)(*keys)
+    v = values if isinstance(values, ctypes.Array) else (value_type * total)(*values)
+    opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+    done = 0
+    while done < total:
+        n = ctypes.c_uint32(min(chunk, total - done))
+        err = libbpf().bpf_map_update_batch(
+            fd,
+            ctypes.byref(k, done * 4),
+            ctypes.byref(v, done * ctypes.sizeof(value_type)),
+            ctypes.byref(n),
+            ctypes.byref(opts),
+        )
+        if err:
+            raise BpfError(f"writing map fd {fd} in batches: {os.strerror(-err)}")
+        done += n.value
+    return done
 
 
 def count_hash(fd, key_size, value_size, chunk=4096) -> int:
@@ -76,6 +103,64 @@ def count_hash(fd, key_size, value_size, chunk=4096) -> int:
         if err:
             raise BpfError(f"counting map fd {fd} in batches: {os.strerror(-err)}")
         token_in.value, first = token_out.value, False
+
+
+class HashWalk:
+    """A hash map (an LRU's too) read a part at a time across calls, with
+    BPF_MAP_LOOKUP_BATCH: step(budget) returns the next entries from where the last
+    step stopped, at least `budget` unless the map's end came first, and whether it
+    did (the step after starts again at the first bucket). A map that changes while
+    it is walked is read as the batches meet it: an entry added behind the walk is
+    seen on its next pass, one deleted ahead of it not at all."""
+
+    def __init__(self, fd, key_size, value_size, chunk=4096):
+        self.fd, self.key_size, self.value_size, self.chunk = fd, key_size, value_size, chunk
+        self.token_in, self.token_out = ctypes.c_uint32(), ctypes.c_uint32()
+        self.first = True
+        self.opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+
+    def restart(self):
+        """The next step starts at the first bucket."""
+        self.first = True
+
+    def step(self, budget) -> tuple[memoryview, memoryview, int, bool]:
+        """(keys, values, n, at_end): n entries' keys and values, packed, in buffers
+        the next step reuses (copy what must outlive it)."""
+        # a batch ends on a bucket's end, and one asked for fewer entries than the next bucket
+        # holds is refused (ENOSPC): then it asks for more, into the room left
+        ks, vs = self.key_size, self.value_size
+        room = max(budget, self.chunk)
+        if getattr(self, "room", 0) < room:  # allocated once: a tick's step allocates nothing
+            self.room = room
+            self.keys = ctypes.create_string_buffer(ks * room)
+            self.values = ctypes.create_string_buffer(vs * room)
+        keys, values = self.keys, self.values
+        got, end, ask = 0, False, min(budget, self.chunk)
+        while got < budget:
+            n = ctypes.c_uint32(min(ask, self.room - got))
+            err = libbpf().bpf_map_lookup_batch(
+                self.fd,
+                None if self.first else ctypes.byref(self.token_in),
+                ctypes.byref(self.token_out),
+                ctypes.byref(keys, got * ks),
+                ctypes.byref(values, got * vs),
+                ctypes.byref(n),
+                ctypes.byref(self.opts),
+            )
+            if err == -28 and n.value == 0 and ask < self.room - got:  # ENOSPC: a bucket larger than asked
+                ask *= 2
+                continue
+            got += n.value
+            if err == -2:  # ENOENT: the map's end (n says what this last batch held)
+                end, self.first = True, True
+                break
+            if err == -28:  # a bucket larger than the room left: the next step reads it
+                break
+            if err:
+                raise BpfError(f"walking map fd {self.fd} in batches: {os.strerror(-err)}")
+            self.token_in.value, self.first = self.token_out.value, False
+            ask = min(budget - got, self.chunk) if budget > got else ask
+        return memoryview(keys)[: got * ks], memoryview(values)[: got * vs], got, end
 
 
 # --- tables on a map's descriptor -----------------------------------------------------------

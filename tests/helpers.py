@@ -242,16 +242,20 @@ def assert_every_figure_shown_once(nb, figures):
 
 
 @contextlib.contextmanager
-def lb_bed(backends=2, attacker=False, log=True):
+def lb_bed(backends=2, attacker=False, log=True, dsr=False):
     """lab.fastpaths.lb.testbed.lb_testbed with an nginx on each backend (port 8080, its
     page says "served by beN") and the pass program on the switch's port to the
-    LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers)."""
-    tb = lb_testbed(backends=backends, attacker=attacker)
+    LB (veth drops XDP_TX frames unless the peer runs XDP): (testbed, servers).
+    dsr: the backends also hold the VIP and serve it on the service's port (the
+    servers after the first `backends`), as bench lb's rig does for tc-dsr."""
+    tb = lb_testbed(backends=backends, attacker=attacker, dsr=dsr)
     with tb:
         webs = [
             NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=log)
             for i, be in enumerate(tb.backends)
         ]
+        if dsr:
+            webs += [NginxServer(tb.ns(be), tb.vip4, tb.service_port, name=be, log=log) for be in tb.backends]
         sink = XdpSink("pass")
         try:
             for w in webs:

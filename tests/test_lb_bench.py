@@ -36,7 +36,7 @@ def require_tools(*names):
 @pytest.fixture(scope="module")
 def bed():
     require_tools("nginx", "cc")  # the backends, and the open loop's generator (compiled at first use)
-    with lb_bed() as (tb, webs):
+    with lb_bed(dsr=True) as (tb, webs):  # tc-dsr's backends serve the VIP too
         yield tb, webs
 
 
@@ -157,7 +157,8 @@ def test_each_balancer_spreads_connections_and_leaves_nothing(bed, name):
                 served += c.request()
     assert set(served) == {"served by be1", "served by be2"}  # every request answered, both used
     clients = {c for w, n in zip(webs, seen, strict=True) for c in w.clients()[n:]}
-    assert clients == ({tb.client4} if name == "direct" else {tb.lb4})  # through the LB, from its address
+    # through the LB, from its address; in DSR the client's own, kept on the way to the backend
+    assert clients == ({tb.client4} if name in ("direct", "tc-dsr") else {tb.lb4})
     # nothing left: no daemon, run directory, rule table or program, the sysctls as they were
     assert not [d for s in daemons.kinds() if s != ".nginx" for d in daemons.RUN_DIR.glob(f"{netns.PREFIX}*{s}")]
     assert peer.pids() == [] and xdp.attached(lbns) == [] and nft.tables(lbns, "ip") == []
@@ -224,7 +225,7 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
                 "bench",
                 "lb",
                 "--peers",
-                "direct,tc,nginx-l4",
+                "direct,tc,tc-dsr,nginx-l4",
                 "--connections",
                 "20",
                 "--loads",
@@ -245,12 +246,14 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     csv = next(tmp_path.glob("lb-*.csv"))
     df = pd.read_csv(csv)
     assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
-    assert len(df) == 6 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
+    assert len(df) == 8 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
     assert (df["requests"] > 0).all() and (df["rps"] > 0).all()
     direct, tc_rows = df[df["lb"] == "direct"], df[df["lb"] == "tc"]
     assert direct["lb_cpu_cores"].isna().all() and (df["napi"] == "softirq").all()
     assert (tc_rows["lb_maps_mb"] > 0).all() and (tc_rows["mode"] == "nat").all()
     assert (tc_rows["lb_proc_cores"] > 0).all() and tc_rows["lb_napi_cores"].isna().all()
+    # DSR at TC: the backends answered from the VIP they hold, straight to the clients
+    assert (df[df["lb"] == "tc-dsr"]["mode"] == "dsr").all() and len(df[df["lb"] == "tc-dsr"]) == 2
     check_cpu_columns(df, used)
     # softirq: the LB's CPU is known only at equal offered load (the open loop), from the machine's
     assert df[df["loop"] == "closed"]["lb_cpu_cores"].isna().all()
@@ -259,14 +262,14 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     # the open loop's rate is 10 % of direct's closed-loop capacity measured in the same run,
     # and every request of its schedule was answered: the rate times the run, to one request
     cap = direct[direct["loop"] == "closed"]["rps"].iloc[0]
-    assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 3)
+    assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 4)
     assert ((opened["requests"] - opened["offered_rps"] * opened["duration_s"]).abs() <= 1).all(), opened
     # at 20 connections nothing is lost anywhere (what the counters count: the test below)
     losses = ["veth_ring_drops", "xdp_tx_errors", "if_dropped", "client_retrans", "lb_retrans", "backend_retrans"]
     assert (df[losses] == 0).all().all(), df[["lb", "loop", *losses, "lost_at"]]
     assert (tc_rows["lb_program_drops"] == 0).all()
     lat = pd.read_csv(bench_latency(csv))
-    assert len(lat) == 6 * len(QUANTILES) and lat["latency_ms"].notna().all()
+    assert len(lat) == 8 * len(QUANTILES) and lat["latency_ms"].notna().all()
     assert "median over trials" in r.stdout and "open loop" in r.stdout
     # tc among the peers: its cost per packet against its floor (TC's), measured first, in the sidecar
     (floor,) = json.loads(csv.with_suffix(".json").read_text())["parameters"]["floor"]

@@ -225,6 +225,35 @@ def test_command_line_drains_checks_health_and_detaches(lab, tmp_path):
             "--xdp-mode and --prepare-peer go with --hook xdp",
         ),
         (["--iface", "nosuch0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"], "nosuch0"),
+        # backends named per service: only for services it runs, each family its own
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "tcp:1.2.3.4:81=1.2.3.5:80"],
+            "backends named for tcp:1.2.3.4:81, which no --service gives",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "tcp:1.2.3.4:80=[2001:2::5]:80"],
+            "backend [2001:2::5]:80 of tcp:1.2.3.4:80: families differ",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--service", "tcp:1.2.3.4:81"]
+            + ["--backend", "tcp:1.2.3.4:80=1.2.3.5:80"],
+            "service tcp:1.2.3.4:81 has no IPv4 backend",
+        ),
+        # sizes: one past a limit refused whole, before anything is made
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--service", "tcp:1.2.3.4:81"]
+            + ["--backend", "1.2.3.5:80", "--max-services", "1"],
+            "2 services, more than --max-services 1",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80"]
+            + ["--backend", "1.2.3.6:80", "--max-backends", "1"],
+            "2 backends, more than --max-backends 1",
+        ),
+        (
+            ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--max-sessions", "0"],
+            "--max-sessions must be 1 to",
+        ),
         (
             ["--iface", "eth0", "--service", "tcp:1.2.3.4:80", "--backend", "1.2.3.5:80", "--timeout", "udp=0"],
             "bad --timeout 'udp=0'",

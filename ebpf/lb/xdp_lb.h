@@ -8,15 +8,28 @@
 
 #include "verdict.h"
 
-#define LB_MAX_SERVICES 16
-#define LB_MAX_BACKENDS 256     /* index 0 is "no backend": a ring slot of 0 is empty */
+/* table sizes: defaults, which XdpLoadBalancer(max_services=, max_backends=, max_sessions=,
+ * max_half_open=) override */
+#ifndef LB_MAX_SERVICES
+#define LB_MAX_SERVICES 64      /* each a Maglev table of LB_RING_SIZE u32, 8 bytes a slot in an array map: 512 KiB */
+#endif
+#ifndef LB_MAX_BACKENDS
+#define LB_MAX_BACKENDS 4097    /* index 0 is "no backend": a ring slot of 0 is empty */
+#endif
 #define LB_RING_SIZE 65537      /* Maglev table per service, a prime (ebpf/lb/maglev.py) */
-/* table sizes: defaults, which XdpLoadBalancer(max_sessions=, max_half_open=) override */
 #ifndef LB_MAX_SESSIONS
 #define LB_MAX_SESSIONS 131072  /* established sessions, each direction */
 #endif
 #ifndef LB_MAX_HALF_OPEN
 #define LB_MAX_HALF_OPEN 65536  /* SYN-created sessions: a SYN flood evicts only these */
+#endif
+/* the reverse tables (NAT's LB ports): as large as the sessions they belong to; in DSR
+ * unused, so XdpLoadBalancer makes them one entry each */
+#ifndef LB_MAX_REVERSE
+#define LB_MAX_REVERSE LB_MAX_SESSIONS
+#endif
+#ifndef LB_MAX_REVERSE_HALF
+#define LB_MAX_REVERSE_HALF LB_MAX_HALF_OPEN
 #endif
 #define LB_PORT_PROBES 8        /* LB ports tried for a new session before the SYN is dropped */
 

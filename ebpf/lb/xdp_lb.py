@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from ebpf import endpoints, interrupts, maps, netdev, objinfo, tc, xdp
 from ebpf.abi import defines
 from ebpf.errors import InputError
-from ebpf.lb.maglev import maglev_table
+from ebpf.lb import native
+from ebpf.lb.maglev import maglev_slots
 from ebpf.program import BpfProgram, refuse_live
 
 ABI = defines("lb/xdp_lb.h")
-MAX_SERVICES = ABI["LB_MAX_SERVICES"]
-MAX_BACKENDS = ABI["LB_MAX_BACKENDS"]
+MAX_SERVICES = ABI["LB_MAX_SERVICES"]  # the defaults of max_services and (less "no backend") max_backends
+MAX_BACKENDS = ABI["LB_MAX_BACKENDS"] - 1
+SESSIONS, HALF_OPEN = ABI["LB_MAX_SESSIONS"], ABI["LB_MAX_HALF_OPEN"]  # the defaults of max_sessions, max_half_open
 RING_SIZE = ABI["LB_RING_SIZE"]
 MODES = {"nat": ABI["LB_MODE_NAT"], "dsr": ABI["LB_MODE_DSR"]}
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
@@ -203,14 +205,23 @@ class XdpLoadBalancer(BpfProgram):
         cflags=(),
         max_sessions=None,
         max_half_open=None,
+        max_services=None,
+        max_backends=None,
     ):
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (nat or dsr)")
-        self.max_sessions = max_sessions or ABI["LB_MAX_SESSIONS"]
-        self.max_half_open = max_half_open or ABI["LB_MAX_HALF_OPEN"]
+        self.max_services = max_services or MAX_SERVICES
+        self.max_backends = max_backends or MAX_BACKENDS
+        if not 1 <= self.max_services <= 65536 or not 1 <= self.max_backends <= 65535:
+            raise InputError("services: 1 to 65536; backends: 1 to 65535")
+        cflags = [f"-DLB_MAX_SERVICES={self.max_services}", f"-DLB_MAX_BACKENDS={self.max_backends + 1}", *cflags]
+        self.max_sessions = max_sessions or SESSIONS
+        self.max_half_open = max_half_open or HALF_OPEN
         if self.max_sessions < 1 or self.max_half_open < 1:
             raise InputError("session tables need at least one entry")
         cflags = [f"-DLB_MAX_SESSIONS={self.max_sessions}", f"-DLB_MAX_HALF_OPEN={self.max_half_open}", *cflags]
+        if mode == "dsr":  # no LB ports: the reverse tables go unused
+            cflags += ["-DLB_MAX_REVERSE=1", "-DLB_MAX_REVERSE_HALF=1"]
         if port_min is None and port_count is None:
             port_min, port_count = nat_ports(netns)
         if not (1024 <= port_min and port_count >= 1 and port_min + port_count <= 65536):
@@ -226,7 +237,7 @@ class XdpLoadBalancer(BpfProgram):
         self._services = {}  # Service -> id
         self._backends = {}  # Backend -> index (1..)
         self._weights = {}  # Service -> {Backend: weight}
-        self._rings = {}  # Service -> the table written
+        self._walks, self._gone = None, 0  # sweep_step()'s walk over the session tables; sessions it deleted
         if netns:
             with netdev.ipr(netns):  # a namespace that does not exist fails now, in one line
                 pass
@@ -250,7 +261,7 @@ class XdpLoadBalancer(BpfProgram):
         for be, idx in self._backends.items():
             self._write_backend(be, idx)
         for svc in self._weights:
-            self._write_ring(svc)
+            self._write_ring(svc, fresh=True)
 
     def _write_conf(self):
         c = self.table("conf")[ctypes.c_int(0)]
@@ -266,12 +277,12 @@ class XdpLoadBalancer(BpfProgram):
         svc = Service.parse(service)
         if svc in self._services:
             return svc
-        if len(self._services) >= MAX_SERVICES:
-            raise InputError(f"more than {MAX_SERVICES} services")
+        if len(self._services) >= self.max_services:
+            raise InputError(f"service {svc}: more than {self.max_services} services (max_services, --max-services)")
         self_addr = self.self4 if svc.vip.version == 4 else self.self6
         if self.mode == "nat" and self_addr is None:
             raise InputError(f"service {svc}: NAT mode needs the LB's own IPv{svc.vip.version} address")
-        sid = min(set(range(MAX_SERVICES)) - set(self._services.values()))
+        sid = min(set(range(self.max_services)) - set(self._services.values()))
         self._services[svc] = sid
         self._weights.setdefault(svc, {})
         if self.bpf is not None:
@@ -292,15 +303,21 @@ class XdpLoadBalancer(BpfProgram):
             if not isinstance(w, int) or w < 0:
                 raise InputError(f"backend {be}: weight {w!r} must be an integer 0 or more")
             parsed[be] = w
-        for be in parsed:
-            if be not in self._backends:
-                used = set(self._backends.values())
-                free = [i for i in range(1, MAX_BACKENDS) if i not in used]
-                if not free:
-                    raise InputError(f"more than {MAX_BACKENDS - 1} backends")
-                self._backends[be] = free[0]
-                if self.bpf is not None:
-                    self._write_backend(be, free[0])
+        new = [be for be in parsed if be not in self._backends]
+        if len(self._backends) + len(new) > self.max_backends:
+            # refused whole: no backend written, the service's table as it was
+            raise InputError(
+                f"service {svc}: {len(self._backends) + len(new)} backends in all, more than "
+                f"{self.max_backends} (max_backends, --max-backends)"
+            )
+        used, idx = set(self._backends.values()), 0
+        for be in new:  # each the lowest index (1..max_backends) no backend holds
+            idx += 1
+            while idx in used:
+                idx += 1
+            self._backends[be] = idx
+            if self.bpf is not None:
+                self._write_backend(be, idx)
         self._weights[svc] = parsed
         if self.bpf is not None:
             self._write_ring(svc)
@@ -333,19 +350,27 @@ class XdpLoadBalancer(BpfProgram):
     def ring(self, service) -> list:
         """The service's Maglev table as backend names (None: empty slot)."""
         svc = Service.parse(service)
-        return maglev_table({str(b): w for b, w in self._weights.get(svc, {}).items()}, RING_SIZE)
+        weights = {str(b): w for b, w in self._weights.get(svc, {}).items()}
+        names = sorted(n for n, w in weights.items() if w > 0)
+        slots = maglev_slots(weights, RING_SIZE)
+        return [names[i] for i in slots] if slots is not None else [None] * RING_SIZE
 
-    def _write_ring(self, svc):
-        names = self.ring(svc)
-        index = {str(b): i for b, i in self._backends.items()}
-        new = [index[n] if n is not None else 0 for n in names]
-        old = self._rings.get(svc)
-        rings, base = self.table("rings"), self._services[svc] * RING_SIZE
-        changed = [i for i in range(RING_SIZE) if old is None or old[i] != new[i]]
-        for i in changed:
-            rings[ctypes.c_int(base + i)] = ctypes.c_uint32(new[i])
-        self._rings[svc] = new
-        return len(changed)
+    def _write_ring(self, svc, fresh=False):
+        """Write the service's table where it differs from the map's, in one batch
+        (BPF_MAP_UPDATE_BATCH), slot after slot: a new flow meanwhile finds the old
+        backend or the new one, never an empty slot (both are live: a backend's entry
+        is written before any slot names it, and stays while sessions use it). No
+        second table, so no memory beyond the table itself. Returns how many slots.
+        fresh: the map was just made (all slots 0), so it is not read first."""
+        weights = {str(b): w for b, w in self._weights.get(svc, {}).items()}
+        index = {str(b): self._backends[b] for b in self._weights.get(svc, {})}
+        new = maglev_slots(weights, RING_SIZE, index) or (ctypes.c_uint32 * RING_SIZE)()
+        fd, base = self.table("rings").map_fd, self._services[svc] * RING_SIZE
+        old = (ctypes.c_uint32 * RING_SIZE)() if fresh else maps.array_slice(fd, base, RING_SIZE, as_list=False)
+        keys, values, changed = native.ring_diff(old, new, base)
+        if changed:
+            maps.array_write(fd, keys, values, changed)
+        return changed
 
     # --- attach -------------------------------------------------------------------------
     def load_program(self):
@@ -445,15 +470,15 @@ class XdpLoadBalancer(BpfProgram):
             theirs_svc[Service(proto, _addr(k.vip.a, k.family, zero_ok=True), socket.ntohs(k.port))] = v.id
         theirs_be = {}
         table = self.table("backends")
-        for i in range(1, MAX_BACKENDS):
+        for i in range(1, self.max_backends + 1):
             v = table[ctypes.c_int(i)]
             if v.live:
                 theirs_be[Backend(_addr(v.addr.a, v.family, zero_ok=True), socket.ntohs(v.port))] = i
         # services: a kept one keeps its id; a new one takes an id no kept one had (a
         # removed service's sessions name its id: they must not become a new one's)
         ids = {svc: theirs_svc[svc] for svc in self._services if svc in theirs_svc}
-        free = [i for i in range(MAX_SERVICES) if i not in theirs_svc.values()]
-        free += [i for i in range(MAX_SERVICES) if i in theirs_svc.values() and i not in ids.values()]
+        free = [i for i in range(self.max_services) if i not in theirs_svc.values()]
+        free += [i for i in range(self.max_services) if i in theirs_svc.values() and i not in ids.values()]
         for svc in self._services:
             if svc not in ids:
                 ids[svc] = free.pop(0)
@@ -463,11 +488,11 @@ class XdpLoadBalancer(BpfProgram):
                 self._delete_service(svc)
         # backends: a kept one keeps its index; one no longer given stays, serving its sessions
         index = {be: theirs_be[be] for be in self._backends if be in theirs_be}
-        spare = [i for i in range(1, MAX_BACKENDS) if i not in theirs_be.values()]
+        spare = [i for i in range(1, self.max_backends + 1) if i not in theirs_be.values()]
         for be in self._backends:
             if be not in index:
                 if not spare:
-                    raise InputError(f"more than {MAX_BACKENDS - 1} backends, the kept ones included")
+                    raise InputError(f"more than {self.max_backends} backends, the kept ones included")
                 index[be] = spare.pop(0)
         for be, i in theirs_be.items():
             index.setdefault(be, i)
@@ -476,11 +501,9 @@ class XdpLoadBalancer(BpfProgram):
         for be, i in self._backends.items():
             if be not in theirs_be:
                 self._write_backend(be, i)
-        rings = self.table("rings").map_fd
         for svc, sid in self._services.items():
             self._write_service(svc, sid)
-            self._rings[svc] = maps.array_slice(rings, sid * RING_SIZE, RING_SIZE)  # batches: 65537 lookups take 0.25 s
-            self._write_ring(svc)
+            self._write_ring(svc)  # where the kept table differs
 
     def _delete_service(self, svc):
         self.table("services").pop(self._service_key(svc), None)
@@ -507,37 +530,99 @@ class XdpLoadBalancer(BpfProgram):
 
     def sweep(self) -> int:
         """Delete the sessions idle past their state's timeout, both directions
-        (the program expires a session only when it next sees it). Returns how
-        many; a command line calls this every second."""
-        now = time.clock_gettime(time.CLOCK_MONOTONIC)
-        by_index = {i: b for b, i in self._backends.items()}
-        gone = 0
-        for table in ("sessions", "half_open"):
-            t = self.table(table)
-            for k, v in list(t.items()):
-                if now - v.last_seen / 1e9 <= self._timeout(v):
-                    continue
-                be = by_index.get(v.backend)
-                if be is not None and self.mode == "nat":
-                    rk = self.table("reverse").Key()
-                    rk.backend.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
-                    rk.bport, rk.lb_port, rk.proto, rk.family = (
-                        socket.htons(be.port),
-                        v.lb_port,
-                        k.proto,
-                        be.addr.version,
-                    )
-                    for rt in ("reverse", "reverse_half"):
-                        try:
-                            del self.table(rt)[rk]
-                        except KeyError:
-                            pass
+        (the program expires a session only when it next sees it), in one whole
+        pass over the tables. Returns how many. A command line sweeps a part of
+        the tables each second instead (sweep_step)."""
+        gone = self._gone
+        self.sweep_pass()
+        return self._gone - gone
+
+    def sweep_pass(self) -> dict:
+        """A whole pass of sweep_step() from the tables' start: {backend: live sessions}."""
+        if self._walks is not None and self._walks[0].fd == self.table("sessions").map_fd:
+            for w in self._walks:
+                w.restart()
+            self._walk_at = 0
+            ctypes.memset(self._walk_live, 0, ctypes.sizeof(self._walk_live))
+        while (live := self.sweep_step()) is None:
+            pass
+        return live
+
+    # entries a command's tick reads at most: 1M sessions in 16 ticks, 4 MB a tick
+    SWEEP_BUDGET = 65536
+
+    def sweep_step(self, budget=SWEEP_BUDGET) -> dict | None:
+        """One part of a walk over the session tables: about `budget` entries read in
+        batches (BPF_MAP_LOOKUP_BATCH) and looked at in C (native.c): the ones idle
+        past their timeout deleted as sweep() does, the others counted per backend.
+        Returns {"ADDR:PORT": live sessions} when this step ended a pass over both
+        tables (the next step starts another), else None. What it costs a second
+        grows with the budget, not with the sessions: idle sessions in a table of a
+        million cost no core, and are seen within a pass."""
+        if self._walks is None or self._walks[0].fd != self.table("sessions").map_fd:  # new maps: a new walk
+            self._walks = [
+                maps.HashWalk(self.table(t).map_fd, ctypes.sizeof(self.table(t).Key), ctypes.sizeof(self.table(t).Leaf))
+                for t in ("sessions", "half_open")
+            ]
+            self._walk_at, self._walk_live = 0, (ctypes.c_uint64 * (self.max_backends + 1))()
+        t = self.table(("sessions", "half_open")[self._walk_at])
+        keys, values, n, end = self._walks[self._walk_at].step(budget)
+        if n:
+            expired = (ctypes.c_uint32 * n)()
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            gone = native.sessions_scan(self._scan_conf(t), values, n, now, self.max_backends, self._walk_live, expired)
+            ks, vs = ctypes.sizeof(t.Key), ctypes.sizeof(t.Leaf)
+            by_index = {i: b for b, i in self._backends.items()} if gone else {}
+            for i in expired[:gone]:
+                self._expire(t, t.Key.from_buffer_copy(keys, i * ks), t.Leaf.from_buffer_copy(values, i * vs), by_index)
+        if not end:
+            return None
+        self._walk_at ^= 1
+        if self._walk_at:  # the established table done: on to the half-open one
+            return None
+        live, self._walk_live = self._walk_live, (ctypes.c_uint64 * (self.max_backends + 1))()
+        return {str(b): live[i] for b, i in self._backends.items() if live[i]}
+
+    def _scan_conf(self, t) -> native.ScanConf:
+        leaf = t.Leaf
+        c = native.ScanConf(
+            size=ctypes.sizeof(leaf),
+            last_seen=leaf.last_seen.offset,
+            backend=leaf.backend.offset,
+            state=leaf.state.offset,
+            closing=leaf.closing.offset,
+            st_syn=ABI["LB_ST_SYN"],
+            st_udp=ABI["LB_ST_UDP"],
+            cl_fin=ABI["LB_CL_FIN"],
+        )
+        for i, k in enumerate(("syn", "established", "fin", "udp")):
+            c.timeout[i] = int(self.timeouts[k] * 1e9)
+        return c
+
+    def _expire(self, t, k, v, by_index):
+        """Delete one idle session (and, NAT, the reverse entries of its LB port)."""
+        be = by_index.get(v.backend)
+        if be is not None and self.mode == "nat":
+            rk = self.table("reverse").Key()
+            rk.backend.a = (ctypes.c_uint32 * 4)(*_words(be.addr))
+            rk.bport, rk.lb_port, rk.proto, rk.family = (socket.htons(be.port), v.lb_port, k.proto, be.addr.version)
+            for rt in ("reverse", "reverse_half"):
                 try:
-                    del t[k]
-                    gone += 1
+                    del self.table(rt)[rk]
                 except KeyError:
                     pass
-        return gone
+        try:
+            del t[k]
+            self._gone += 1
+        except KeyError:
+            pass
+
+    def session_count(self) -> int:
+        """How many sessions the tables hold, half-open ones included, read in batches."""
+        return sum(
+            maps.count_hash(self.table(t).map_fd, ctypes.sizeof(self.table(t).Key), ctypes.sizeof(self.table(t).Leaf))
+            for t in ("sessions", "half_open")
+        )
 
     def sessions(self) -> list[dict]:
         """Every session in the tables, half-open ones included."""

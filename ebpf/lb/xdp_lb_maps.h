@@ -21,9 +21,9 @@ BPF_TABLE("lru_hash", struct lb_flow_key, struct lb_session, sessions, LB_MAX_SE
 /* SYN-created sessions, apart, so that a SYN flood evicts only these; the program */
 BPF_TABLE("lru_hash", struct lb_flow_key, struct lb_session, half_open, LB_MAX_HALF_OPEN);
 /* NAT: (backend, its port, LB port) -> the client's flow, for the replies of an established session; the program */
-BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse, LB_MAX_SESSIONS);
+BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse, LB_MAX_REVERSE);
 /* NAT: the same for half-open sessions; the program */
-BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse_half, LB_MAX_HALF_OPEN);
+BPF_TABLE("lru_hash", struct lb_reverse_key, struct lb_flow_key, reverse_half, LB_MAX_REVERSE_HALF);
 /* index 0 -> verdicts, reasons and session events (struct lb_stats), per CPU; the program */
 BPF_PERCPU_ARRAY(stats, struct lb_stats, 1);
 /* index 0 -> 1 in generic mode: frames leave as skbs (rewrite_helpers.h); user space, before it attaches */

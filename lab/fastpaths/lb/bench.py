@@ -118,6 +118,7 @@ MODES = {
     "xdp": "nat",
     "xdp-generic": "nat",
     "tc": "nat",
+    "tc-dsr": "dsr",
     "nginx-l4": "stream",
     "nginx-l7": "http",
     "haproxy-l4": "tcp",
@@ -257,9 +258,11 @@ class LbRig(Rig):
     the LB's CPU is read from its processes and threads, or from the machine
     against direct's (see the module's notes)."""
 
-    def __init__(self, backends=2, napi="softirq"):
-        super().__init__(lb_testbed(backends), gen_cpu=None, dut_cpu=None)
-        self.napi, self.napi_tid = napi, None
+    def __init__(self, backends=2, napi="softirq", dsr=False):
+        # dsr: the backends hold the VIP on their loopback and serve it on the service's port
+        # too (tc-dsr's requests arrive unchanged); the other peers never address it there
+        super().__init__(lb_testbed(backends, dsr=dsr), gen_cpu=None, dut_cpu=None)
+        self.napi, self.napi_tid, self.dsr = napi, None, dsr
         self.webs = []
 
     def set_up(self):
@@ -268,6 +271,10 @@ class LbRig(Rig):
             NginxServer(tb.ns(be), tb.backend4(i), tb.backend_port, name=be, log=False)
             for i, be in enumerate(tb.backends)
         ]
+        if self.dsr:
+            self.webs += [
+                NginxServer(tb.ns(be), tb.vip4, tb.service_port, name=be, log=False) for i, be in enumerate(tb.backends)
+            ]
         for w in self.webs:
             w.start()
         if self.napi == "threaded":
@@ -427,7 +434,7 @@ def run(
     calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
     total = trials * (len(conns) * len(lbs) * ("closed" in loops) + len(loads) * len(lbs) * ("open" in loops))
     bar = Progress(total + calibrate) if progress else None
-    rig = LbRig(backends, napi)
+    rig = LbRig(backends, napi, dsr="tc-dsr" in lbs)
 
     def one(name, loop, c, rate, trial, load=None):
         row, qs = rig.run(name, loop, c, rate, duration, threads)

@@ -16,6 +16,7 @@ LB = (
     ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py", "tests/test_user_topologies.py", "tests/test_lb_health.py"],
 )
 LB_PY = (["tests/test_xdp_lb_fixtures.py"], ["tests/test_lb_traffic.py", "tests/test_xdp_lb.py"])
+SCALE = (["tests/test_lb_scale.py"], ["tests/test_xdp_lb_fixtures.py"])
 RESTART = (["tests/test_lb_restart.py"], [])
 HEALTH = (["tests/test_lb_health.py"], ["tests/test_xdp_lb.py", "tests/test_lb_traffic.py"])
 
@@ -153,11 +154,51 @@ MUTANTS = [
     ),
     M(
         "lb-sweep-keeps-idle",
-        "ebpf/lb/xdp_lb.py",
-        "if now - v.last_seen / 1e9 <= self._timeout(v):",
-        "if now - v.last_seen / 1e9 <= 2 * self._timeout(v):",
+        "ebpf/lb/native.c",
+        "if (now > seen && now - seen > timeout)",
+        "if (now > seen && now - seen > 2 * timeout)",
         "idle sessions swept at twice their timeout",
-        LB_PY,
+        SCALE,
+    ),
+    M(
+        "lb-sweep-counts-idle",
+        "ebpf/lb/native.c",
+        "		else if (backend <= max_backend)\n",
+        "		if (backend <= max_backend)\n",
+        "the live table counts the sessions the sweep is deleting as active",
+        SCALE,
+    ),
+    M(
+        "lb-maglev-c-credit",
+        "ebpf/lb/native.c",
+        "			if (credit[i] < wmax)",
+        "			if (credit[i] <= wmax)",
+        "the C builder's tables differ from the reference's: weights spread otherwise",
+        SCALE,
+    ),
+    M(
+        "lb-ring-diff-misses-last",
+        "ebpf/lb/native.c",
+        "	for (uint32_t i = 0; i < size; i++)\n		if (old[i] != new[i]) {",
+        "	for (uint32_t i = 0; i + 1 < size; i++)\n		if (old[i] != new[i]) {",
+        "a change leaves the table's last slot on the old backend",
+        (["tests/test_xdp_lb_fixtures.py", "-k", "ring or maglev"], ["tests/test_lb_scale.py"]),
+    ),
+    M(
+        "lb-backends-limit-half-written",
+        "ebpf/lb/xdp_lb.py",
+        "        if len(self._backends) + len(new) > self.max_backends:",
+        "        if len(self._backends) > self.max_backends:",
+        "one backend past --max-backends written into the map, past its end",
+        SCALE,
+    ),
+    M(
+        "lb-walk-restarts-each-step",
+        "ebpf/maps.py",
+        "            self.token_in.value, self.first = self.token_out.value, False\n            ask",
+        "            self.first = True\n            ask",
+        "the sweep reads the table's first buckets over and over, never the rest",
+        SCALE,
     ),
     M(
         "health-rise-ignored",
@@ -258,8 +299,8 @@ MUTANTS = [
     M(
         "lb-cli-timeouts-ignored",
         "lab/fastpaths/lb/command.py",
-        "mode=args.mode, timeouts=self.timeouts)",
-        "mode=args.mode, timeouts=None)",
+        "            timeouts=self.timeouts,\n",
+        "            timeouts=None,\n",
         "--timeout accepted and ignored",
         (["tests/test_lb_health.py"], []),
     ),

@@ -22,7 +22,17 @@ from ebpf import BpfError, InputError, netdev, tc, xdp
 from ebpf.errors import KeptDatapathMismatch
 from ebpf.lb.tc_lb import OWNER as TC_OWNER
 from ebpf.lb.tc_lb import TcLoadBalancer, hook_for
-from ebpf.lb.xdp_lb import TIMEOUTS, Service, WeightedBackend, XdpLoadBalancer, forwarding_problem
+from ebpf.lb.xdp_lb import (
+    HALF_OPEN,
+    MAX_BACKENDS,
+    MAX_SERVICES,
+    SESSIONS,
+    TIMEOUTS,
+    Service,
+    WeightedBackend,
+    XdpLoadBalancer,
+    forwarding_problem,
+)
 from lab import hostcheck
 from lab.console import SIGNALS, LiveTable, UsageError, add_xdp_mode, require, warn
 from lab.hostcheck import PreparedPeers
@@ -82,20 +92,40 @@ def backend_lines(path):
     ]
 
 
-def parse_backends(entries) -> list[WeightedBackend]:
-    """Each (text, where) parsed (UsageError saying where a bad one is)."""
+def parse_backends(entries) -> list[tuple]:
+    """Each (text, where) parsed into (service or None, WeightedBackend): SERVICE=ADDR:PORT[@WEIGHT]
+    names a backend of that service only, ADDR:PORT[@WEIGHT] one of every service of its family
+    that has none named for it (UsageError saying where a bad one is)."""
     out = []
     for text, where in entries:
+        svc_text, _, be_text = text.rpartition("=")
         try:
-            out.append(WeightedBackend.parse(text))
+            svc = Service.parse(svc_text.strip()) if svc_text else None
+            wb = WeightedBackend.parse(be_text)
+            if svc is not None and svc.vip.version != wb.backend.addr.version:
+                raise UsageError(f"backend {wb.backend} of {svc}: families differ")
         except Exception as e:
             raise UsageError(f"{where}: {e}") from None
+        out.append((svc, wb))
     return out
 
 
 def weights_of(*backends) -> dict:
-    """{Backend: weight} of lists of WeightedBackend: a backend given twice takes its last weight."""
-    return {wb.backend: wb.weight for given in backends for wb in given}
+    """{(service or None, Backend): weight} of lists from parse_backends(): a backend given
+    twice for the same service (or for every one) takes its last weight."""
+    return {(svc, wb.backend): wb.weight for given in backends for svc, wb in given}
+
+
+def service_weights(assigned: dict, svc) -> dict:
+    """{Backend: weight} of one service: the backends named for it, else every one of its
+    family named for no service."""
+    own = {b: w for (s, b), w in assigned.items() if s == svc}
+    return own or {b: w for (s, b), w in assigned.items() if s is None and b.addr.version == svc.vip.version}
+
+
+def backend_weights(assigned: dict) -> dict:
+    """{Backend: weight} of every backend of any service (the last weight given to it)."""
+    return {b: w for (_, b), w in assigned.items()}
 
 
 def read_timeouts(given):
@@ -161,13 +191,11 @@ class Printer(LiveTable):
                 + "; Ctrl-C to stop"
             )
 
-    def sample(self, lb, weights, health, final=False):
+    def sample(self, lb, weights, health, active, final=False):
+        """active: live sessions per backend, as the sweep's last whole pass counted them."""
         weights = {str(b): w for b, w in weights.items()}
         health = {str(b): ok for b, ok in health.items()}
         per = lb.backend_counters()
-        active = {}
-        for s in lb.sessions():
-            active[s["backend"]] = active.get(s["backend"], 0) + 1
         dt, before = self.interval(per, final)
         stats = lb.counters()
         rows = {}
@@ -333,12 +361,14 @@ class LbCommand(Command):
             metavar="ADDR:PORT[@WEIGHT]",
             action="append",
             default=[],
-            help="a backend of every service of its family, weight 1 unless given (repeatable)",
+            help="a backend, weight 1 unless given (repeatable): of every service of its family that has "
+            "none named for it, or, as SERVICE=ADDR:PORT[@WEIGHT], of that service only",
         )
         p.add_argument(
             "--backends-file",
             metavar="FILE",
-            help="backends, one ADDR:PORT[@WEIGHT] per line, read again whenever the file changes",
+            help="backends, one [SERVICE=]ADDR:PORT[@WEIGHT] per line (as --backend), read again whenever "
+            "the file changes",
         )
         p.add_argument("--mode", default="nat", choices=("nat", "dsr"), help="default %(default)s")
         p.add_argument(
@@ -392,6 +422,47 @@ class LbCommand(Command):
             help="put this program in place of a load balancer left serving on --iface that it cannot "
             "take over (another mode, table size or version): the old one's sessions are lost",
         )
+        sizes = p.add_argument_group(
+            "table sizes",
+            "fixed when the program is made (a kept LB is taken over only by one of the same sizes); "
+            "the kernel's memory for them is what `--json`'s start line calls maps_bytes",
+        )
+        sizes.add_argument(
+            "--max-services",
+            type=int,
+            default=MAX_SERVICES,
+            metavar="N",
+            help="services it can hold, each with a Maglev table of 65537 slots, which the kernel keeps in "
+            "8 bytes each: 512 KiB a service (default %(default)s: 32 MiB; 512: 256 MiB)",
+        )
+        sizes.add_argument(
+            "--max-backends",
+            type=int,
+            default=MAX_BACKENDS,
+            metavar="N",
+            help="backends of all services together, 24 bytes each and 40 a CPU for their counters "
+            "(default %(default)s)",
+        )
+        sizes.add_argument(
+            "--max-sessions",
+            type=int,
+            default=SESSIONS,
+            metavar="N",
+            help="established sessions (an LRU table: the least recently used is evicted when it is full, "
+            "counted in no_session when its flow sends again), 128 bytes each, about twice that in NAT "
+            "(its table of LB ports): default %(default)s, 32 MiB in NAT; 1000000: 123 MiB in DSR, 240 MiB "
+            "in NAT. In NAT each backend ADDR:PORT holds at most as many sessions as there are LB ports "
+            "(31744 with the kernel's default ephemeral ports: the start line says), so 1M sessions need "
+            "at least 32 backends",
+        )
+        sizes.add_argument(
+            "--max-half-open",
+            type=int,
+            default=HALF_OPEN,
+            metavar="N",
+            help="sessions whose handshake is not complete, apart, so that a SYN flood evicts only these "
+            "(default %(default)s)",
+        )
         p.add_argument("--rise", type=int, default=2, help="passes in a row before a backend is used (default 2)")
         p.add_argument("--fall", type=int, default=3, help="failures in a row before it is not (default 3)")
 
@@ -411,12 +482,10 @@ class LbCommand(Command):
         from_file = backend_lines(args.backends_file) if args.backends_file else []
         self.mtime = Path(args.backends_file).stat().st_mtime_ns if args.backends_file else None
         self.given = parse_backends((b, "--backend") for b in args.backend)
-        self.weights = weights_of(self.given, parse_backends(from_file))  # {Backend: weight}
+        self.assign(weights_of(self.given, parse_backends(from_file)))
         if not self.weights:
             raise UsageError("no backends: give --backend or --backends-file")
-        for svc in self.services:
-            if not any(b.addr.version == svc.vip.version for b in self.weights):
-                raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+
         for addr in args.self_addrs:
             try:
                 ipaddress.ip_address(addr)
@@ -424,10 +493,40 @@ class LbCommand(Command):
                 raise UsageError(f"bad --self {addr!r}: want an IPv4 or IPv6 address of this host") from None
         if args.check_interval <= 0 or args.rise < 1 or args.fall < 1:
             raise UsageError("--check-interval must be > 0, --rise and --fall at least 1")
+        for opt, n, top in (
+            ("--max-services", args.max_services, 65536),
+            ("--max-backends", args.max_backends, 65535),
+            ("--max-sessions", args.max_sessions, 1 << 26),
+            ("--max-half-open", args.max_half_open, 1 << 26),
+        ):
+            if not 1 <= n <= top:
+                raise UsageError(f"{opt} must be 1 to {top}")
+        if len(self.services) > args.max_services:
+            raise UsageError(f"{len(self.services)} services, more than --max-services {args.max_services}")
+        if len(self.weights) > args.max_backends:
+            raise UsageError(f"{len(self.weights)} backends, more than --max-backends {args.max_backends}")
         xdp_given = [o for o, v in (("--xdp-mode", args.xdp_mode), ("--prepare-peer", args.prepare_peer)) if v]
         if args.hook == "tc" and xdp_given:
             verb = "go" if len(xdp_given) > 1 else "goes"
             raise UsageError(f"{' and '.join(xdp_given)} {verb} with --hook xdp (at TC no peer program is needed)")
+
+    def assign(self, assigned):
+        """The backends of each service (`assigned`, weights_of()'s), checked: every service has one,
+        every one named for a service names one that is run (UsageError, nothing applied)."""
+        unknown = sorted({str(s) for s, _ in assigned if s is not None and s not in self.services})
+        if unknown:
+            raise UsageError(f"backends named for {', '.join(unknown)}, which no --service gives")
+        for svc in self.services:
+            if not service_weights(assigned, svc):
+                raise UsageError(f"service {svc} has no IPv{svc.vip.version} backend")
+        lb = getattr(self, "lb", None)  # running: a backend keeps its slot while its sessions last
+        if lb is not None and len(set(lb.backends) | set(backend_weights(assigned))) > lb.max_backends:
+            raise UsageError(
+                f"{len(set(lb.backends) | set(backend_weights(assigned)))} backends with those given before, "
+                f"more than --max-backends {lb.max_backends}"
+            )
+        self.assigned = assigned  # {(Service or None, Backend): weight}
+        self.weights = backend_weights(assigned)  # {Backend: weight}: every backend of any service
 
     def cleanup(self, all_runs=False):
         """What killed load balancers left in this namespace: (removed, spared), as lines."""
@@ -466,7 +565,16 @@ class LbCommand(Command):
             if refusals:
                 raise InputError("\n".join(refusals))
         kind = XdpLoadBalancer if args.hook == "xdp" else TcLoadBalancer
-        self.lb = kind(self4=own[4], self6=own[6], mode=args.mode, timeouts=self.timeouts)
+        self.lb = kind(
+            self4=own[4],
+            self6=own[6],
+            mode=args.mode,
+            timeouts=self.timeouts,
+            max_services=args.max_services,
+            max_backends=args.max_backends,
+            max_sessions=args.max_sessions,
+            max_half_open=args.max_half_open,
+        )
         # it runs for days: BCC and its compiler (60-160 MB resident) only in a child that loads it
         self.lb.compile_in = "child"
         for svc in self.services:
@@ -489,16 +597,12 @@ class LbCommand(Command):
             args.xdp_mode = "native"
 
     def apply(self):
-        """The weights, with a backend its health check holds down at 0, into each service of its family."""
+        """Each service's backends and weights (service_weights()), a backend its health check holds
+        down at 0."""
         up = self.health.healthy if self.health else {}
         for svc in self.services:
             self.lb.set_backends(
-                svc,
-                {
-                    b: (w if up.get(b, True) else 0)
-                    for b, w in self.weights.items()
-                    if b.addr.version == svc.vip.version
-                },
+                svc, {b: (w if up.get(b, True) else 0) for b, w in service_weights(self.assigned, svc).items()}
             )
 
     def start(self, stack):
@@ -517,7 +621,7 @@ class LbCommand(Command):
                 f"no neighbour entry for backend {addr} yet: its first packets are dropped (no-neigh) "
                 "until the kernel resolves it"
             )
-        self.no_neigh = 0
+        self.no_neigh, self.active = 0, None  # active: live sessions per backend (sweep_step)
         try:
             lb.attach(args.iface, args.xdp_mode, kept="replace" if args.replace else "adopt")
         except KeptDatapathMismatch as e:
@@ -552,7 +656,7 @@ class LbCommand(Command):
         return [b.addr for b in self.weights] if self.at_xdp else []
 
     def say_kept(self):
-        n = len(self.lb.sessions())
+        n = self.lb.session_count()
         iface = self.args.iface
         if self.args.json:
             self.live.emit({"event": "kept", "iface": iface, "sessions": n})
@@ -567,11 +671,13 @@ class LbCommand(Command):
         return self.live
 
     def header(self):
-        taken_over = len(self.lb.sessions()) if self.lb.adopted else None
+        taken_over = self.lb.session_count() if self.lb.adopted else None
         self.live.header(self.lb, self.args.iface, self.args, self.sources, self.vip_as_own, taken_over)
 
     def sample(self, final=False):
-        self.live.sample(self.lb, self.weights, self.health.healthy if self.health else {}, final=final)
+        if final or self.active is None:  # the summary's, and the first line's: a whole pass now
+            self.active = self.lb.sweep_pass()
+        self.live.sample(self.lb, self.weights, self.health.healthy if self.health else {}, self.active, final=final)
 
     def tick(self):
         args, lb, health = self.args, self.lb, self.health
@@ -590,11 +696,10 @@ class LbCommand(Command):
             if m != self.mtime:  # read again only when it changed; the --backend ones as parsed
                 self.mtime = m
                 try:
-                    new = weights_of(self.given, parse_backends(backend_lines(args.backends_file)))
+                    self.assign(weights_of(self.given, parse_backends(backend_lines(args.backends_file))))
                 except UsageError as e:
                     warn(f"kept the backends as they were: {e}")
                 else:
-                    self.weights = new
                     if health:
                         health.set_backends(self.weights)
                     self.apply()
@@ -604,7 +709,11 @@ class LbCommand(Command):
             self.apply()
             down = [str(b) for b, ok in health.healthy.items() if not ok]
             warn(f"unhealthy: {', '.join(down)}" if down else "every backend is healthy")
-        lb.sweep()
+        # a part of the session tables a tick (at most SWEEP_BUDGET entries): the idle ones
+        # expired, the live ones counted, whatever the table holds
+        active = lb.sweep_step()
+        if active is not None:
+            self.active = active
         dropped = lb.counters().get("dropped_no_neigh", 0)
         if dropped > self.no_neigh:  # an entry expired or was flushed: ask again, without waiting
             self.no_neigh = dropped

@@ -13,6 +13,8 @@ same way (lab.peer.Peer), so that `python -m lab bench lb` swaps them by name:
                 separates what an skb costs from where the hook is
     tc          ebpf.TcLoadBalancer through its command line (python -m lab lb --hook tc):
                 the same sessions at TC ingress, nothing on the veth peer
+    tc-dsr      the same in DSR mode: the backends hold the VIP and answer the clients
+                themselves, so replies skip the LB (nftables has no such mode)
     nginx-l4    nginx stream proxy (one worker), as in the articles
     nginx-l7    nginx http proxy (one worker) with upstream keepalive, as in the articles
     haproxy-l4  HAProxy mode tcp (one thread)
@@ -320,9 +322,29 @@ class TcBalancer(XdpBalancer):
     options = ("--hook", "tc")
 
 
+class TcDsrBalancer(TcBalancer):
+    """The load balancer at TC in DSR mode: requests pass the LB, replies go from the
+    backend (which holds the VIP on its loopback) straight to the client."""
+
+    name = "tc-dsr"
+    colour = "#88CCEE"
+    options = ("--hook", "tc", "--mode", "dsr")
+
+
 # in the order figures show them
 PEERS = {
     cls.name: cls
-    for cls in (Direct, XdpBalancer, XdpGenericBalancer, TcBalancer, NftLb, NginxL4, HaproxyL4, NginxL7, HaproxyL7)
+    for cls in (
+        Direct,
+        XdpBalancer,
+        XdpGenericBalancer,
+        TcBalancer,
+        TcDsrBalancer,
+        NftLb,
+        NginxL4,
+        HaproxyL4,
+        NginxL7,
+        HaproxyL7,
+    )
 }
 BALANCERS = PEERS

@@ -54,7 +54,8 @@ class LbTestbed(BuiltTestbed):
 
 
 def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> LbTestbed:
-    """dsr: the backends hold the VIPs on their loopback, to answer clients directly.
+    """dsr: the backends hold the VIPs on their loopback, to answer clients directly,
+    and do not answer ARP for them.
     attacker: one more host on the switch (.20 / ::20), for floods from outside
     the clients' namespace. tx_csum_offload=False: clients and backends send
     whole checksums (the kernel's default is on)."""
@@ -70,8 +71,10 @@ def lb_testbed(backends=2, dsr=False, attacker=False, tx_csum_offload=True) -> L
     if attacker:
         t.add_host(tb.attacker)
         hosts[tb.attacker] = [f"{tb.attacker4}/24", f"{tb.attacker6}/64"]
+    # dsr: the backends must not answer the clients' ARP for the VIP they hold (the LB does)
+    arp = {"net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2} if dsr else {}
     for i, be in enumerate(tb.backends):
-        t.add_host(be)
+        t.add_host(be, sysctls=arp)
         hosts[be] = [f"{tb.backend4(i)}/24", f"{tb.backend6(i)}/64"]
     for host, addrs in hosts.items():
         t.add_link(host, tb.switch, b_if=host, a_addrs=addrs, b_addrs=[])

@@ -9,17 +9,22 @@ import ctypes
 import ipaddress
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 
+import pandas as pd
 import pytest
+from conftest import ROOT
 from fixtures.lb import BE1, BE2, VIP, Rig, lb_fixture_net
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from ebpf.errors import InputError
 from ebpf.lb.maglev import SIZE, maglev_slots, maglev_table
-from ebpf.lb.xdp_lb import RING_SIZE
+from ebpf.lb.xdp_lb import RING_SIZE, Service
+from lab.fastpaths.lb.command import parse_backends, service_weights, weights_of
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +209,52 @@ def test_a_table_change_under_traffic_sends_no_new_flow_to_an_empty_slot_or_a_re
     assert errors == [] and len(seen) > 200 and None not in seen
     assert set(seen) <= set(names) and names[-1] in seen
     assert lb.counters()["dropped_no_backend"] == 0
+
+
+def test_bench_lb_tables_at_tiny_sizes_writes_its_rows(tmp_path):
+    """The bench's dimensions at tiny sizes: a row per trial of each change and each
+    table size, each change writing slots, each sweep's pass counting every session
+    it was given (the bench refuses to report one that does not)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "lb-tables", "--backends", "2,5", "--sessions", "10,70000"]
+        + ["--trials", "2", "--reference", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(next(tmp_path.glob("lb_tables-*.csv")))
+    change, sweep = df[df["what"] == "change"], df[df["what"] == "sweep"]
+    assert sorted(change["size"]) == [2, 2, 5, 5] and (change["slots_written"] > 0).all()
+    assert (change["ms"] > 0).all() and (change["reference_ms"] > 0).all()
+    assert sorted(sweep["size"]) == [10, 10, 70000, 70000]
+    # 70000 sessions: more than one tick's budget (65536), so a pass takes two ticks or more
+    assert (sweep[sweep["size"] == 70000]["ticks"] >= 2).all() and (sweep[sweep["size"] == 10]["ticks"] == 2).all()
+    assert "change (ms a change)" in r.stdout and "sweep (ms a tick)" in r.stdout
+
+
+def test_backends_named_per_service_and_for_every_service_of_a_family():
+    """`--backend SERVICE=ADDR:PORT` gives that service its own backends; the unnamed ones
+    go to every service of their family that has none of its own; a weight given twice
+    for the same service is the last one."""
+    a, b, six = (
+        Service.parse("tcp:198.18.5.100:80"),
+        Service.parse("tcp:198.18.5.100:81"),
+        Service.parse("tcp:[2001:2::100]:80"),
+    )
+    given = parse_backends(
+        (t, "--backend")
+        for t in (
+            "198.18.5.11:8080@2",
+            "[2001:2::11]:8080",
+            "tcp:198.18.5.100:81=198.18.5.12:8080",
+            "tcp:198.18.5.100:81=198.18.5.13:8080@3",
+            "tcp:198.18.5.100:81=198.18.5.12:8080@5",
+        )
+    )
+    assigned = weights_of(given)
+    assert {str(k): w for k, w in service_weights(assigned, a).items()} == {"198.18.5.11:8080": 2}
+    got = {str(k): w for k, w in service_weights(assigned, b).items()}
+    assert got == {"198.18.5.12:8080": 5, "198.18.5.13:8080": 3}
+    assert {str(k): w for k, w in service_weights(assigned, six).items()} == {"[2001:2::11]:8080": 1}

@@ -289,9 +289,10 @@ class XdpLoadBalancer(BpfProgram):
             self._write_service(svc, sid)
         return svc
 
-    def set_backends(self, service, weights: dict):
+    def set_backends(self, service, weights: dict) -> int | None:
         """The service's backends and weights ({"ADDR:PORT" or Backend: weight});
-        0 drains one. Only the table's changed slots are written."""
+        0 drains one. Only the table's changed slots are written: how many (None
+        before the program's maps exist)."""
         svc = Service.parse(service)
         if svc not in self._services:
             raise InputError(f"no service {svc}")
@@ -319,8 +320,7 @@ class XdpLoadBalancer(BpfProgram):
             if self.bpf is not None:
                 self._write_backend(be, idx)
         self._weights[svc] = parsed
-        if self.bpf is not None:
-            self._write_ring(svc)
+        return self._write_ring(svc) if self.bpf is not None else None
 
     def _service_key(self, svc):
         k = self.table("services").Key()

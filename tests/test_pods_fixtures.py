@@ -408,3 +408,88 @@ def test_a_bad_service_is_one_line(net, args, message):
     with pytest.raises(InputError, match=message) as e:
         p.add_service(*args)
     assert "\n" not in str(e.value)
+
+
+def svc_state(p):
+    """What the kernel's service maps hold: (services, slots, the backends' live entries)."""
+    return (
+        sorted((bytes(k), v.id, v.count) for k, v in p.table("services").items()),
+        sorted((k.id, k.slot, v.value) for k, v in p.table("svc_slots").items()),
+    )
+
+
+def test_a_clusters_services_fit_and_one_more_is_refused_with_nothing_written(net):
+    """Cilium's default sizes: 16384 services and 65536 service-backend entries (four
+    backends each, 65536 distinct backends), written through the API on a loaded
+    program; a packet to the last service goes to one of its own backends; one more
+    service, or one more backend of the last, is refused and nothing is written."""
+    p = pods(net)
+    p.compile_in = "child"  # as lab pods runs it: libbpf's tables
+    try:
+        p.load_program()
+        n = 16384
+        for i in range(n):
+            addr = f"198.19.{i // 256}.{i % 256}"
+            p.add_service(addr, 80, "udp", [f"10.{i // 64}.{i % 64}.{j + 1}:8080" for j in range(4)])
+        assert len(p.table("services")) == n and len(p.table("svc_slots")) == 65536
+        last = f"198.19.{(n - 1) // 256}.{(n - 1) % 256}"
+        got = Ether(run(net, p, whole(from_pod1(net, last, l4=l4_of("udp", 45000, 80))), "lxc1").data)[IP].dst
+        assert got.startswith(f"10.{(n - 1) // 64}.{(n - 1) % 64}.")
+        before = svc_state(p)
+        with pytest.raises(InputError, match=r"16385 services, more than 16384 \(max_services"):
+            p.add_service("198.19.200.1", 80, "udp", ["10.0.0.1:8080"])
+        with pytest.raises(InputError, match=r"65537 service-backend entries, more than 65536"):
+            p.add_service(last, 80, "udp", [f"10.255.{(n - 1) % 64}.{j + 1}:8080" for j in range(5)])
+        assert svc_state(p) == before and len(p.services) == n
+    finally:
+        p.close()
+
+
+def test_service_changes_reuse_nothing_a_packet_may_still_read_and_free_what_they_drop(net):
+    """Small maps (2 services, 3 entries, 3 backends): a service replaced, removed and
+    added again within them; at each step the maps hold exactly its slots, the count, and
+    a backend index a service names; a whole services file past a limit is refused before
+    anything changes."""
+    p = pods(net, max_services=2, max_entries=3, max_backends=3)
+    try:
+        p.load_program()
+        p.add_service("198.19.0.1", 80, "udp", ["10.0.0.1:80", "10.0.0.2:80"])
+        p.add_service("198.19.0.2", 80, "udp", ["10.0.0.3:80"])
+        p.add_service("198.19.0.1", 80, "udp", ["10.0.0.4:80"])  # at the limit: the dropped make room
+        services, slots = svc_state(p)
+        assert [c for _, _, c in services] == [1, 1] and len(slots) == 2
+        p.remove_service("198.19.0.2", 80, "udp")
+        p.add_service("198.19.0.3", 80, "udp", ["10.0.0.5:80", "10.0.0.6:80"])
+        services, slots = svc_state(p)
+        assert sorted(c for _, _, c in services) == [1, 2] and len(slots) == 3
+        assert len({v for _, _, v in slots}) == 3  # three backends, three indexes
+        with pytest.raises(InputError, match="4 service-backend entries, more than 3"):
+            p.check_services(
+                [
+                    ("198.19.0.1", 80, 17, ["10.0.0.4:80", "10.0.0.7:80"]),
+                    ("198.19.0.3", 80, 17, ["10.0.0.5:80", "10.0.0.6:80"]),
+                ]
+            )
+        assert svc_state(p) == (services, slots)
+        got = Ether(run(net, p, whole(from_pod1(net, "198.19.0.3", l4=l4_of("udp", 45001, 80))), "lxc1").data)
+        assert got[IP].dst in ("10.0.0.5", "10.0.0.6")
+    finally:
+        p.close()
+
+
+def test_flows_spread_evenly_over_a_services_slots(net):
+    """400 flows over 4 backends: each backend takes its share (100, within a stated
+    tolerance of 40): the flow's hash picks one of the service's slots, no slot twice."""
+    p = pods(net)
+    try:
+        backs = [f"10.9.0.{j + 1}:8080" for j in range(4)]
+        p.add_service("198.19.9.9", 80, "udp", backs)
+        p.load_program()
+        got = [
+            Ether(run(net, p, whole(from_pod1(net, "198.19.9.9", l4=l4_of("udp", 20000 + i, 80))), "lxc1").data)[IP].dst
+            for i in range(400)
+        ]
+        counts = {b.split(":")[0]: got.count(b.split(":")[0]) for b in backs}
+        assert all(60 <= c <= 140 for c in counts.values()), counts
+    finally:
+        p.close()

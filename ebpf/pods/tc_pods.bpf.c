@@ -101,7 +101,7 @@ BPF_LPM_TRIE(remote, struct pod_prefix, struct pod_node, PODS_REMOTE_MAX); /* ot
 BPF_ARRAY(conf, struct pods_conf, 1);                                   /* mode and tunnel; user space */
 BPF_PERCPU_ARRAY(stats, struct pod_stats, PODS_SLOTS);                  /* per pod slot; this program */
 BPF_HASH(services, struct svc_key, struct svc_val, PODS_SVC_MAX);       /* user space */
-BPF_ARRAY(rings, __u32, PODS_SVC_MAX * PODS_RING);                      /* Maglev slot -> backend index + 1; user space */
+BPF_HASH(svc_slots, struct svc_slot_key, __u32, PODS_SVC_ENTRIES_MAX); /* a service's slot -> backend index; user space */
 BPF_ARRAY(backends, struct svc_backend, PODS_BACKENDS_MAX);             /* user space */
 BPF_TABLE("lru_hash", struct svc_nat_key, struct svc_nat_val, nat, PODS_NAT_MAX);          /* this program */
 BPF_TABLE("lru_hash", struct svc_sock_key, struct svc_nat_val, sock_rev, PODS_SOCK_REV_MAX); /* the cgroup programs */
@@ -207,18 +207,23 @@ static __always_inline void key_of(struct pod_addr *k, struct pkt_fields *r)
 
 /* --- services ------------------------------------------------------------ */
 
-/* A service's backend for a hash: its Maglev table's slot (user space fills the
- * table, ebpf/lb/maglev.py), NULL when it has none of the service's family. */
-static __always_inline struct svc_backend *pick_backend(__u32 id, __u32 hash, __u32 family)
+/* A service's backend for a hash: one of its `count` slots, by the hash (Cilium's
+ * selection without Maglev: a change of backends moves flows not yet translated, never
+ * one translated already); NULL when it has none of the service's family. The slots
+ * cost memory by the entries there are, not by the services there could be. */
+static __always_inline struct svc_backend *pick_backend(__u32 id, __u32 count, __u32 hash, __u32 family)
 {
-	__u32 slot = id * PODS_RING + hash % PODS_RING, index;
-	__u32 *b = rings.lookup(&slot);
+	struct svc_slot_key k = {.id = id, .slot = hash % count};
+	__u32 *index = svc_slots.lookup(&k);
 	struct svc_backend *be;
 
-	if (!b || !*b)
+	if (!index) {  /* the service shrank since its count was read: slot 0 stays while it has any */
+		k.slot = 0;
+		index = svc_slots.lookup(&k);
+	}
+	if (!index)
 		return NULL;
-	index = *b - 1;
-	be = backends.lookup(&index);
+	be = backends.lookup(index);
 	if (!be || be->family != family)
 		return NULL;
 	return be;
@@ -305,7 +310,7 @@ static __always_inline int to_service(struct __sk_buff *skb, struct pod_stats *s
 	if (kept) {
 		to = *kept;
 	} else {
-		be = svc->count ? pick_backend(svc->id, bpf_get_hash_recalc(skb), k.family) : NULL;
+		be = svc->count ? pick_backend(svc->id, svc->count, bpf_get_hash_recalc(skb), k.family) : NULL;
 		if (!be)
 			return SVC_REFUSED;
 		__builtin_memcpy(to.a, be->a, sizeof(to.a));
@@ -540,7 +545,8 @@ static __always_inline int sock_forward(struct bpf_sock_addr *ctx, int v4, int m
 	if (!svc)
 		return 1;
 	cookie = sock_cookie(ctx);
-	be = svc->count ? pick_backend(svc->id, (__u32)((cookie * 0x9E3779B97F4A7C15ULL) >> 32), k.family) : NULL;
+	be = svc->count ? pick_backend(svc->id, svc->count, (__u32)((cookie * 0x9E3779B97F4A7C15ULL) >> 32), k.family)
+			 : NULL;
 	if (!be) {
 		ss->refused++; /* connect() and sendmsg() fail with EPERM */
 		return 0;

@@ -52,9 +52,16 @@ struct pods_conf {
  * of backends, chosen per connection through the service's Maglev table
  * (ebpf/lb/maglev.py), at connect()/sendmsg() by the cgroup programs, or per
  * packet at the pod's veth for sockets outside that cgroup. */
-#define PODS_SVC_MAX 256          /* services */
-#define PODS_BACKENDS_MAX 4096    /* backends of all services */
-#define PODS_RING 1021            /* each service's Maglev table: a prime, >= 100 x its backends */
+/* sizes: defaults, which TcPods(max_services=, max_entries=, max_backends=) override */
+#ifndef PODS_SVC_MAX
+#define PODS_SVC_MAX 16384        /* services */
+#endif
+#ifndef PODS_SVC_ENTRIES_MAX
+#define PODS_SVC_ENTRIES_MAX 65536 /* service-backend entries: each service's backend slots (Cilium's default) */
+#endif
+#ifndef PODS_BACKENDS_MAX
+#define PODS_BACKENDS_MAX 65536   /* distinct backends of all services */
+#endif
 #define PODS_NAT_MAX 65536        /* per-packet translations remembered (LRU): replies find their service */
 #define PODS_SOCK_REV_MAX 65536   /* UDP sockets' translations (LRU): recvmsg() gives the service back */
 
@@ -66,8 +73,15 @@ struct svc_key {
 };
 
 struct svc_val {
-	__u32 id;                 /* its Maglev table: rings[id * PODS_RING ...] */
+	__u32 id;                 /* its backend slots: svc_slots {id, 0 .. count - 1} */
 	__u32 count;              /* backends; 0: the service refuses (connect: EPERM; a packet: dropped) */
+};
+
+/* One of a service's backends: slot 0 .. count - 1 -> a backends index (Cilium's
+ * lb4_services_v2 keeps its backends the same way, by service and slot). */
+struct svc_slot_key {
+	__u32 id;
+	__u32 slot;
 };
 
 struct svc_backend {

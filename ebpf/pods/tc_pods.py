@@ -22,6 +22,7 @@ packet from any other socket of a pod is translated on its way out of the pod's
 veth, and its replies translated back before they go into the pod.
 """
 
+import collections
 import ctypes
 import ipaddress
 import socket
@@ -29,14 +30,13 @@ import socket
 from ebpf import netdev
 from ebpf.abi import defines
 from ebpf.errors import InputError
-from ebpf.lb.maglev import maglev_table
 from ebpf.program import BpfProgram
 
 ABI = defines("pods/tc_pods.h")
 MODES = {"native": ABI["PODS_MODE_NATIVE"], "tunnel": ABI["PODS_MODE_TUNNEL"]}
 SLOTS = ABI["PODS_SLOTS"]
-RING = ABI["PODS_RING"]
-SVC_MAX, BACKENDS_MAX = ABI["PODS_SVC_MAX"], ABI["PODS_BACKENDS_MAX"]
+# the defaults of max_services, max_entries (service-backend entries) and max_backends
+SVC_MAX, ENTRIES_MAX, BACKENDS_MAX = ABI["PODS_SVC_MAX"], ABI["PODS_SVC_ENTRIES_MAX"], ABI["PODS_BACKENDS_MAX"]
 PROTOS = {"tcp": 6, "udp": 17}
 # the cgroup programs: (function, its hook)
 SOCKET_HOOKS = (
@@ -91,6 +91,29 @@ def _endpoint_text(b) -> str:
     return f"[{a}]:{port}" if a.version == 6 else f"{a}:{port}"
 
 
+def check_services(services, max_services=SVC_MAX, max_entries=ENTRIES_MAX, max_backends=BACKENDS_MAX):
+    """InputError when the set `services` [(address, port, proto, backends)] would take
+    more services, service-backend entries or backends than maps of these sizes hold."""
+    keys, entries, backends = set(), 0, set()
+    for address, port, proto, backs in services:
+        addr, port = parse_endpoint((address, port), "service")
+        bs = {parse_endpoint(b) for b in backs}
+        keys.add((addr, port, proto))
+        entries += len(bs)
+        backends |= bs
+    refuse_past_limits(len(keys), entries, len(backends), max_services, max_entries, max_backends)
+
+
+def refuse_past_limits(services, entries, backends, max_services, max_entries, max_backends):
+    for n, top, what, where in (
+        (services, max_services, "services", "max_services, --max-services"),
+        (entries, max_entries, "service-backend entries", "max_entries, --max-entries"),
+        (backends, max_backends, "backends", "max_backends, --max-backends"),
+    ):
+        if n > top:
+            raise InputError(f"{n} {what}, more than {top} ({where}): nothing changed")
+
+
 class TcPods(BpfProgram):
     SOURCE = "tc_pods.bpf.c"
     FUNCTION = "pods_from_pod"
@@ -112,10 +135,24 @@ class TcPods(BpfProgram):
         "malformed",
     )
 
-    def __init__(self, mode="native", tunnel=None, vni=1, netns=None, redirect="peer", source=None, cflags=()):
+    def __init__(
+        self,
+        mode="native",
+        tunnel=None,
+        vni=1,
+        netns=None,
+        redirect="peer",
+        source=None,
+        cflags=(),
+        max_services=None,
+        max_entries=None,
+        max_backends=None,
+    ):
         """redirect: "peer" (bpf_redirect_peer(), Cilium's with BPF host routing) or
         "plain" (bpf_redirect() out of the pod's veth: the baseline of the commit that
-        added the peer redirect)."""
+        added the peer redirect). max_services, max_entries (service-backend entries: a
+        service with 3 backends takes 3) and max_backends (distinct backends of all
+        services): the sizes of the service maps, fixed when the program is made."""
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r} (native or tunnel)")
         if redirect not in ("peer", "plain"):
@@ -126,6 +163,17 @@ class TcPods(BpfProgram):
             raise InputError("tunnel mode needs the VXLAN device (tunnel=), and only it")
         if not 0 < int(vni) < 2**24:
             raise InputError(f"VNI {vni} is outside 1..16777215")
+        self.max_services = max_services or SVC_MAX
+        self.max_entries = max_entries or ENTRIES_MAX
+        self.max_backends = max_backends or BACKENDS_MAX
+        if min(self.max_services, self.max_entries, self.max_backends) < 1:
+            raise InputError("service map sizes must be at least 1")
+        cflags = [
+            f"-DPODS_SVC_MAX={self.max_services}",
+            f"-DPODS_SVC_ENTRIES_MAX={self.max_entries}",
+            f"-DPODS_BACKENDS_MAX={self.max_backends}",
+            *cflags,
+        ]
         super().__init__(list(cflags), source)
         self.mode, self.netns, self.vni = mode, netns, int(vni)
         self.tunnel, self.tunnel_ifindex = tunnel, 0
@@ -133,6 +181,12 @@ class TcPods(BpfProgram):
         self._retired = {}  # counters of pods removed, so that the totals never go back
         self._remote = {}  # prefix -> node address or None
         self._services = {}  # (address, port, proto number) -> (id, [(backend address, port)])
+        # ids and backend indexes: never-used ones first, then freed ones oldest first, so that
+        # a packet that read a service or backend just before it went never finds another there
+        self._next_sid, self._free_sids = 0, collections.deque()
+        self._bindex = {}  # (backend address, port) -> [index, services that name it]
+        self._next_bidx, self._free_bidx = 0, collections.deque()
+        self._entries = 0  # service-backend entries in all
         with netdev.ipr(netns) as ip:  # a namespace or tunnel device that is not there fails now, in one line
             if tunnel is not None:
                 self.tunnel_ifindex = netdev.ifindex_of(ip, tunnel, netns)
@@ -286,24 +340,89 @@ class TcPods(BpfProgram):
                 f"service {_endpoint_text((addr, port))}: backends of the other family ({', '.join(wrong)})"
             )
         key = (addr, port, PROTOS[proto])
-        if key in self._services:
-            sid = self._services[key][0]
-        else:
-            used = {s[0] for s in self._services.values()}
-            free = [i for i in range(SVC_MAX) if i not in used]
-            if not free:
-                raise InputError(f"more than {SVC_MAX} services")
-            sid = free[0]
-        if sum(len(b) for k, (_, b) in self._services.items() if k != key) + len(backs) > BACKENDS_MAX:
-            raise InputError(f"more than {BACKENDS_MAX} backends over all services")
+        old = self._services.get(key)
+        if old is not None and old[1] == backs:
+            return  # as it is: nothing written
+        self._check_room(key, backs)
+        sid = old[0] if old is not None else self._take(self.max_services, "_next_sid", self._free_sids)
+        before, kept = (old[1] if old else []), set(backs)
+        late = before
+        if sum(b not in self._bindex for b in kept) > self.max_backends - self._next_bidx + len(self._free_bidx):
+            # at the limit: the ones it drops make room first (their slots, read meanwhile,
+            # find a backend of the new set in their place)
+            for b in [b for b in before if b not in kept]:
+                self._release(b)
+            late = [b for b in before if b in kept]
+        for b in backs:  # counted before the old ones are let go: one kept is never freed
+            if b not in self._bindex:
+                self._bindex[b] = [self._take(self.max_backends, "_next_bidx", self._free_bidx), 0]
+                if self.bpf is not None:
+                    self._write_backend(b)
+            self._bindex[b][1] += 1
         self._services[key] = (sid, backs)
+        self._entries += len(backs) - (len(old[1]) if old else 0)
         if self.bpf is not None:
-            self._write_services()
+            self._write_service(key, before)
+        for b in late:
+            self._release(b)
+
+    def _take(self, top, counter, freed) -> int:
+        """An id or index: one never used while there are (below `top`), else the
+        longest freed."""
+        n = getattr(self, counter)
+        if n < top:
+            setattr(self, counter, n + 1)
+            return n
+        return freed.popleft()
+
+    def _check_room(self, key, backs):
+        """InputError, nothing changed, when the service `key` with backends `backs` would
+        take more services, service-backend entries or backends than the maps hold."""
+        old = self._services[key][1] if key in self._services else []
+        services = len(self._services) + (key not in self._services)
+        entries = self._entries - len(old) + len(backs)
+        kept = set(backs)
+        backends = (
+            len(self._bindex)
+            + sum(b not in self._bindex for b in kept)
+            - sum(self._bindex[b][1] == 1 and b not in kept for b in old)
+        )
+        self._refuse_past_limits(services, entries, backends)
+
+    def check_services(self, services):
+        """InputError when the set `services` [(address, port, proto, backends)], as the
+        services file gives it, would not fit the maps in place of the services now: checked
+        whole before any is changed."""
+        check_services(services, self.max_services, self.max_entries, self.max_backends)
+
+    def _refuse_past_limits(self, services, entries, backends):
+        refuse_past_limits(services, entries, backends, self.max_services, self.max_entries, self.max_backends)
+
+    def _release(self, b):
+        """One service fewer names backend b: at none, its index is free (its entry stays
+        until the index is taken again, so a packet that just read it finds it)."""
+        entry = self._bindex[b]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._bindex[b]
+            self._free_bidx.append(entry[0])
 
     def remove_service(self, address, port, proto="tcp"):
         addr, port = parse_endpoint((address, port), "service")
-        if self._services.pop((addr, port, PROTOS.get(proto)), None) is not None and self.bpf is not None:
-            self._write_services()
+        key = (addr, port, PROTOS.get(proto))
+        gone = self._services.pop(key, None)
+        if gone is None:
+            return
+        sid, backs = gone
+        if self.bpf is not None:
+            self.table("services").pop(self._svc_key(*key), None)  # first: no new flow finds it
+            slots = self.table("svc_slots")
+            for i in range(len(backs)):
+                slots.pop(self._slot_key(sid, i), None)
+        self._free_sids.append(sid)
+        self._entries -= len(backs)
+        for b in backs:
+            self._release(b)
 
     def _svc_key(self, addr, port, proto):
         k = self.table("services").Key()
@@ -312,36 +431,37 @@ class TcPods(BpfProgram):
         k.proto, k.family = proto, addr.version
         return k
 
+    def _slot_key(self, sid, slot):
+        k = self.table("svc_slots").Key()
+        k.id, k.slot = sid, slot
+        return k
+
+    def _write_backend(self, b):
+        v = self.table("backends").Leaf()
+        v.a = (ctypes.c_uint32 * 4)(*_words(b[0]))
+        v.port, v.family = socket.htons(b[1]), b[0].version
+        self.table("backends")[ctypes.c_uint32(self._bindex[b][0])] = v
+
+    def _write_service(self, key, before):
+        """A service's slots, then its entry (its count), then the slots it no longer
+        has: a packet meanwhile finds a backend of the old set or the new one (a slot
+        past a shrunk count falls back to slot 0, which stays while it has any)."""
+        sid, backs = self._services[key]
+        slots = self.table("svc_slots")
+        for i, b in enumerate(backs):
+            slots[self._slot_key(sid, i)] = ctypes.c_uint32(self._bindex[b][0])
+        v = self.table("services").Leaf()
+        v.id, v.count = sid, len(backs)
+        self.table("services")[self._svc_key(*key)] = v
+        for i in range(len(backs), len(before)):
+            slots.pop(self._slot_key(sid, i), None)
+
     def _write_services(self):
-        """Backends first (rewritten in place: a slot names the same backend or a new
-        one, never a freed one), then each service's Maglev table, then the services;
-        services gone last out."""
-        index, backends = {}, self.table("backends")
-        for _, backs in self._services.values():
-            for b in backs:
-                if b not in index:
-                    index[b] = len(index)
-                    v = backends.Leaf()
-                    v.a = (ctypes.c_uint32 * 4)(*_words(b[0]))
-                    v.port, v.family = socket.htons(b[1]), b[0].version
-                    backends[ctypes.c_uint32(index[b])] = v
-        rings = self.table("rings")
-        for sid, backs in self._services.values():
-            table = maglev_table({_endpoint_text(b): 1 for b in backs}, RING)
-            by_name = {_endpoint_text(b): index[b] + 1 for b in backs}
-            for slot, name in enumerate(table):
-                rings[ctypes.c_uint32(sid * RING + slot)] = ctypes.c_uint32(by_name.get(name, 0))
-        services = self.table("services")
-        want = set()
-        for (addr, port, proto), (sid, backs) in self._services.items():
-            k = self._svc_key(addr, port, proto)
-            v = services.Leaf()
-            v.id, v.count = sid, len(backs)
-            services[k] = v
-            want.add(bytes(k))
-        for k in list(services.keys()):
-            if bytes(k) not in want:
-                services.pop(k, None)
+        """Every backend, slot and service, as the maps are made (the maps are empty)."""
+        for b in self._bindex:
+            self._write_backend(b)
+        for key in self._services:
+            self._write_service(key, [])
 
     def attach_services(self, cgroup_path):
         """Services at connect(), sendmsg() and recvmsg() for the sockets of the

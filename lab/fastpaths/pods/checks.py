@@ -129,4 +129,28 @@ MUTANTS = [
         "a cleanup takes another instance's killed run's socket programs (on the rack: the machine's)",
         (["tests/test_hosts.py", "-k", "leaves_the_machines_own_runs"], []),
     ),
+    M(
+        "pods-entries-not-counted",
+        "ebpf/pods/tc_pods.py",
+        "        entries = self._entries - len(old) + len(backs)",
+        "        entries = self._entries - len(old)",
+        "one service-backend entry past --max-entries accepted, written past the map's end",
+        (["tests/test_pods_fixtures.py", "-k", "clusters or reuse"], []),
+    ),
+    M(
+        "pods-shrunk-slots-kept",
+        "ebpf/pods/tc_pods.py",
+        "        for i in range(len(backs), len(before)):",
+        "        for i in range(len(backs) + 1, len(before)):",
+        "a service that loses a backend keeps a slot naming it: the map fills with stale entries",
+        (["tests/test_pods_fixtures.py", "-k", "reuse"], []),
+    ),
+    M(
+        "pods-slot-by-wrong-count",
+        "ebpf/pods/tc_pods.bpf.c",
+        "struct svc_slot_key k = {.id = id, .slot = hash % count};",
+        "struct svc_slot_key k = {.id = id, .slot = hash % (count + 1)};",
+        "flows spread unevenly: slot 0 takes what falls past the service's backends",
+        FIXTURES,
+    ),
 ]

@@ -37,7 +37,7 @@ import tomllib
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ebpf import BpfError, InputError, NoSuchInterface, cgroup, netdev, tc
-from ebpf.pods.tc_pods import PROTOS, TcPods, parse_endpoint
+from ebpf.pods.tc_pods import BACKENDS_MAX, ENTRIES_MAX, PROTOS, SVC_MAX, TcPods, check_services, parse_endpoint
 from lab import hostcheck, runs
 from lab.console import CounterTable, UsageError, require, warn
 from lab.lifecycle import Command
@@ -275,8 +275,41 @@ class PodsCommand(Command):
             "(others are translated per packet)",
         )
 
+        sizes = p.add_argument_group(
+            "service map sizes",
+            "fixed when the program is made; a services file that would pass one is refused whole, "
+            "the services staying as they were",
+        )
+        sizes.add_argument(
+            "--max-services",
+            type=int,
+            default=SVC_MAX,
+            metavar="N",
+            help="services (default %(default)s: 1.5 MiB of the kernel's memory)",
+        )
+        sizes.add_argument(
+            "--max-entries",
+            type=int,
+            default=ENTRIES_MAX,
+            metavar="N",
+            help="service-backend entries, a service with 3 backends taking 3: Cilium's default "
+            "(default %(default)s: 5 MiB)",
+        )
+        sizes.add_argument(
+            "--max-backends",
+            type=int,
+            default=BACKENDS_MAX,
+            metavar="N",
+            help="distinct backends of all services (default %(default)s: 1.5 MiB)",
+        )
+
     def parse(self, args):
         require(args, uplink="--uplink is required (the interface towards the other nodes)")
+        for opt, n in (("--max-services", args.max_services), ("--max-entries", args.max_entries)):
+            if not 1 <= n <= 1 << 24:
+                raise UsageError(f"{opt} must be 1 to {1 << 24}")
+        if not 1 <= args.max_backends <= 1 << 24:
+            raise UsageError(f"--max-backends must be 1 to {1 << 24}")
         self.peers = [parse_peer(t) for t in args.peer]
         if args.tunnel and not self.peers:
             raise UsageError("--tunnel vxlan needs at least one --peer NODE_ADDR=POD_PREFIX")
@@ -287,6 +320,10 @@ class PodsCommand(Command):
         if args.cgroup and not args.services:
             raise UsageError("--cgroup is where services are translated at connect(): it needs --services FILE")
         self.services = read_services(args.services) if args.services else []
+        try:
+            check_services(self.services, args.max_services, args.max_entries, args.max_backends)
+        except InputError as e:
+            raise UsageError(f"services file {args.services}: {e}") from None
 
     def cleanup(self, all_runs=False):
         removed, spared = tc.cleanup(OWNER, spare_live=not all_runs)
@@ -341,7 +378,7 @@ class PodsCommand(Command):
             if problems:
                 raise InputError("\n".join(problems))
         # built here, the tunnel device made in start(): --ebpf prints the C text without it
-        self.prog = TcPods(netns=None)
+        self.prog = TcPods(netns=None, **self.sizes())
         self.prog.compile_in = "child"  # it runs for as long as the node: no compiler kept
         self.found = pods
         return self.prog
@@ -350,7 +387,7 @@ class PodsCommand(Command):
         a = self.args
         if a.tunnel:
             self._make_tunnel(stack)
-            self.prog = TcPods(mode="tunnel", tunnel=TUNNEL_DEV, vni=a.vni)
+            self.prog = TcPods(mode="tunnel", tunnel=TUNNEL_DEV, vni=a.vni, **self.sizes())
             self.prog.compile_in = "child"
             stack.callback(self.prog.close)
             for node, prefix in self.peers:
@@ -411,6 +448,10 @@ class PodsCommand(Command):
             except Exception as e:  # noqa: BLE001 -- a watch that fails says so and tries again
                 warn(f"watching for pods: {e}")
 
+    def sizes(self) -> dict:
+        a = self.args
+        return {"max_services": a.max_services, "max_entries": a.max_entries, "max_backends": a.max_backends}
+
     def _services_stamp(self):
         try:
             st = os.stat(self.args.services) if self.args.services else None
@@ -434,6 +475,7 @@ class PodsCommand(Command):
         self.services_stamp = stamp
         try:
             new = read_services(self.args.services)
+            self.prog.check_services(new)  # whole, before any service changes
         except InputError as e:
             warn(f"{e}: the services stay as they were")
             return
@@ -442,7 +484,9 @@ class PodsCommand(Command):
             for addr, port, proto in list(self.prog.services):
                 if (addr, port, proto) not in want:
                     self.prog.remove_service(addr, port, proto)
-            for svc in new:
+            # the ones that shrink first: every step then fits, as the whole did
+            have = self.prog.services
+            for svc in sorted(new, key=lambda s: len(s[3]) - len(have.get((str(s[0]), s[1], s[2]), []))):
                 self.prog.add_service(*svc)
         warn(f"services file {self.args.services}: {len(new)} services")
 

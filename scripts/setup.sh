@@ -47,6 +47,7 @@ packages=(
   gcc libc6-dev curl                              # cc builds the open-loop generator (lab/traffic/openloop.c); curl for tests
   prometheus                                      # promtool: the tests check every tool's --metrics with it
   openssh-server                                  # sshd for the namespace hosts the hosts tests reach with Ansible
+  iptables                                        # kube-proxy's iptables mode, a way of bench pods (legacy and nft backends)
 )
 services=(nginx haproxy prometheus ssh)           # daemons their packages start in the root namespace
 declare -A pidfile=([ssh]=/run/sshd.pid)          # where one's pid file is not /run/<service>.pid

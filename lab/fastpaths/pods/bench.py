@@ -43,7 +43,14 @@ examples:
 EXPERIMENTS = ("stream", "rr", "services")
 STREAM_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf", "ebpf-vxlan")
 RR_PEERS = ("host", "legacy", "bridge-vxlan", "ebpf-redirect", "ebpf", "ebpf-vxlan")
-WAYS = {"connect": "ebpf", "per-packet": "ebpf", "nft": "legacy"}  # a service's translation -> its peer
+# a service's translation -> its peer
+WAYS = {
+    "connect": "ebpf",
+    "per-packet": "ebpf",
+    "nft": "legacy",
+    "iptables-legacy": "iptables-legacy",
+    "iptables-nft": "iptables-nft",
+}
 RR_PORT, IPERF_PORT = 7100, 5201
 VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
 COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
@@ -81,8 +88,8 @@ def main(a):
     ways = common.parse_list(a.ways, str, tuple(WAYS), "way")
     if any(not 1 <= n <= 64 for n in parallel):
         raise ValueError("--parallel: 1..64 streams")
-    if any(not 1 <= n <= 200 for n in counts):
-        raise ValueError("--services: 1..200 services")
+    if any(not 1 <= n <= 16384 for n in counts):
+        raise ValueError("--services: 1..16384 services")
     df, path = run(
         peers, experiments, parallel, families, paths, counts, ways, a.trials, a.duration, a.out, inventory=a.inventory
     )
@@ -111,7 +118,7 @@ def services(tb, n):
     """n services, the measured one (VIP) last; the others' addresses are decoys, as a
     cluster's other services are to this one's lookup."""
     backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in SERVICE_BACKENDS]
-    out = [(f"198.18.{201 + i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1)]
+    out = [(f"198.19.{i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1)]
     return out + [(VIP, 80, "tcp", backends)]
 
 

@@ -15,6 +15,9 @@ lab.peer.Peer, each built on the testbed the bench hands it:
                   the baseline of the commit that added the peer redirect
     ebpf-vxlan    ebpf.TcPods, tunnel mode: to another node's pods through the
                   testbed's collect-metadata VXLAN device (pods_testbed(tunnel=True))
+    iptables-legacy, iptables-nft
+                  legacy's routing, services by kube-proxy's iptables mode on Debian's
+                  iptables, x_tables or its nftables backend (lab.fastpaths.pods.kubeproxy)
 
 Services: set_services([(address, port, protocol, [backend "ADDR:PORT", ...]), ...])
 on legacy and the ebpf peers, on every node (kube-proxy and Cilium run on each).
@@ -24,6 +27,7 @@ import ipaddress
 
 from ebpf.pods.tc_pods import TcPods, parse_endpoint
 from lab import netns, nft
+from lab.fastpaths.pods import kubeproxy
 from lab.fastpaths.pods.testbed import GATEWAY4, GATEWAY6, NFT_TABLE
 from lab.netns import LabError
 from lab.peer import Peer
@@ -93,6 +97,71 @@ class Legacy(PodPeer):
     def detach(self):
         self.remove_services()
         super().detach()
+
+
+class KubeProxyIptables(PodPeer):
+    """Legacy's routing, services by kube-proxy's iptables mode (lab.fastpaths.pods.kubeproxy),
+    loaded as kube-proxy loads them (iptables-restore --noflush, and the jumps from the
+    built-in chains one by one) with Debian's iptables on one backend: `legacy` (x_tables,
+    a linear walk of KUBE-SERVICES) or `nft` (the same rules as nftables expressions, one
+    rule at a time too). IPv4 services only; on this machine's namespaces only (a user's
+    host keeps its nat table)."""
+
+    backend = "legacy"
+    serves = True
+
+    def _ipt(self, tool=""):
+        return f"iptables-{self.backend}{tool}"
+
+    def set_services(self, services):
+        if self.tb.local is not None:  # a user's host: its nat table is its own
+            raise LabError(f"{self.name}: kube-proxy's iptables rules are written on this machine's namespaces only")
+        self.remove_services()
+        v4 = [s for s in services if _family(s[0]) == "ip"]
+        text = kubeproxy.restore_text(kubeproxy.named(v4), self.tb.cluster_cidr4)
+        for node in self.tb.local_nodes:
+            r = netns.run(
+                self.tb.ns(node),
+                [self._ipt("-restore"), "--noflush"],
+                input=text,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if r.returncode:
+                raise LabError(f"{self._ipt('-restore')} on {node}: {r.stderr.strip().splitlines()[-1:]}")
+            for chain, rule in kubeproxy.JUMPS:
+                netns.run(self.tb.ns(node), [self._ipt(), "-t", "nat", "-I", chain, *rule], capture_output=True)
+        self.loaded = True
+
+    def remove_services(self):
+        if not getattr(self, "loaded", False):
+            return
+        for node in self.tb.local_nodes:
+            ns = self.tb.ns(node)
+            for chain, rule in kubeproxy.JUMPS:
+                netns.run(ns, [self._ipt(), "-t", "nat", "-D", chain, *rule], capture_output=True, check=False)
+            saved = netns.run(ns, [self._ipt("-save"), "-t", "nat"], capture_output=True, text=True, check=False).stdout
+            ours = [ln[1:].split()[0] for ln in saved.splitlines() if ln.startswith(":KUBE-")]
+            for flag in ("-F", "-X"):
+                for chain in ours:
+                    netns.run(ns, [self._ipt(), "-t", "nat", flag, chain], capture_output=True, check=False)
+        self.loaded = False
+
+    def detach(self):
+        self.remove_services()
+        super().detach()
+
+
+class KubeProxyIptablesLegacy(KubeProxyIptables):
+    name = "iptables-legacy"
+    colour = "#CC6677"
+
+
+class KubeProxyIptablesNft(KubeProxyIptables):
+    name = "iptables-nft"
+    colour = "#882255"
+    backend = "nft"
 
 
 def _family(addr) -> str:
@@ -290,4 +359,7 @@ class EbpfVxlan(Ebpf):
         super().attach()
 
 
-PEERS = {cls.name: cls for cls in (Host, Legacy, BridgeVxlan, Ebpf, EbpfRedirect, EbpfVxlan)}
+PEERS = {
+    cls.name: cls
+    for cls in (Host, Legacy, KubeProxyIptablesLegacy, KubeProxyIptablesNft, BridgeVxlan, Ebpf, EbpfRedirect, EbpfVxlan)
+}

@@ -56,6 +56,9 @@ class PodsTestbed(BuiltTestbed):
     bridge_dev: str = BRIDGE
     nft_table: str = NFT_TABLE  # legacy's services (a host's own kube-proxy keeps its table)
 
+    # the pods' addresses of every node (198.18.(100+i).0/24): kube-proxy's --cluster-cidr
+    cluster_cidr4: str = "198.18.96.0/19"
+
     @property
     def local_nodes(self) -> list:
         """The nodes whose side is built in this process (the peers attach there)."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 from conftest import ROOT
 from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
 
@@ -22,7 +23,8 @@ FIGURES = [
     "pods_stream_ipv6.png",
     "pods_xdp_modes.png",
 ]
-SMALL = ["--peers", "legacy,ebpf", "--parallel", "1", "--families", "4,6", "--paths", "across"]
+SMALL = ["--peers", "legacy,ebpf,iptables-legacy,iptables-nft", "--parallel", "1", "--families", "4,6"]
+SMALL += ["--paths", "across"]
 SMALL += ["--services", "2", "--trials", "1", "--duration", "0.5"]
 
 
@@ -42,7 +44,10 @@ def test_a_small_run_of_every_experiment_gives_each_setting_its_row(tmp_path):
         [("stream", p, "", f) for p in ("legacy", "ebpf") for f in (4, 6)]
         + [("rr", p, "", 4) for p in ("legacy", "ebpf")]
         + [("services", "ebpf", "connect", 4), ("services", "ebpf", "per-packet", 4), ("services", "legacy", "nft", 4)]
+        + [("services", f"iptables-{b}", f"iptables-{b}", 4) for b in ("legacy", "nft")]
     )
+    # and one service more after each services run, the way it adds one
+    assert (df[df["experiment"] == "services"]["add_one_ms"] > 0).all()
     stream, rest = df[df["experiment"] == "stream"], df[df["experiment"] != "stream"]
     assert (stream["gbps"] > 0).all() and (stream["busy_cores"] > 0).all()
     assert (rest["tps"] > 0).all() and (rest["errors"] == 0).all() and (rest["p50_us"] > 0).all()
@@ -51,11 +56,17 @@ def test_a_small_run_of_every_experiment_gives_each_setting_its_row(tmp_path):
     assert "targets (medians):" in r.stdout and "connect() / nftables DNAT connections/s at 2" in r.stdout
 
 
-def test_bad_options_are_one_line():
-    r = subprocess.run(
-        [sys.executable, "-m", "lab", "bench", "pods", "--services", "0"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert r.returncode != 0 and "--services: 1..200" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--services", "0"], "--services: 1..16384"),
+        (["--services", "16385"], "--services: 1..16384"),
+        (["-i", "hosts.yml", "--ways", "nft,iptables-nft"], "--ways iptables-nft: on this machine's namespaces only"),
+    ],
+)
+def test_bad_options_are_one_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "lab", "bench", "pods", *args], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_notebook_executes_and_writes_figures(tmp_path):

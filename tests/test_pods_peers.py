@@ -53,6 +53,14 @@ def test_each_way_carries_the_pods_and_their_services_in_turn(bed, i):
                 assert exchange(tb.topo, "p00", VIP, 80, N, **peer.client_kw(way)) == whole, way
                 if not peer.name.startswith("iptables"):  # kube-proxy's iptables rules: IPv4 here
                     assert exchange(tb.topo, "p11", VIP6, 80, N, **peer.client_kw(way)) == whole, way
+            # one service more, the way this one adds it (map entries; nft's transaction;
+            # kube-proxy's partial restore): served at once, and the others still are
+            more = "198.18.200.20"
+            for proto in ("tcp", "udp"):
+                peer.add_service((more, 80, proto, [f"{tb.pod4(b)}:{PORT}" for b in ("p01", "p10")]))
+            way = "per-packet"
+            assert exchange(tb.topo, "p00", more, 80, N, **peer.client_kw(way)) == whole
+            assert exchange(tb.topo, "p00", VIP, 80, N, **peer.client_kw(way)) == whole
     finally:
         peer.detach()
 

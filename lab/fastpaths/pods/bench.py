@@ -6,6 +6,7 @@ request/response and service measurements a pod datapath is judged by."""
 import argparse
 import contextlib
 import sys
+import time
 
 from lab.bench import common
 from lab.fastpaths.pods.peers import PEERS
@@ -51,6 +52,7 @@ WAYS = {
     "iptables-legacy": "iptables-legacy",
     "iptables-nft": "iptables-nft",
 }
+HOSTS_REFUSE = ("iptables-legacy", "iptables-nft")  # ways -i runs refuse: they write the host's nat table
 RR_PORT, IPERF_PORT = 7100, 5201
 VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
 COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
@@ -67,7 +69,11 @@ def add_arguments(p):
     p.add_argument("--families", default="4,6", help="stream: IP versions (default %(default)s)")
     p.add_argument("--paths", default="same-node,across", help="stream: where the receiving pod is")
     p.add_argument("--services", default="1,100", help="services: how many services exist (default %(default)s)")
-    p.add_argument("--ways", default=",".join(WAYS), help="services: how a service is translated (default: all)")
+    p.add_argument(
+        "--ways",
+        help="services: how a service is translated, any of " + ",".join(WAYS) + " (default: all; with -i, "
+        "all but the iptables ones, which write a host's own nat table)",
+    )
     p.add_argument(
         "-i",
         "--inventory",
@@ -85,7 +91,13 @@ def main(a):
     families = common.parse_list(a.families, int, (4, 6), "family")
     paths = common.parse_list(a.paths, str, ("same-node", "across"), "path")
     counts = common.parse_list(a.services, int, what="service count")
-    ways = common.parse_list(a.ways, str, tuple(WAYS), "way")
+    host_ways = tuple(w for w in WAYS if w not in HOSTS_REFUSE)
+    ways = common.parse_list(a.ways or ",".join(host_ways if a.inventory else WAYS), str, tuple(WAYS), "way")
+    if a.inventory and (refused := [w for w in ways if w in HOSTS_REFUSE]):
+        raise ValueError(
+            f"--ways {','.join(refused)}: on this machine's namespaces only (kube-proxy's iptables rules would "
+            "go into the hosts' own nat tables)"
+        )
     if any(not 1 <= n <= 64 for n in parallel):
         raise ValueError("--parallel: 1..64 streams")
     if any(not 1 <= n <= 16384 for n in counts):
@@ -191,7 +203,7 @@ def run(
                     row.update(_rr(tb, name, duration))
                 else:
                     peer.set_services(services(tb, n))
-                    row.update(_crr(tb, peer, way, duration))
+                    row.update(_crr(tb, peer, way, duration, n))
                 rows.append(row)
             finally:
                 peer.detach()
@@ -385,9 +397,14 @@ def _rr(tb, name, duration) -> dict:
     return latency(r)
 
 
-def _crr(tb, peer, way, duration) -> dict:
+def _crr(tb, peer, way, duration, n) -> dict:
     r = request_response(tb.ns("p00"), VIP, 80, duration, mode="crr", **peer.client_kw(way))
-    return latency(r)
+    # then one service more, as each way adds one (map writes, nft's transaction, kube-proxy's
+    # partial iptables-restore), on every node: its time after the run, not in it
+    backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in SERVICE_BACKENDS]
+    t0 = time.perf_counter()
+    peer.add_service((f"198.19.{n // 250 + 100}.{n % 250 + 1}", 80, "tcp", backends))
+    return {**latency(r), "add_one_ms": round(1e3 * (time.perf_counter() - t0), 3)}
 
 
 def latency(r) -> dict:

@@ -107,6 +107,19 @@ def restore_text(services, cluster_cidr) -> str:
     return "\n".join(["*nat", *(f":{c} - [0:0]" for c in chains), *rules, "COMMIT"]) + "\n"
 
 
+def add_text(services, cluster_cidr) -> str:
+    """What kube-proxy's partial sync hands iptables-restore --noflush when the last of
+    `services` is new: KUBE-SERVICES written whole (a rule per service, so its cost grows
+    with them), and the new service's own chains."""
+    whole = restore_text(services, cluster_cidr).splitlines()
+    name, ip, port, proto, endpoints = services[-1]
+    chains, rules = service_rules(name, ip, port, proto, endpoints, cluster_cidr)
+    keep = [ln for ln in whole if ln.startswith("-A KUBE-SERVICES ")]
+    own = [r for r in rules if not r.startswith("-A KUBE-SERVICES ")]
+    head = ["*nat", ":KUBE-SERVICES - [0:0]", *(f":{c} - [0:0]" for c in chains)]
+    return "\n".join([*head, *keep, *own, "COMMIT"]) + "\n"
+
+
 def named(services) -> list:
     """bench pods' services [(address, port, proto, backends)] as kube-proxy's: each its
     service port name "ns<i>/svc<i>:p<port>", in the order given."""

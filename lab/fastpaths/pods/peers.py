@@ -83,11 +83,28 @@ class Legacy(PodPeer):
 
     def set_services(self, services):
         self.remove_services()
+        self.services = [s for s in services if _family(s[0]) == "ip"]  # (add_service: IPv4)
         for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
                 text = ruleset(family, [s for s in services if _family(s[0]) == family], self.tb.nft_table)
                 if text:
                     nft.run_text(self.tb.ns(node), text)
+
+    def add_service(self, service):
+        """One more service as kube-proxy's nftables mode adds it: its chains and its element
+        of the service-ips map, in one transaction (nothing else rewritten)."""
+        family = _family(service[0])
+        n = len(self.services)
+        self.services.append(service)
+        whole = ruleset(family, self.services, self.tb.nft_table).splitlines()  # the new one: index n
+        mine = [ln.strip() for ln in whole if f"-{n}-" in ln or f"service-{n} " in ln]
+        element = next(ln for ln in whole if ln.startswith("add element")).split("{", 1)[1].rsplit(",", 1)[-1]
+        text = "\n".join(
+            [f"table {family} {self.tb.nft_table} {{", *(f"  {ln}" for ln in mine if ln.startswith("chain")), "}"]
+            + [f"add element {family} {self.tb.nft_table} service-ips {{ {element.strip(' }')} }}"]
+        )
+        for node in self.tb.local_nodes:
+            nft.run_text(self.tb.ns(node), text + "\n")
 
     def remove_services(self):
         for node in self.tb.local_nodes:
@@ -117,22 +134,24 @@ class KubeProxyIptables(PodPeer):
         if self.tb.local is not None:  # a user's host: its nat table is its own
             raise LabError(f"{self.name}: kube-proxy's iptables rules are written on this machine's namespaces only")
         self.remove_services()
-        v4 = [s for s in services if _family(s[0]) == "ip"]
-        text = kubeproxy.restore_text(kubeproxy.named(v4), self.tb.cluster_cidr4)
+        self.services = [s for s in services if _family(s[0]) == "ip"]
+        self._restore(kubeproxy.restore_text(kubeproxy.named(self.services), self.tb.cluster_cidr4))
         for node in self.tb.local_nodes:
-            r = netns.run(
-                self.tb.ns(node),
-                [self._ipt("-restore"), "--noflush"],
-                input=text,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if r.returncode:
-                raise LabError(f"{self._ipt('-restore')} on {node}: {r.stderr.strip().splitlines()[-1:]}")
             for chain, rule in kubeproxy.JUMPS:
                 netns.run(self.tb.ns(node), [self._ipt(), "-t", "nat", "-I", chain, *rule], capture_output=True)
         self.loaded = True
+
+    def _restore(self, text):
+        for node in self.tb.local_nodes:
+            argv = [self._ipt("-restore"), "--noflush"]
+            r = netns.run(self.tb.ns(node), argv, input=text, capture_output=True, text=True, check=False)
+            if r.returncode:
+                raise LabError(f"{argv[0]} on {node}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
+
+    def add_service(self, service):
+        """One more service, as kube-proxy's partial sync writes it (KUBE-SERVICES whole)."""
+        self.services.append(service)
+        self._restore(kubeproxy.add_text(kubeproxy.named(self.services), self.tb.cluster_cidr4))
 
     def remove_services(self):
         if not getattr(self, "loaded", False):
@@ -325,6 +344,11 @@ class Ebpf(PodPeer):
                 p.remove_service(*s)
             for s in services:
                 p.add_service(*s)
+
+    def add_service(self, service):
+        """One more service: its map entries through the API, on every node."""
+        for p in self.progs.values():
+            p.add_service(*service)
 
     def counters(self):
         out = {}

@@ -314,3 +314,32 @@ def targets(df) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows, columns=["target", "value", "met"])
+
+
+def tables_curves(df):
+    """`bench lb-tables` (log x): a backend change's time as the service's backends grow
+    (the C builder and its write; the Python builder alone beside it), and the sweep's time a
+    tick as the sessions grow."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    change, sweep = df[df["what"] == "change"], df[df["what"] == "sweep"]
+    lines = (("ms", "a change (C, and its write)", "#0072B2"), ("reference_ms", "Python builder", "#999999"))
+    for col, label, colour in lines:
+        if col in change and change[col].notna().any():
+            g = change.groupby("size")[col]
+            med, lo, hi = g.median(), g.min(), g.max()
+            a.errorbar(med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, label=label, color=colour)
+    g = sweep.groupby("size")["ms_per_tick"]
+    med, lo, hi = g.median(), g.min(), g.max()
+    b.errorbar(med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, color="#0072B2")
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+    a.set_xlabel("backends of the service")
+    a.set_ylabel("ms")
+    a.set_title("One backend change")
+    a.legend(frameon=False)
+    b.set_xlabel("live sessions in the table")
+    b.set_ylabel("ms of CPU a tick (one a second)")
+    b.set_title("The sweep")
+    fig.tight_layout()
+    return fig

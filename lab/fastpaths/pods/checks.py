@@ -153,4 +153,20 @@ MUTANTS = [
         "flows spread unevenly: slot 0 takes what falls past the service's backends",
         FIXTURES,
     ),
+    M(
+        "kube-proxy-probabilities",
+        "lab/fastpaths/pods/kubeproxy.py",
+        "        left = len(endpoints) - i  # 1/n",
+        "        left = len(endpoints) - i + 1  # 1/n",
+        "kube-proxy's iptables rules choose endpoints unevenly (1/(n+1) first): not what kube-proxy writes",
+        (["tests/test_kubeproxy.py"], []),
+    ),
+    M(
+        "kube-proxy-add-drops-services",
+        "lab/fastpaths/pods/kubeproxy.py",
+        "    keep = [service_rule(*s[:4]) for s in services if s[4]] + [NODEPORTS_RULE]",
+        "    keep = [NODEPORTS_RULE]",
+        "adding a service through kube-proxy's iptables rules cuts every other service off",
+        (["tests/test_pods_peers.py"], []),
+    ),
 ]

@@ -48,6 +48,18 @@ def _quoted(comment: str) -> str:
     return f'"{comment}"' if " " in comment else comment
 
 
+NODEPORTS_RULE = (
+    '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule '
+    'in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS'
+)
+
+
+def service_rule(name, cluster_ip, port, proto) -> str:
+    """A service port's rule in KUBE-SERVICES: its cluster IP, protocol and port -> its KUBE-SVC chain."""
+    match = f"-m {proto} -p {proto} -d {cluster_ip} --dport {port}"
+    return f"-A KUBE-SERVICES -m comment --comment {_quoted(name + ' cluster IP')} {match} -j {svc_chain(name, proto)}"
+
+
 def service_rules(name, cluster_ip, port, proto, endpoints, cluster_cidr) -> tuple[list, list]:
     """(chains, rules) of one service port: its KUBE-SERVICES rule, its KUBE-SVC chain (the
     masquerade of traffic from outside the cluster CIDR, then the endpoints by probability)
@@ -56,7 +68,7 @@ def service_rules(name, cluster_ip, port, proto, endpoints, cluster_cidr) -> tup
     match = f"-m {proto} -p {proto} -d {cluster_ip} --dport {port}"
     chains = [svc]
     rules = [
-        f"-A KUBE-SERVICES -m comment --comment {_quoted(name + ' cluster IP')} {match} -j {svc}",
+        service_rule(name, cluster_ip, port, proto),
         f"-A {svc} -m comment --comment {_quoted(name + ' cluster IP')} {match} ! -s {cluster_cidr} -j KUBE-MARK-MASQ",
     ]
     seps = [sep_chain(name, proto, e) for e in endpoints]
@@ -100,10 +112,7 @@ def restore_text(services, cluster_cidr) -> str:
         c, r = service_rules(name, ip, port, proto, endpoints, cluster_cidr)
         chains += c
         rules += r
-    rules.append(
-        '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule '
-        'in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS'
-    )
+    rules.append(NODEPORTS_RULE)
     return "\n".join(["*nat", *(f":{c} - [0:0]" for c in chains), *rules, "COMMIT"]) + "\n"
 
 
@@ -111,10 +120,9 @@ def add_text(services, cluster_cidr) -> str:
     """What kube-proxy's partial sync hands iptables-restore --noflush when the last of
     `services` is new: KUBE-SERVICES written whole (a rule per service, so its cost grows
     with them), and the new service's own chains."""
-    whole = restore_text(services, cluster_cidr).splitlines()
     name, ip, port, proto, endpoints = services[-1]
     chains, rules = service_rules(name, ip, port, proto, endpoints, cluster_cidr)
-    keep = [ln for ln in whole if ln.startswith("-A KUBE-SERVICES ")]
+    keep = [service_rule(*s[:4]) for s in services if s[4]] + [NODEPORTS_RULE]
     own = [r for r in rules if not r.startswith("-A KUBE-SERVICES ")]
     head = ["*nat", ":KUBE-SERVICES - [0:0]", *(f":{c} - [0:0]" for c in chains)]
     return "\n".join([*head, *keep, *own, "COMMIT"]) + "\n"

@@ -96,15 +96,12 @@ class Legacy(PodPeer):
         family = _family(service[0])
         n = len(self.services)
         self.services.append(service)
-        whole = ruleset(family, self.services, self.tb.nft_table).splitlines()  # the new one: index n
-        mine = [ln.strip() for ln in whole if f"-{n}-" in ln or f"service-{n} " in ln]
-        element = next(ln for ln in whole if ln.startswith("add element")).split("{", 1)[1].rsplit(",", 1)[-1]
-        text = "\n".join(
-            [f"table {family} {self.tb.nft_table} {{", *(f"  {ln}" for ln in mine if ln.startswith("chain")), "}"]
-            + [f"add element {family} {self.tb.nft_table} service-ips {{ {element.strip(' }')} }}"]
-        )
+        chains, element = _service_chains(family, n, service)
+        table = self.tb.nft_table
+        text = "\n".join([f"table {family} {table} {{", *(f"  {c}" for c in chains), "}"])
+        text += f"\nadd element {family} {table} service-ips {{ {element} }}\n"
         for node in self.tb.local_nodes:
-            nft.run_text(self.tb.ns(node), text + "\n")
+            nft.run_text(self.tb.ns(node), text)
 
     def remove_services(self):
         for node in self.tb.local_nodes:
@@ -204,25 +201,34 @@ def ruleset(family, services, table=NFT_TABLE) -> str:
     )
     t.append(f"  chain services {{ {family} daddr . meta l4proto . th dport vmap @service-ips ; }}")
     elements = []
-    for n, (addr, port, proto, backends) in enumerate(services):
-        ends = [parse_endpoint(b) for b in backends]
-        for i, (a, bport) in enumerate(ends):
-            to = f"[{a}]:{bport}" if a.version == 6 else f"{a}:{bport}"
-            t.append(
-                f"  chain endpoint-{n}-{i} {{ {family} saddr {a} jump mark-for-masquerade ; "
-                f"meta l4proto {proto} dnat to {to} ; }}"
-            )
-        if ends:
-            picks = ", ".join(f"{i} : goto endpoint-{n}-{i}" for i in range(len(ends)))
-            t.append(f"  chain service-{n} {{ numgen random mod {len(ends)} vmap {{ {picks} }} ; }}")
-            elements.append(f"{addr} . {proto} . {port} : goto service-{n}")
-        else:  # no endpoints: kube-proxy rejects (its no-endpoint-services map)
-            t.append(f"  chain service-{n} {{ reject ; }}")
-            elements.append(f"{addr} . {proto} . {port} : goto service-{n}")
+    for n, service in enumerate(services):
+        chains, element = _service_chains(family, n, service)
+        t += [f"  {c}" for c in chains]
+        elements.append(element)
     t.append("}")
     if elements:
         t.append(f"add element {family} {table} service-ips {{ {', '.join(elements)} }}")
     return "\n".join(t) + "\n"
+
+
+def _service_chains(family, n, service) -> tuple[list, str]:
+    """The chains of the n-th service in kube-proxy's nftables shape, and its element of
+    the service-ips map."""
+    addr, port, proto, backends = service
+    ends = [parse_endpoint(b) for b in backends]
+    chains = []
+    for i, (a, bport) in enumerate(ends):
+        to = f"[{a}]:{bport}" if a.version == 6 else f"{a}:{bport}"
+        chains.append(
+            f"chain endpoint-{n}-{i} {{ {family} saddr {a} jump mark-for-masquerade ; "
+            f"meta l4proto {proto} dnat to {to} ; }}"
+        )
+    if ends:
+        picks = ", ".join(f"{i} : goto endpoint-{n}-{i}" for i in range(len(ends)))
+        chains.append(f"chain service-{n} {{ numgen random mod {len(ends)} vmap {{ {picks} }} ; }}")
+    else:  # no endpoints: kube-proxy rejects (its no-endpoint-services map)
+        chains.append(f"chain service-{n} {{ reject ; }}")
+    return chains, f"{addr} . {proto} . {port} : goto service-{n}"
 
 
 class BridgeVxlan(PodPeer):

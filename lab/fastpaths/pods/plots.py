@@ -7,6 +7,7 @@ peer redirect's commit.
     >>> fig = cpu_per_gbit(df)         # %usr/%sys/%soft of the machine per Gbit/s
     >>> fig = rr_bars(df)              # TCP_RR latency per way, beside the commit's 122 / 44 us
     >>> fig = services_bars(df)        # connections/s through a service, 1 and 100 services
+    >>> fig = services_curves(df)      # the same and the time to add one, as the services grow (log x)
     >>> targets(df)                    # the issue's targets, met or missed
 
 Like the other bundles' plots: each way has one colour in every figure (its peer's); rates
@@ -21,7 +22,13 @@ from lab import palette
 from lab.fastpaths.pods.bench import targets as target_lines
 from lab.metrics import PAPER_DIR
 
-WAYS_COLOURS = {"connect": "#0072B2", "per-packet": "#56B4E9", "nft": "#E69F00"}
+WAYS_COLOURS = {
+    "connect": "#0072B2",
+    "per-packet": "#56B4E9",
+    "nft": "#E69F00",
+    "iptables-legacy": "#CC6677",
+    "iptables-nft": "#882255",
+}
 
 
 def commit_rr() -> pd.DataFrame:
@@ -149,6 +156,40 @@ def services_bars(df):
     ax.set_ylabel("connections per second (thousands)")
     ax.set_title("A service's connections per second (TCP_CRR)")
     ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def _curve(ax, d, value, way, scale=1.0):
+    """One way's median of `value` per service count, whiskers min..max."""
+    g = d[d["way"] == way].groupby("services")[value]
+    med, lo, hi = g.median() / scale, g.min() / scale, g.max() / scale
+    ax.errorbar(
+        med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, label=way, color=WAYS_COLOURS.get(way)
+    )
+
+
+def services_curves(df):
+    """As the services grow (log x), per way: connections per second to the service written
+    last (kube-proxy's worst case in iptables mode), and the time to add one more service."""
+    d = df[df["experiment"] == "services"].astype({"services": int})
+    ways = [w for w in WAYS_COLOURS if w in set(d["way"])]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for way in ways:
+        _curve(a, d, "tps", way, scale=1000)
+        if "add_one_ms" in d and d[d["way"] == way]["add_one_ms"].notna().any():
+            _curve(b, d, "add_one_ms", way)
+    a.set_xscale("log")
+    a.set_ylim(bottom=0)
+    a.set_xlabel("services on the nodes")
+    a.set_ylabel("connections per second (thousands)")
+    a.set_title("To the last service (TCP_CRR)")
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("services on the nodes")
+    b.set_ylabel("ms to add one service (both nodes)")
+    b.set_title("Adding one more")
+    a.legend(frameon=False)
     fig.tight_layout()
     return fig
 

@@ -523,11 +523,6 @@ class XdpLoadBalancer(BpfProgram):
     def backend_counters(self) -> dict:
         return {str(b): self.percpu_totals("backend_stats", i) for b, i in self._backends.items()}
 
-    def _timeout(self, v):
-        if _fin(v) and v.state & 0x0F != ABI["LB_ST_UDP"]:
-            return self.timeouts["fin"]
-        return self.timeouts[STATES.get(v.state & 0x0F, "established")]
-
     def sweep(self) -> int:
         """Delete the sessions idle past their state's timeout, both directions
         (the program expires a session only when it next sees it), in one whole

@@ -113,6 +113,10 @@ def libbpf():
         lib.bpf_map_create.restype = ctypes.c_int
         lib.bpf_btf_load.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         lib.bpf_btf_load.restype = ctypes.c_int
+        # (type, name, license, insns, insn count, struct bpf_prog_load_opts *)
+        lib.bpf_prog_load.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+        lib.bpf_prog_load.argtypes += [ctypes.c_void_p]
+        lib.bpf_prog_load.restype = ctypes.c_int
         _libbpf = lib
     return _libbpf
 
@@ -201,3 +205,31 @@ class LiveFrames:
         if self._run(self.prog_fd, ctypes.byref(self._opts)) != 0:
             err = ctypes.get_errno()
             raise BpfError(f"BPF_PROG_TEST_RUN (live frames): {os.strerror(err)}")
+
+
+BPF_PROG_TYPE_XDP = 6
+# r0 = XDP_DROP; exit: a program that sends nothing, to ask the kernel a question
+_DROP_INSNS = bytes.fromhex("b700000001000000" "9500000000000000")
+_live_refusal = ...
+
+
+def live_frames_refusal():
+    """None when the kernel runs XDP programs on live frames here, else why not
+    (its error, in words). Asked once per process, with a two-instruction
+    XDP_DROP program on the loopback device: nothing is sent. A kernel may refuse
+    them to a root that lacks a capability (CAP_SYS_RESOURCE, seen on one VM's
+    kernel) while it runs every other test run."""
+    global _live_refusal
+    if _live_refusal is ...:
+        insns = ctypes.create_string_buffer(_DROP_INSNS, len(_DROP_INSNS))
+        fd = libbpf().bpf_prog_load(BPF_PROG_TYPE_XDP, b"live_probe", b"GPL", insns, len(_DROP_INSNS) // 8, None)
+        if fd < 0:
+            raise BpfError(f"loading an XDP program: {os.strerror(-fd)}")
+        try:
+            LiveFrames(fd, bytes(64), 1).run(1)  # ifindex 1: lo, in every namespace
+            _live_refusal = None
+        except BpfError as e:
+            _live_refusal = str(e).split(": ", 1)[-1]
+        finally:
+            os.close(fd)
+    return _live_refusal

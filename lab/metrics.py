@@ -287,6 +287,17 @@ def cpu_model():
     return platform.processor()
 
 
+def _generator_path():
+    """How the XDP generator sends here (live frames, or AF_PACKET where the kernel
+    refuses them): its rates are comparable only with rates sent the same way."""
+    from .traffic.xdpgen import generator_path  # noqa: PLC0415 (BPF and ctypes only when a result is written)
+
+    try:
+        return generator_path()
+    except Exception as e:  # noqa: BLE001 (metadata: say what was wrong, never fail the result)
+        return f"unknown ({e})"
+
+
 def machine_metadata() -> dict:
     """Where a result came from: kernel, CPU, commit, date and tool versions."""
     return {
@@ -296,6 +307,7 @@ def machine_metadata() -> dict:
         "cores": os.cpu_count(),
         "commit": RUN_COMMIT,
         "host": platform.node(),
+        "xdp_generator": _generator_path(),
         "tools": {
             "python": platform.python_version(),
             "bcc": _module_version("bcc"),

@@ -21,34 +21,110 @@ down, in the sender's namespace) for its lifetime: a call then costs about
 The sending thread enters the namespace (the kernel resolves the ingress device
 there) and is pinned to `cpu`, so the device under test can own the other core.
 The receiving veth must have NAPI: a native XDP program or GRO on.
+
+A kernel may refuse live-frame test runs to a root that lacks a capability
+(EPERM, on a VM whose root had every capability but CAP_SYS_RESOURCE) while it
+runs every other test run. The generator then hands the same frames, burst by
+burst and paced alike, to the same device through an AF_PACKET socket that
+bypasses the qdisc (pktsend.c, sendmmsg): `path` says which, the run says it
+once on stderr, and a bench's sidecar records it. Those frames reach the peer as
+skbs (no NAPI needed there) and cost the sender a copy each: a rate is
+comparable only with a rate sent the same way.
 """
 
+import ctypes
+import functools
 import os
 import secrets
 import time
+from pathlib import Path
 
+from ebpf import ctools
+from ebpf.errors import BpfError
 from ebpf.instruments.xdp_gen import XdpGen
+from ebpf.testrun import live_frames_refusal
 
 from .. import netns
+from ..console import warn
 from .generator import Generator
 
 CEILING_BURST = 4096
 PACED_GRACE = 0.1  # a paced run may send its last packets this share of its seconds late (see _send)
 HOLDER_PREFIX = "xgen"  # the veth pair that keeps the program in the XDP dispatcher: xgen<id>a/b
+LIVE, PACKET = "live frames", "AF_PACKET"
+
+
+def generator_path():
+    """How the XDP generator sends on this kernel: LIVE, or PACKET with the reason."""
+    why = live_frames_refusal()
+    return LIVE if why is None else f"{PACKET} (live frames refused: {why})"
+
+
+@functools.cache
+def _pktsend():
+    try:
+        built = ctools.build(Path(__file__).with_name("pktsend.c"), "the generator's sender", shared=True)
+        so = ctypes.CDLL(str(built))
+    except BpfError as e:
+        raise netns.LabError(str(e)) from None
+    so.pktsend_open.argtypes = [ctypes.c_int]
+    so.pktsend_send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_long]
+    so.pktsend_send.restype = ctypes.c_long
+    return so
+
+
+@functools.cache
+def _say_path(why):
+    warn(f"this kernel refuses live-frame test runs ({why}): the XDP generator sends through AF_PACKET instead")
+
+
+class PacketFrames:
+    """One frame and an AF_PACKET socket on the device: run(n) hands it n copies
+    (the live path's GenFrames.run, the other way out)."""
+
+    def __init__(self, fd, frame):
+        self.fd, self.frame = fd, frame
+        self._send = _pktsend().pktsend_send
+
+    def run(self, repeat):
+        r = self._send(self.fd, self.frame, len(self.frame), repeat)
+        if r < 0:
+            raise netns.LabError(f"sending on an AF_PACKET socket: {os.strerror(-r)}")
 
 
 class XdpGenerator(Generator):
     name = "xdp"
 
-    def __init__(self, ns, ifname, frames, cpu=None, burst=CEILING_BURST):
+    def __init__(self, ns, ifname, frames, cpu=None, burst=CEILING_BURST, path=None):
+        """path: None (live frames where the kernel runs them, else AF_PACKET) or PACKET."""
+        if path not in (None, PACKET):
+            raise ValueError(f"path: None or {PACKET!r}")
         super().__init__(ns, ifname, frames, cpu)
+        self._want = path
         self.burst = burst
         self._prog = XdpGen(max_frames=max(1, len(self.frames)), max_len=max(map(len, self.frames), default=64))
         self._live = None
         self._holder = None
+        self._sock = None
+        self.path = None  # LIVE or PACKET, once open
         self.started = None  # CLOCK_MONOTONIC when the last send began (a test holds the sender in its clock)
 
     def _open(self):
+        why = None if self._want == PACKET else live_frames_refusal()
+        if why is not None or self._want == PACKET:
+            if why is not None:
+                _say_path(why)
+            self.path = PACKET
+            with netns.ipr(self.ns) as ip:
+                ifindex = ip.link_lookup(ifname=self.ifname)[0]
+            with netns.entered(self.ns):  # the socket binds to the device of its namespace
+                fd = _pktsend().pktsend_open(ifindex)
+            if fd < 0:
+                raise netns.LabError(f"an AF_PACKET socket on {self.ifname}: {os.strerror(-fd)}")
+            self._sock = fd
+            self._live = [PacketFrames(fd, f) for f in self.frames]
+            return
+        self.path = LIVE
         holder = f"{HOLDER_PREFIX}{secrets.token_hex(3)}"
         with netns.ipr(self.ns) as ip:
             ip.link("add", ifname=holder + "a", kind="veth", peer=holder + "b")
@@ -58,6 +134,9 @@ class XdpGenerator(Generator):
         self._live = self._prog.frames(self.frames, ingress)
 
     def _close(self):
+        if self._sock is not None:
+            os.close(self._sock)
+            self._sock = None
         try:
             self._prog.close()
         finally:

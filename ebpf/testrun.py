@@ -209,7 +209,7 @@ class LiveFrames:
 
 BPF_PROG_TYPE_XDP = 6
 # r0 = XDP_DROP; exit: a program that sends nothing, to ask the kernel a question
-_DROP_INSNS = bytes.fromhex("b700000001000000" "9500000000000000")
+_DROP_INSNS = bytes.fromhex("b7000000010000009500000000000000")
 _live_refusal = ...
 
 

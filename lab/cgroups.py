@@ -110,6 +110,60 @@ class SocketCgroup:
         remove_cgroup(self.path)
 
 
+class MemoryCgroup:
+    """A memory cgroup of our own, for what the processes run in it leave in the kernel:
+    the kernel charges a rule, a chain or a set element to the cgroup of the task that
+    made it, and the charge stays after the task exits (kernel_bytes()). cgroup v2 where
+    its memory controller is (memory.stat's `kernel`), else v1's memory hierarchy
+    (memory.kmem.usage_in_bytes). Under CGROUP_NAME, so that cleanup finds it."""
+
+    V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+    def __init__(self, name):
+        self.root = None
+        for root in (CpuCgroup.V2_ROOT, CpuCgroup.V2_HYBRID):
+            try:
+                if "memory" in (root / "cgroup.controllers").read_text().split():
+                    self.root = root
+                    break
+            except OSError:
+                continue
+        if self.root is None and (self.V1_MEMORY / "memory.kmem.usage_in_bytes").exists():
+            self.root = self.V1_MEMORY
+        if self.root is None:
+            raise LabError("no cgroup memory controller with kernel memory (v2 memory, or v1 memory.kmem)")
+        self.path = self.root / CGROUP_NAME / name
+
+    def create(self):
+        self.path.parent.mkdir(exist_ok=True)
+        if self.root != self.V1_MEMORY:  # a v2 parent must hand the controller down
+            for d in (self.root, self.path.parent):
+                ctl = d / "cgroup.subtree_control"
+                if "memory" not in ctl.read_text().split():
+                    ctl.write_text("+memory")
+        self.path.mkdir(exist_ok=True)
+        return self
+
+    def joiner(self):
+        """A preexec_fn for subprocess: the child joins this cgroup before it execs."""
+        procs = str(self.path / "cgroup.procs")
+
+        def join():
+            with open(procs, "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+        return join
+
+    def kernel_bytes(self) -> int:
+        if self.root == self.V1_MEMORY:
+            return int((self.path / "memory.kmem.usage_in_bytes").read_text())
+        stat = dict(ln.split() for ln in (self.path / "memory.stat").read_text().splitlines())
+        return int(stat["kernel"])
+
+    def remove(self):
+        remove_cgroup(self.path)  # its charges go to the parent: a memory cgroup removes with them
+
+
 def remove_cgroup(path: Path):
     """Remove a cgroup: kill what is still in it, then rmdir (a cgroup with tasks is busy)."""
     if not path.exists():
@@ -138,9 +192,9 @@ def _cgroup_pids(path):
 
 
 def lab_cgroups() -> list[Path]:
-    """The per-instance cgroups the lab made, in whichever hierarchy has cpu."""
+    """The per-instance cgroups the lab made, in whichever hierarchy has cpu or memory."""
     found = []
-    for root in (CpuCgroup.V2_ROOT, CpuCgroup.V2_HYBRID, CpuCgroup.V1_CPU):
+    for root in (CpuCgroup.V2_ROOT, CpuCgroup.V2_HYBRID, CpuCgroup.V1_CPU, MemoryCgroup.V1_MEMORY):
         d = root / CGROUP_NAME
         if d.is_dir():
             found += sorted(p for p in d.iterdir() if p.is_dir())

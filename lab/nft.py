@@ -33,9 +33,18 @@ def run(ns, commands) -> dict:
     return out
 
 
-def run_text(ns, text):
+def run_text(ns, text, preexec=None):
     """Run nft's own syntax in namespace `ns` (a ruleset as `nft -f` takes it: for rules
-    written as their tools write them, kube-proxy's)."""
+    written as their tools write them, kube-proxy's). preexec: run it as `nft -f -`, a
+    process of its own that calls this first (to join a cgroup: MemoryCgroup.joiner)."""
+    if preexec is not None:
+        argv = ["nft", "-f", "-"]
+        r = netns.run(
+            ns, argv, input=text, capture_output=True, text=True, check=False, timeout=900, preexec_fn=preexec
+        )
+        if r.returncode != 0:
+            raise LabError(f"nft: {(r.stderr.strip().splitlines() or [f'exit {r.returncode}'])[0]}")
+        return
     try:
         import nftables  # noqa: PLC0415 -- optional (python3-nftables, Debian): its absence is said
     except ImportError:

@@ -105,3 +105,26 @@ def test_debians_iptables_restore_loads_them_and_a_connection_reaches_an_endpoin
         th.join(timeout=5)
         srv.close()
         assert got == ["198.18.40.1"]  # from inside the cluster CIDR: not masqueraded
+        # the service used, removed as kube-proxy's partial sync removes one: its chains
+        # gone, the others' kept; then everything of ours emptied and deleted in one restore
+        r = netns.run(
+            t.ns("client"),
+            [restore, "--noflush"],
+            input=kubeproxy.remove_text(services[:2], services[2], "198.18.40.0/24"),
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        saved = netns.run(t.ns("client"), [f"{ipt}-save", "-t", "nat"], capture_output=True, text=True).stdout
+        kept = [kubeproxy.svc_chain(s[0], "tcp") for s in services[:2]]
+        assert saved.count("-j KUBE-SEP-") == 2 and all(f":{c} " in saved for c in kept), saved
+        assert kubeproxy.svc_chain(services[2][0], "tcp") not in saved and "198.18.41.3" not in saved
+        for chain, rule in kubeproxy.JUMPS:
+            netns.run(t.ns("client"), [ipt, "-t", "nat", "-D", chain, *rule], check=True)
+        ours = [ln[1:].split()[0] for ln in saved.splitlines() if ln.startswith(":KUBE-")]
+        r = netns.run(
+            t.ns("client"), [restore, "--noflush"], input=kubeproxy.teardown_text(ours), capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        saved = netns.run(t.ns("client"), [f"{ipt}-save", "-t", "nat"], capture_output=True, text=True).stdout
+        assert "KUBE-" not in saved, saved

@@ -28,10 +28,13 @@ def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == FIGURES08
     assert_every_figure_shown_once(nb, FIGURES08)
     pods = pd.read_csv(next((tmp_path / "results").glob("pods-*.csv")))
-    assert sorted(zip(pods["way"], pods["services"], strict=True)) == sorted(
-        (w, n) for w in ("connect", "nft", "iptables-legacy") for n in (1, 3)
+    assert sorted(zip(pods["way"], pods["services"], pods["position"], strict=True)) == sorted(
+        (w, n, pos)
+        for w in ("connect", "nft", "iptables-legacy")
+        for n, pos in ((1, "last"), (3, "last"), (3, "first"))
     )
-    assert (pods["tps"] > 0).all() and (pods["add_one_ms"] > 0).all()
+    last = pods[pods["position"] == "last"]
+    assert (pods["tps"] > 0).all() and (last["add_one_ms"] > 0).all() and (last["remove_one_ms"] > 0).all()
     tables = pd.read_csv(next((tmp_path / "results").glob("lb_tables-*.csv")))
     assert sorted(tables[tables["what"] == "sweep"]["size"]) == [10, 1000]
 

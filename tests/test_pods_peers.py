@@ -56,10 +56,16 @@ def test_each_way_carries_the_pods_and_their_services_in_turn(bed, i):
             # one service more, the way this one adds it (map entries; nft's transaction;
             # kube-proxy's partial restore): served at once, and the others still are
             more = "198.18.200.20"
-            for proto in ("tcp", "udp"):
-                peer.add_service((more, 80, proto, [f"{tb.pod4(b)}:{PORT}" for b in ("p01", "p10")]))
+            added = [(more, 80, proto, [f"{tb.pod4(b)}:{PORT}" for b in ("p01", "p10")]) for proto in ("tcp", "udp")]
+            for service in added:
+                peer.add_service(service)
             way = "per-packet"
             assert exchange(tb.topo, "p00", more, 80, N, **peer.client_kw(way)) == whole
+            assert exchange(tb.topo, "p00", VIP, 80, N, **peer.client_kw(way)) == whole
+            # and its TCP one removed, the way this one removes it: gone, nothing else
+            peer.remove_service(added[0])
+            got = exchange(tb.topo, "p00", more, 80, 1, expect_none=True, **peer.client_kw(way))
+            assert got == {"udp": 1, "tcp": 0, "n": 1}
             assert exchange(tb.topo, "p00", VIP, 80, N, **peer.client_kw(way)) == whole
     finally:
         peer.detach()

@@ -318,11 +318,16 @@ static __always_inline int to_service(struct __sk_buff *skb, struct pod_stats *s
 		nat.update(&fk, &to);
 	}
 	/* the reverse, for the replies: written when missing (a new flow's, or one the LRU
-	 * let go), not on every packet: a lookup costs no write to a shared entry */
+	 * let go) or naming another service, not on every packet: a lookup costs no write
+	 * to a shared entry. Another service's: a closed flow's, from the same client port
+	 * to another service with this backend (a client reuses its ports per destination);
+	 * kept, it gave this flow's replies that service's address, and they were lost. */
 	__builtin_memcpy(back.a, p->daddr, sizeof(back.a));
 	back.port = p->dport_val;
 	nat_key_of(&rk, to.a, p->saddr, to.port, p->sport_val, p, 1);
-	if (!nat.lookup(&rk))
+	kept = nat.lookup(&rk);
+	if (!kept || kept->port != back.port || kept->a[0] != back.a[0] || kept->a[1] != back.a[1] ||
+	    kept->a[2] != back.a[2] || kept->a[3] != back.a[3])
 		nat.update(&rk, &back);
 	if (rewrite_dst(skb, p, &to) < 0)
 		return SVC_FAILED;

@@ -32,9 +32,9 @@ int pktsend_open(int ifindex)
 }
 
 /* Hand `count` copies of the frame to the device. Returns how many were handed,
- * or -errno. A frame the device dropped (its peer's queue full) comes back as
- * ENOBUFS: it was handed and the device counted it in tx_dropped, as it counts
- * a live frame it drops, so it is counted here and the next one goes. */
+ * or -errno. A frame the device drops (its peer's queue full) fails with
+ * ENOBUFS: it was handed, and the device counted it in tx_dropped as it counts a
+ * live frame it drops, so it is counted here too and the next one goes. */
 long pktsend_send(int fd, const void *frame, unsigned int len, long count)
 {
 	struct iovec iov = {.iov_base = (void *)frame, .iov_len = len};
@@ -48,24 +48,20 @@ long pktsend_send(int fd, const void *frame, unsigned int len, long count)
 	}
 	while (sent < count) {
 		unsigned int n = count - sent < BATCH ? count - sent : BATCH;
-		int err = 0, r = sendmmsg(fd, msgs, n, 0);
+		int r = sendmmsg(fd, msgs, n, 0);
 
 		if (r < 0) {
-			err = errno;
-			r = 0;
-		} else if ((unsigned int)r < n) {
-			/* sendmmsg stops at a message's error and keeps it in the
-			 * socket for the next call: take it now (SO_ERROR clears it) */
-			socklen_t l = sizeof(err);
-
-			if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+			if (errno == ENOBUFS)
+				sent++;
+			else if (errno != EINTR)
 				return -errno;
+			continue;
 		}
-		sent += r;
-		if (err == ENOBUFS)
-			sent++;
-		else if (err && err != EINTR && err != EAGAIN)
-			return -err;
+		/* Short: message r failed, and sendmmsg returns the count before it
+		 * and loses its error. The frames are alike, so what fails one of them
+		 * alone is the device's drop (ENOBUFS): counted, as above. An error
+		 * that lasts fails the next call's first message, and is returned. */
+		sent += r + ((unsigned int)r < n);
 	}
 	return sent;
 }

@@ -5,10 +5,13 @@ request/response and service measurements a pod datapath is judged by."""
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 
+from ebpf.holders import maps_memlock
 from lab.bench import common
+from lab.cgroups import MemoryCgroup
 from lab.fastpaths.pods.peers import PEERS
 from lab.fastpaths.pods.testbed import pods_testbed
 from lab.metrics import CpuSampler, write_results
@@ -31,7 +34,11 @@ by a veth underlay), connected each way the lab compares, in interleaved trials:
   services  TCP_CRR (a new connection per transaction) from a pod to a service with
             backends on both nodes, with 1 and 100 services: translated at connect()
             (the eBPF datapath's cgroup programs), per packet at the pod's veth (eBPF),
-            and by kube-proxy's nftables rules (legacy)
+            by kube-proxy's nftables rules (legacy) and by its iptables rules (both of
+            Debian's backends); to the service kube-proxy writes last (its worst case)
+            and to the one it writes first. Each way's services are built once per
+            size (build_s, memory_kib), then its trials run; after each, one service
+            is added and removed again as that way does it (add_one_ms, remove_one_ms)
 Every pod runs on the tunnel-ready testbed (pods' MTU 1450) so that all ways see the
 same pods; `host` is the underlay's 1500."""
 EXAMPLES = """\
@@ -55,7 +62,8 @@ WAYS = {
 HOSTS_REFUSE = ("iptables-legacy", "iptables-nft")  # ways -i runs refuse: they write the host's nat table
 RR_PORT, IPERF_PORT = 7100, 5201
 VIP, VIP6 = "198.18.200.10", "2001:2:200::10"
-COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "trial", "gbps", "tps"]
+VIP_FIRST = "198.18.200.11"  # the service kube-proxy writes first (VIP: the one it writes last)
+COLUMNS = ["experiment", "peer", "way", "path", "family", "parallel", "services", "position", "trial", "gbps", "tps"]
 # of an eBPF peer's counters, each node's in a hosts run's rows (all of them: its runner's
 # result.json there); connect and to_backend: where a service was translated
 DATAPATH_COUNTERS = ("seen", "redirect", "pass", "drop", "local_pod", "remote_pod", "tunneled", "connect", "to_backend")
@@ -127,11 +135,12 @@ SERVICE_BACKENDS = ("p01", "p10")  # a service's backends: one pod on each node
 
 
 def services(tb, n):
-    """n services, the measured one (VIP) last; the others' addresses are decoys, as a
-    cluster's other services are to this one's lookup."""
+    """n services: VIP_FIRST first (when n > 1) and VIP last, the two measured; the others'
+    addresses are decoys, as a cluster's other services are to these ones' lookup."""
     backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in SERVICE_BACKENDS]
-    out = [(f"198.19.{i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1)]
-    return out + [(VIP, 80, "tcp", backends)]
+    first = [(VIP_FIRST, 80, "tcp", backends)] if n > 1 else []
+    out = [(f"198.19.{i // 250}.{i % 250 + 1}", 80, "tcp", backends) for i in range(n - 1 - len(first))]
+    return first + out + [(VIP, 80, "tcp", backends)]
 
 
 def _keys(variant, trial) -> dict:
@@ -182,6 +191,7 @@ def run(
             inventory, peers, experiments, parallel, families, paths, trials, duration, out, progress, counts, ways
         )
     variants = _variants(peers, experiments, parallel, families, paths, counts, ways)
+    plain = [v for v in variants if v[0] != "services"]
     tb = pods_testbed(tunnel=True)
     bar = common.Progress(trials * len(variants)) if progress else None
     rows = []
@@ -191,7 +201,7 @@ def run(
         for ns in (tb.ns(b) for b in SERVICE_BACKENDS):
             servers.enter_context(RrServer(ns, RR_PORT))
         servers.enter_context(RrServer(tb.ns(tb.nodes[1]), RR_PORT + 1))  # host: node to node
-        for trial, _, v in common.interleaved(trials, [0], variants):
+        for trial, _, v in common.interleaved(trials, [0], plain):
             experiment, name, way, path, fam, par, n = v
             peer = PEERS[name](tb)
             peer.attach()
@@ -199,16 +209,14 @@ def run(
                 row = _keys(v, trial)
                 if experiment == "stream":
                     row.update(_stream(tb, name, path, fam, par, duration))
-                elif experiment == "rr":
-                    row.update(_rr(tb, name, duration))
                 else:
-                    peer.set_services(services(tb, n))
-                    row.update(_crr(tb, peer, way, duration, n))
+                    row.update(_rr(tb, name, duration))
                 rows.append(row)
             finally:
                 peer.detach()
             if bar:
                 bar.step(f"{experiment} {name} {way or ''} {path} v{fam} x{par} t{trial}")
+        rows += service_blocks(tb, [v for v in variants if v[0] == "services"], trials, duration, bar)
     df = common.columns_first(rows, COLUMNS)
     params = {
         "peers": peers,
@@ -221,6 +229,8 @@ def run(
         "trials": trials,
         "duration_s": duration,
         "pod_mtu": 1450,
+        "services_order": "per size, each way's services built once and its trials run in a block; "
+        "the ways of a size one after another, starting with another way at each size",
         "cpu": "the whole machine's /proc/stat over the run: both nodes and every pod share one kernel",
     }
     return df, write_results(df, "pods", params, out)
@@ -358,6 +368,8 @@ def run_on_hosts(
         "trials": trials,
         "duration_s": duration,
         "pod_mtu": 1450,
+        "services_order": "per size, each way's services built once and its trials run in a block; "
+        "the ways of a size one after another, starting with another way at each size",
         "inventory": str(inv.path),
         "nodes": host_of,
         "underlay": underlay,
@@ -397,14 +409,68 @@ def _rr(tb, name, duration) -> dict:
     return latency(r)
 
 
-def _crr(tb, peer, way, duration, n) -> dict:
-    r = request_response(tb.ns("p00"), VIP, 80, duration, mode="crr", **peer.client_kw(way))
-    # then one service more, as each way adds one (map writes, nft's transaction, kube-proxy's
-    # partial iptables-restore), on every node: its time after the run, not in it
+def service_blocks(tb, variants, trials, duration, bar=None) -> list:
+    """The services experiment, a block per way and size: the services built once (build_s;
+    memory_kib: the kernel memory they hold, maps' memlock or the rules' charge), then the
+    trials, each a run to the last service and one to the first (in turn), and one service
+    added and removed again as the way does it. The ways of a size run one after another,
+    starting with another at each size: a rule set of 10,000 takes minutes to build, so
+    it is built once for all its runs, not once per run."""
+    rows = []
+    for k, n in enumerate(sorted({v[6] for v in variants})):
+        of_n = [v for v in variants if v[6] == n]
+        for v in of_n[k % len(of_n) :] + of_n[: k % len(of_n)]:
+            rows += _block(tb, v, trials, duration, bar)
+    return rows
+
+
+def _block(tb, v, trials, duration, bar) -> list:
+    _, name, way, *_, n = v
+    peer = PEERS[name](tb)
+    charge = MemoryCgroup(f"{tb.ns(tb.nodes[0])}.rules")
+    held = maps_memlock([os.getpid()])  # maps this process holds before the way's own
+    rows = []
+    try:
+        peer.attach()
+        peer.charge = charge.create()
+        t0 = time.perf_counter()
+        peer.set_services(services(tb, n))
+        built = {"build_s": round(time.perf_counter() - t0, 3)}
+        peer.charge = None
+        # both nodes': every tool that built the rules ran in the cgroup, every map is this process's
+        kib = (maps_memlock([os.getpid()]) - held + charge.kernel_bytes()) / 1024
+        built["memory_kib"] = round(kib, 1)
+        for trial in range(trials):
+            positions = ["last", "first"][: 2 if n > 1 else 1]
+            for pos in positions if trial % 2 == 0 else positions[::-1]:
+                r = request_response(
+                    tb.ns("p00"), VIP if pos == "last" else VIP_FIRST, 80, duration, mode="crr", **peer.client_kw(way)
+                )
+                row = {**_keys(v, trial), "position": pos, **latency(r), **built}
+                if pos == "last":
+                    last = row
+                rows.append(row)
+            last.update(_add_remove(tb, peer, n))
+            if bar:
+                bar.step(f"services {way} x{n} t{trial}")
+    finally:
+        peer.detach()
+        charge.remove()
+    return rows
+
+
+def _add_remove(tb, peer, n) -> dict:
+    """One service more, as the way adds one (map writes, nft's transaction, kube-proxy's
+    partial iptables-restore), on every node, then the same one removed: their times,
+    after a run, never in it."""
     backends = [f"{tb.pod4(b)}:{RR_PORT}" for b in SERVICE_BACKENDS]
+    one = (f"198.19.{n // 250 + 100}.{n % 250 + 1}", 80, "tcp", backends)
     t0 = time.perf_counter()
-    peer.add_service((f"198.19.{n // 250 + 100}.{n % 250 + 1}", 80, "tcp", backends))
-    return {**latency(r), "add_one_ms": round(1e3 * (time.perf_counter() - t0), 3)}
+    peer.add_service(one)
+    t1 = time.perf_counter()
+    peer.remove_service(one)
+    t2 = time.perf_counter()
+    return {"add_one_ms": round(1e3 * (t1 - t0), 3), "remove_one_ms": round(1e3 * (t2 - t1), 3)}
 
 
 def latency(r) -> dict:
@@ -428,8 +494,10 @@ def print_summary(df, stream=sys.stdout):
         d = df[df["experiment"] == exp]
         if d.empty:
             continue
-        keys = ["peer", "way", "path", "family", "parallel", "services"]
-        d = d.fillna({"way": "", "services": 0}).astype({"services": int})
+        keys = ["peer", "way", "path", "family", "parallel", "services", "position"]
+        if "position" not in d:
+            d = d.assign(position="")
+        d = d.fillna({"way": "", "services": 0, "position": ""}).astype({"services": int})
         s = common.summarize(d, keys, values)
         stream.write(f"\n{exp}: median [min..max]\n")
         for _, r in s.iterrows():
@@ -468,9 +536,16 @@ def targets(df) -> list[str]:
     out.append(line("ebpf / legacy request/response latency (p50)", e / lg if e and lg else None, 0.6, False))
     n = df[df["experiment"] == "services"]["services"].max() if "services" in df else None
     n = None if n is None or n != n else int(n)
-    c = med("tps", experiment="services", way="connect", services=n) if n else None
-    f = med("tps", experiment="services", way="nft", services=n) if n else None
+    last = {"position": "last"} if "position" in df else {}
+    c = med("tps", experiment="services", way="connect", services=n, **last) if n else None
+    f = med("tps", experiment="services", way="nft", services=n, **last) if n else None
     out.append(line(f"connect() / nftables DNAT connections/s at {n} services", c / f if c and f else None, 1.3))
+    i = med("tps", experiment="services", way="iptables-legacy", services=n, **last) if n else None
+    out.append(
+        line(f"connect() / iptables (legacy) connections/s to the last at {n} services", c / i if c and i else None, 2)
+    )
+    a = med("add_one_ms", experiment="services", way="connect", services=n) if n and "add_one_ms" in df else None
+    out.append(line(f"adding one service through the API at {n} services, ms", a, 5, False))
     return out
 
 

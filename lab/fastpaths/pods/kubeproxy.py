@@ -128,10 +128,28 @@ def add_text(services, cluster_cidr) -> str:
     return "\n".join([*head, *keep, *own, "COMMIT"]) + "\n"
 
 
-def named(services) -> list:
+def remove_text(services, gone, cluster_cidr) -> str:
+    """What kube-proxy's partial sync hands iptables-restore --noflush when `gone` (one of
+    its services, as named() gives it) is deleted and `services` remain: KUBE-SERVICES
+    written whole without it, and its chains declared (so flushed) and deleted (-X)."""
+    name, _, _, proto, endpoints = gone
+    stale = [svc_chain(name, proto), *(sep_chain(name, proto, e) for e in endpoints)]
+    keep = [service_rule(*s[:4]) for s in services if s[4]] + [NODEPORTS_RULE]
+    head = ["*nat", ":KUBE-SERVICES - [0:0]", *(f":{c} - [0:0]" for c in stale)]
+    return "\n".join([*head, *keep, *(f"-X {c}" for c in stale), "COMMIT"]) + "\n"
+
+
+def teardown_text(chains) -> str:
+    """One iptables-restore --noflush input that empties and deletes `chains` (the KUBE-
+    ones of a nat table): one pass over the table, where an iptables -F and -X per chain
+    would each read and write the whole table back (10,000 services: hours)."""
+    return "\n".join(["*nat", *(f":{c} - [0:0]" for c in chains), *(f"-X {c}" for c in chains), "COMMIT"]) + "\n"
+
+
+def named(services, first=0) -> list:
     """bench pods' services [(address, port, proto, backends)] as kube-proxy's: each its
-    service port name "ns<i>/svc<i>:p<port>", in the order given."""
+    service port name "ns<i>/svc<i>:p<port>", i from `first` in the order given."""
     return [
         (f"ns{i}/svc{i}:p{port}", str(ipaddress.ip_address(a)), port, proto, list(b))
-        for i, (a, port, proto, b) in enumerate(services)
+        for i, (a, port, proto, b) in enumerate(services, start=first)
     ]

@@ -50,6 +50,12 @@ class PodPeer(Peer):
     def __init__(self, tb, mode=None):
         super().__init__(mode)
         self.tb = tb
+        # a lab.cgroups.MemoryCgroup that set_services' tools run in, for the kernel memory
+        # their rules hold (bench pods); the eBPF ways' maps are counted by memlock instead
+        self.charge = None
+
+    def _joiner(self):
+        return self.charge.joiner() if self.charge is not None else None
 
     def client_kw(self, way) -> dict:
         """subprocess keywords for a client of a service (`connect`: in the cgroup)."""
@@ -84,24 +90,39 @@ class Legacy(PodPeer):
     def set_services(self, services):
         self.remove_services()
         self.services = [s for s in services if _family(s[0]) == "ip"]  # (add_service: IPv4)
+        self._ids = list(range(len(self.services)))  # each one's chain number (ruleset: in order)
         for node in self.tb.local_nodes:
             for family in ("ip", "ip6"):
                 text = ruleset(family, [s for s in services if _family(s[0]) == family], self.tb.nft_table)
                 if text:
-                    nft.run_text(self.tb.ns(node), text)
+                    nft.run_text(self.tb.ns(node), text, preexec=self._joiner())
 
     def add_service(self, service):
         """One more service as kube-proxy's nftables mode adds it: its chains and its element
         of the service-ips map, in one transaction (nothing else rewritten)."""
         family = _family(service[0])
-        n = len(self.services)
+        n = max(self._ids, default=-1) + 1
         self.services.append(service)
+        self._ids.append(n)
         chains, element = _service_chains(family, n, service)
         table = self.tb.nft_table
         text = "\n".join([f"table {family} {table} {{", *(f"  {c}" for c in chains), "}"])
         text += f"\nadd element {family} {table} service-ips {{ {element} }}\n"
         for node in self.tb.local_nodes:
             nft.run_text(self.tb.ns(node), text)
+
+    def remove_service(self, service):
+        """A service gone as kube-proxy's nftables mode removes it: its element, then its
+        chains, in one transaction."""
+        i = self.services.index(service)
+        family, n = _family(service[0]), self._ids[i]
+        chains, element = _service_chains(family, n, service)
+        table = self.tb.nft_table
+        text = f"delete element {family} {table} service-ips {{ {element.rsplit(' : ', 1)[0]} }}\n"
+        text += "".join(f"delete chain {family} {table} {c.split()[1]}\n" for c in reversed(chains))
+        for node in self.tb.local_nodes:
+            nft.run_text(self.tb.ns(node), text)
+        del self.services[i], self._ids[i]
 
     def remove_services(self):
         for node in self.tb.local_nodes:
@@ -132,23 +153,35 @@ class KubeProxyIptables(PodPeer):
             raise LabError(f"{self.name}: kube-proxy's iptables rules are written on this machine's namespaces only")
         self.remove_services()
         self.services = [s for s in services if _family(s[0]) == "ip"]
-        self._restore(kubeproxy.restore_text(kubeproxy.named(self.services), self.tb.cluster_cidr4))
+        self.named = kubeproxy.named(self.services)  # names fixed once given: a removal renames no other
+        self._restore(kubeproxy.restore_text(self.named, self.tb.cluster_cidr4), preexec=self._joiner())
         for node in self.tb.local_nodes:
             for chain, rule in kubeproxy.JUMPS:
                 netns.run(self.tb.ns(node), [self._ipt(), "-t", "nat", "-I", chain, *rule], capture_output=True)
         self.loaded = True
 
-    def _restore(self, text):
+    def _restore(self, text, preexec=None):
         for node in self.tb.local_nodes:
             argv = [self._ipt("-restore"), "--noflush"]
-            r = netns.run(self.tb.ns(node), argv, input=text, capture_output=True, text=True, check=False)
+            kw = dict(input=text, capture_output=True, text=True, check=False, timeout=900, preexec_fn=preexec)
+            r = netns.run(self.tb.ns(node), argv, **kw)
             if r.returncode:
                 raise LabError(f"{argv[0]} on {node}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
 
     def add_service(self, service):
         """One more service, as kube-proxy's partial sync writes it (KUBE-SERVICES whole)."""
+        n = 1 + max((int(x[0].split("/")[0][2:]) for x in self.named), default=-1)
         self.services.append(service)
-        self._restore(kubeproxy.add_text(kubeproxy.named(self.services), self.tb.cluster_cidr4))
+        self.named.append(kubeproxy.named([service], first=n)[0])
+        self._restore(kubeproxy.add_text(self.named, self.tb.cluster_cidr4))
+
+    def remove_service(self, service):
+        """A service gone, as kube-proxy's partial sync writes it: KUBE-SERVICES whole
+        without it, its chains flushed and deleted."""
+        i = self.services.index(service)
+        gone = self.named[i]
+        del self.services[i], self.named[i]
+        self._restore(kubeproxy.remove_text(self.named, gone, self.tb.cluster_cidr4))
 
     def remove_services(self):
         if not getattr(self, "loaded", False):
@@ -159,9 +192,10 @@ class KubeProxyIptables(PodPeer):
                 netns.run(ns, [self._ipt(), "-t", "nat", "-D", chain, *rule], capture_output=True, check=False)
             saved = netns.run(ns, [self._ipt("-save"), "-t", "nat"], capture_output=True, text=True, check=False).stdout
             ours = [ln[1:].split()[0] for ln in saved.splitlines() if ln.startswith(":KUBE-")]
-            for flag in ("-F", "-X"):
-                for chain in ours:
-                    netns.run(ns, [self._ipt(), "-t", "nat", flag, chain], capture_output=True, check=False)
+            if ours:
+                argv = [self._ipt("-restore"), "--noflush"]
+                text = kubeproxy.teardown_text(ours)
+                netns.run(ns, argv, input=text, capture_output=True, text=True, check=False, timeout=900)
         self.loaded = False
 
     def detach(self):
@@ -355,6 +389,10 @@ class Ebpf(PodPeer):
         """One more service: its map entries through the API, on every node."""
         for p in self.progs.values():
             p.add_service(*service)
+
+    def remove_service(self, service):
+        for p in self.progs.values():
+            p.remove_service(*service[:3])
 
     def counters(self):
         out = {}

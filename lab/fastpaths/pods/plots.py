@@ -144,9 +144,14 @@ def rr_bars(df):
     return fig
 
 
+def _last(d):
+    """The runs to the service written last (every run of a CSV from before the first was measured)."""
+    return d[d["position"] == "last"] if "position" in d else d
+
+
 def services_bars(df):
     """Connections per second through a service (TCP_CRR), by translation and number of services."""
-    d = df[df["experiment"] == "services"]
+    d = _last(df[df["experiment"] == "services"])
     ways = [w for w in WAYS_COLOURS if w in set(d["way"])]
     levels = sorted(int(n) for n in d["services"].unique())
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -160,35 +165,54 @@ def services_bars(df):
     return fig
 
 
-def _curve(ax, d, value, way, scale=1.0):
+def _curve(ax, d, value, way, scale=1.0, label=True, **kw):
     """One way's median of `value` per service count, whiskers min..max."""
-    g = d[d["way"] == way].groupby("services")[value]
+    g = d[d["way"] == way].dropna(subset=[value]).groupby("services")[value]
+    if not g.ngroups:
+        return
     med, lo, hi = g.median() / scale, g.min() / scale, g.max() / scale
     ax.errorbar(
-        med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, label=way, color=WAYS_COLOURS.get(way)
+        med.index,
+        med,
+        yerr=[med - lo, hi - med],
+        marker="o",
+        capsize=3,
+        label=way if label else None,
+        color=WAYS_COLOURS.get(way),
+        **kw,
     )
 
 
 def services_curves(df):
     """As the services grow (log x), per way: connections per second to the service written
-    last (kube-proxy's worst case in iptables mode), and the time to add one more service."""
+    last (kube-proxy's worst case in iptables mode; dotted: to the one written first), the
+    time to add one more service, and the kernel memory the services hold."""
     d = df[df["experiment"] == "services"].astype({"services": int})
     ways = [w for w in WAYS_COLOURS if w in set(d["way"])]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = 3 if "memory_kib" in d else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    a, b = axes[0], axes[1]
     for way in ways:
-        _curve(a, d, "tps", way, scale=1000)
-        if "add_one_ms" in d and d[d["way"] == way]["add_one_ms"].notna().any():
+        _curve(a, _last(d), "tps", way, scale=1000)
+        if "position" in d:
+            _curve(a, d[d["position"] == "first"], "tps", way, scale=1000, label=False, ls=":", alpha=0.6)
+        if "add_one_ms" in d:
             _curve(b, d, "add_one_ms", way)
-    a.set_xscale("log")
+        if panels == 3:
+            _curve(axes[2], d, "memory_kib", way, scale=1024)
     a.set_ylim(bottom=0)
-    a.set_xlabel("services on the nodes")
     a.set_ylabel("connections per second (thousands)")
-    a.set_title("To the last service (TCP_CRR)")
-    b.set_xscale("log")
-    b.set_yscale("log")
-    b.set_xlabel("services on the nodes")
+    a.set_title("To the last service (TCP_CRR; dotted: the first)")
     b.set_ylabel("ms to add one service (both nodes)")
     b.set_title("Adding one more")
+    if panels == 3:
+        axes[2].set_ylabel("MiB of kernel memory (both nodes)")
+        axes[2].set_title("What the services hold")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("services on the nodes")
+    for ax in axes[1:]:
+        ax.set_yscale("log")
     a.legend(frameon=False)
     fig.tight_layout()
     return fig

@@ -156,8 +156,9 @@ class KubeProxyIptables(PodPeer):
         self.named = kubeproxy.named(self.services)  # names fixed once given: a removal renames no other
         self._restore(kubeproxy.restore_text(self.named, self.tb.cluster_cidr4), preexec=self._joiner())
         for node in self.tb.local_nodes:
-            for chain, rule in kubeproxy.JUMPS:
-                netns.run(self.tb.ns(node), [self._ipt(), "-t", "nat", "-I", chain, *rule], capture_output=True)
+            for chain, rule in kubeproxy.JUMPS:  # (legacy: each writes the whole table anew, so charged alike)
+                argv = [self._ipt(), "-t", "nat", "-I", chain, *rule]
+                netns.run(self.tb.ns(node), argv, capture_output=True, preexec_fn=self._joiner())
         self.loaded = True
 
     def _restore(self, text, preexec=None):

@@ -217,7 +217,7 @@ def test_bench_lb_tables_at_tiny_sizes_writes_its_rows(tmp_path):
     it was given (the bench refuses to report one that does not)."""
     r = subprocess.run(
         [sys.executable, "-m", "lab", "bench", "lb-tables", "--backends", "2,5", "--sessions", "10,70000"]
-        + ["--trials", "2", "--reference", "--out", str(tmp_path)],
+        + ["--services", "1,3", "--packets", "500", "--trials", "2", "--reference", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -232,6 +232,14 @@ def test_bench_lb_tables_at_tiny_sizes_writes_its_rows(tmp_path):
     # 70000 sessions: more than one tick's budget (65536), so a pass takes two ticks or more
     assert (sweep[sweep["size"] == 70000]["ticks"] >= 2).all() and (sweep[sweep["size"] == 10]["ticks"] == 2).all()
     assert "change (ms a change)" in r.stdout and "sweep (ms a tick)" in r.stdout
+    # and the program's time a packet, at each number of services and sessions: every frame
+    # sent to its backend, every SYN a new session (the bench refuses a row otherwise)
+    packet = df[df["what"] == "packet"]
+    got = sorted(zip(packet["kind"], packet["services"], packet["backends"], packet["size"], strict=True))
+    want = [(k, s, 2 + 8 * (s - 1), n) for k in ("established", "syn") for s in (1, 3) for n in (10, 70000)]
+    assert got == sorted(want * 2)
+    assert (packet["ns_median"] > 0).all() and (packet["ns_p99"] >= packet["ns_median"]).all()
+    assert "packet (ns, the program's run; size: sessions)" in r.stdout and "(target <= 1.20)" in r.stdout
 
 
 def test_backends_named_per_service_and_for_every_service_of_a_family():

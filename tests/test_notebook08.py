@@ -17,6 +17,8 @@ def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
         {
             "VTL_BACKENDS": "2,5",
             "VTL_SESSIONS": "10,1000",
+            "VTL_LB_SERVICES": "1,3",
+            "VTL_PACKETS": "500",
             "VTL_SERVICES": "1,3",
             "VTL_WAYS": "connect,nft,iptables-legacy",
             "VTL_TRIALS": "1",
@@ -37,6 +39,10 @@ def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
     assert (pods["tps"] > 0).all() and (last["add_one_ms"] > 0).all() and (last["remove_one_ms"] > 0).all()
     tables = pd.read_csv(next((tmp_path / "results").glob("lb_tables-*.csv")))
     assert sorted(tables[tables["what"] == "sweep"]["size"]) == [10, 1000]
+    packet = tables[tables["what"] == "packet"]
+    assert sorted(zip(packet["kind"], packet["services"], packet["size"], strict=True)) == sorted(
+        (k, s, n) for k in ("established", "syn") for s in (1, 3) for n in (10, 1000)
+    )
 
 
 def test_committed_notebook08_holds_its_figures():

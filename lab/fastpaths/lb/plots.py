@@ -318,9 +318,12 @@ def targets(df) -> pd.DataFrame:
 
 def tables_curves(df):
     """`bench lb-tables` (log x): a backend change's time as the service's backends grow
-    (the C builder and its write; the Python builder alone beside it), and the sweep's time a
-    tick as the sessions grow."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    (the C builder and its write; the Python builder alone beside it), the sweep's time a
+    tick as the sessions grow, and (when measured) the program's time a packet as the
+    sessions grow, a line per number of services and kind of packet."""
+    packet = df[df["what"] == "packet"] if "kind" in df else df.iloc[0:0]
+    fig, axes = plt.subplots(1, 3 if len(packet) else 2, figsize=(16.5 if len(packet) else 11, 4))
+    a, b = axes[0], axes[1]
     change, sweep = df[df["what"] == "change"], df[df["what"] == "sweep"]
     lines = (("ms", "a change (C, and its write)", "#0072B2"), ("reference_ms", "Python builder", "#999999"))
     for col, label, colour in lines:
@@ -331,7 +334,7 @@ def tables_curves(df):
     g = sweep.groupby("size")["ms_per_tick"]
     med, lo, hi = g.median(), g.min(), g.max()
     b.errorbar(med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, color="#0072B2")
-    for ax in (a, b):
+    for ax in axes:
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
     a.set_xlabel("backends of the service")
@@ -341,5 +344,24 @@ def tables_curves(df):
     b.set_xlabel("live sessions in the table")
     b.set_ylabel("ms of CPU a tick (one a second)")
     b.set_title("The sweep")
+    if len(packet):
+        c = axes[2]
+        for (kind, services), part in packet.groupby(["kind", "services"]):
+            g = part.groupby("size")["ns_median"]
+            med, lo, hi = g.median(), g.min(), g.max()
+            c.errorbar(
+                med.index,
+                med,
+                yerr=[med - lo, hi - med],
+                marker="o" if kind == "established" else "s",
+                ls="-" if services == packet["services"].min() else "--",
+                capsize=3,
+                color="#0072B2" if kind == "established" else "#D55E00",
+                label=f"{kind}, {services} service{'s' if services > 1 else ''}",
+            )
+        c.set_xlabel("live sessions in the table")
+        c.set_ylabel("ns a packet (the program's run, median)")
+        c.set_title("A packet")
+        c.legend(frameon=False)
     fig.tight_layout()
     return fig

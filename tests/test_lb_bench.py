@@ -230,6 +230,8 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
                 "20",
                 "--loads",
                 "10",
+                "--sessions",
+                "0,5000",
                 "--trials",
                 "1",
                 "--duration",
@@ -246,14 +248,18 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     csv = next(tmp_path.glob("lb-*.csv"))
     df = pd.read_csv(csv)
     assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
-    assert len(df) == 8 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
+    assert len(df) == 10 and set(df["loop"]) == {"closed", "open"} and (df["errors"] == 0).all()
+    # --sessions: the DSR peer run with its table empty and filled, each loop; the others once
+    assert sorted(df[df["lb"] == "tc-dsr"]["sessions"]) == [0, 0, 5000, 5000]
+    assert (df[df["lb"] != "tc-dsr"]["sessions"] == 0).all()
+    assert "tc-dsr at 5,000 live sessions / at 0, 20 connections" in r.stdout
     assert (df["requests"] > 0).all() and (df["rps"] > 0).all()
     direct, tc_rows = df[df["lb"] == "direct"], df[df["lb"] == "tc"]
     assert direct["lb_cpu_cores"].isna().all() and (df["napi"] == "softirq").all()
     assert (tc_rows["lb_maps_mb"] > 0).all() and (tc_rows["mode"] == "nat").all()
     assert (tc_rows["lb_proc_cores"] > 0).all() and tc_rows["lb_napi_cores"].isna().all()
     # DSR at TC: the backends answered from the VIP they hold, straight to the clients
-    assert (df[df["lb"] == "tc-dsr"]["mode"] == "dsr").all() and len(df[df["lb"] == "tc-dsr"]) == 2
+    assert (df[df["lb"] == "tc-dsr"]["mode"] == "dsr").all() and len(df[df["lb"] == "tc-dsr"]) == 4
     check_cpu_columns(df, used)
     # softirq: the LB's CPU is known only at equal offered load (the open loop), from the machine's
     assert df[df["loop"] == "closed"]["lb_cpu_cores"].isna().all()
@@ -262,14 +268,15 @@ def test_bench_writes_both_csvs_with_the_documented_columns(tmp_path):
     # the open loop's rate is 10 % of direct's closed-loop capacity measured in the same run,
     # and every request of its schedule was answered: the rate times the run, to one request
     cap = direct[direct["loop"] == "closed"]["rps"].iloc[0]
-    assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 4)
+    assert opened["offered_rps"].tolist() == pytest.approx([cap * 0.1] * 5)
     assert ((opened["requests"] - opened["offered_rps"] * opened["duration_s"]).abs() <= 1).all(), opened
     # at 20 connections nothing is lost anywhere (what the counters count: the test below)
     losses = ["veth_ring_drops", "xdp_tx_errors", "if_dropped", "client_retrans", "lb_retrans", "backend_retrans"]
     assert (df[losses] == 0).all().all(), df[["lb", "loop", *losses, "lost_at"]]
     assert (tc_rows["lb_program_drops"] == 0).all()
     lat = pd.read_csv(bench_latency(csv))
-    assert len(lat) == 8 * len(QUANTILES) and lat["latency_ms"].notna().all()
+    assert len(lat) == 10 * len(QUANTILES) and lat["latency_ms"].notna().all()
+    assert sorted(set(lat[lat["lb"] == "tc-dsr"]["sessions"])) == [0, 5000]
     assert "median over trials" in r.stdout and "open loop" in r.stdout
     # tc among the peers: its cost per packet against its floor (TC's), measured first, in the sidecar
     (floor,) = json.loads(csv.with_suffix(".json").read_text())["parameters"]["floor"]

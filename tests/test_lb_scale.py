@@ -7,6 +7,7 @@ a neighbour (XDP's bpf_fib_lookup would drop frames to the made-up ones)."""
 
 import ctypes
 import ipaddress
+import json
 import random
 import socket
 import subprocess
@@ -24,7 +25,9 @@ from scapy.layers.l2 import Ether
 from ebpf.errors import InputError
 from ebpf.lb.maglev import SIZE, maglev_slots, maglev_table
 from ebpf.lb.xdp_lb import RING_SIZE, Service
+from lab import netns
 from lab.fastpaths.lb.command import parse_backends, service_weights, weights_of
+from lab.fastpaths.lb.testbed import lb_testbed
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +269,32 @@ def test_backends_named_per_service_and_for_every_service_of_a_family():
     got = {str(k): w for k, w in service_weights(assigned, b).items()}
     assert got == {"198.18.5.12:8080": 5, "198.18.5.13:8080": 3}
     assert {str(k): w for k, w in service_weights(assigned, six).items()} == {"[2001:2::11]:8080": 1}
+
+
+def test_the_command_fills_its_session_table_for_a_bench_in_dsr_only(tmp_path):
+    """`lab lb --fill-sessions N` (what bench lb --sessions runs): N live sessions spread over
+    the service's backends before it attaches, counted by its sweep like any; in NAT, or
+    past --max-sessions, refused in one line with nothing attached."""
+    tb = lb_testbed(2, dsr=True)
+    with tb:
+        args = ["--iface", "eth0", "--hook", "tc", "--service", f"tcp:{tb.vip4}:{tb.service_port}"]
+        args += [f"--backend={tb.backend4(i)}:{tb.service_port}" for i in range(2)]
+        args += ["--fill-sessions", "5000", "--json", "--interval", "1", "--duration", "2"]
+
+        def lb(*more):
+            argv = [sys.executable, "-m", "lab", "lb", *args, *more]
+            return netns.run(tb.ns(tb.lb), argv, check=False, capture_output=True, text=True, cwd=ROOT)
+
+        r = lb("--mode", "dsr")
+        assert r.returncode == 0, r.stderr
+        final = json.loads(r.stdout.splitlines()[-1])
+        assert final["event"] == "final"
+        assert [b["active_sessions"] for b in final["backends"].values()] == [2500, 2500]
+        for more, error in (
+            (["--mode", "nat"], "--fill-sessions: DSR only"),
+            (["--mode", "dsr", "--max-sessions", "4999"], "--fill-sessions must be 0 to --max-sessions (4999)"),
+        ):
+            r = lb(*more)
+            assert r.returncode == 2 and r.stderr.count("\n") == 1 and error in r.stderr, r.stderr
+        tc = netns.run(tb.ns(tb.lb), ["tc", "filter", "show", "dev", "eth0", "ingress"], capture_output=True, text=True)
+        assert tc.stdout.strip() == ""  # nothing left attached by the runs, nor by the refusals

@@ -30,6 +30,7 @@ from ebpf.errors import InputError
 from ebpf.lb import native
 from ebpf.lb.maglev import maglev_slots
 from ebpf.program import BpfProgram, refuse_live
+from ebpf.testrun import libbpf
 
 ABI = defines("lb/xdp_lb.h")
 MAX_SERVICES = ABI["LB_MAX_SERVICES"]  # the defaults of max_services and (less "no backend") max_backends
@@ -611,6 +612,39 @@ class XdpLoadBalancer(BpfProgram):
             self._gone += 1
         except KeyError:
             pass
+
+    def fill_sessions(self, n, service=None, batch=65536) -> int:
+        """For benchmarks: n established sessions of `service` (the first by default) as a busy
+        LB holds them, each of a distinct client (addresses in the key only: no packet carries
+        them), spread over the hash and over the service's backends, last seen now, written in
+        batches: what the tables cost at that size. DSR only (a NAT session holds an LB port
+        and its reverse). Returns n; InputError, nothing written, when they do not fit."""
+        if self.mode != "dsr":
+            raise InputError("filling the session table: DSR only (a NAT session holds an LB port)")
+        if not 0 <= n <= self.max_sessions:
+            raise InputError(f"{n} sessions: more than the table holds (max_sessions {self.max_sessions})")
+        svc = Service.parse(service) if service is not None else self.services[0]
+        backs = sorted(self._backends[b] for b, w in self._weights.get(svc, {}).items() if w > 0)
+        if not backs:
+            raise InputError(f"filling the session table: service {svc} has no backend")
+        t = self.table("sessions")
+        sid, proto, now = self._services[svc], PROTOS[svc.proto], time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        size = min(batch, n) or 1
+        keys, values = (t.Key * size)(), (t.Leaf * size)()
+        for start in range(0, n, size):
+            m = min(size, n - start)
+            for j in range(m):
+                i = start + j
+                k, v = keys[j], values[j]
+                # 50,000 ports a client address, the address's words as they are (not an
+                # address of any lab: nothing is sent to it)
+                k.client.a[0], k.cport, k.service, k.proto = 0x0A000000 + i // 50000, 1024 + i % 50000, sid, proto
+                v.backend, v.state, v.last_seen = backs[i % len(backs)], 2, now
+            count = ctypes.c_uint32(m)
+            err = libbpf().bpf_map_update_batch(t.map_fd, keys, values, ctypes.byref(count), None)
+            if err or count.value != m:
+                raise InputError(f"filling the session table: {os.strerror(-err) if err else f'{count.value} of {m}'}")
+        return n
 
     def session_count(self) -> int:
         """How many sessions the tables hold, half-open ones included, read in batches."""

@@ -42,6 +42,7 @@ import time
 
 import pandas as pd
 
+from ebpf.lb.xdp_lb import SESSIONS
 from lab import metrics, netns
 from lab.bench import xdp_cost
 from lab.bench.common import Progress, add_options, checked_options, columns_first, interleaved, parse_list
@@ -82,6 +83,7 @@ COLUMNS = [
     "mode",
     "loop",
     "connections",
+    "sessions",
     "offered_rps",
     "trial",
     "duration_s",
@@ -160,6 +162,13 @@ def add_arguments(p):
         "measured first when xdp is among the peers; tc-lb-nat and tc-floor when tc is)",
     )
     p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
+    p.add_argument(
+        "--sessions",
+        default="0",
+        help="the DSR peers (tc-dsr): their session table filled with each of these numbers of live sessions "
+        "of made-up clients before a run (lab lb --fill-sessions), e.g. 1000,1000000; the other peers run "
+        "unfilled (default %(default)s: none)",
+    )
     p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
 
 
@@ -176,6 +185,12 @@ def check(args):
         raise ValueError("--backends must be 1 to 8")
     if args.capacity is not None and args.capacity <= 0:
         raise ValueError("--capacity must be positive")
+    sessions = parse_list(args.sessions, int, what="session count")
+    if any(not 0 <= n <= 1 << 24 for n in sessions):
+        raise ValueError("--sessions: 0 to 16777216 each")
+    if any(sessions) and not any(MODES[lb] == "dsr" for lb in lbs):
+        raise ValueError("--sessions fills the DSR peers' tables (tc-dsr): none in --peers")
+    args.sessions_list = sessions
     return lbs, loops, conns, loads
 
 
@@ -235,6 +250,7 @@ def main(args):
         backends=args.backends,
         napi=args.napi,
         floor=floors,
+        sessions=args.sessions_list,
     )
     print_summary(df)
     for f in floors:
@@ -289,8 +305,8 @@ class LbRig(Rig):
                 failed.append(str(e))
         return failed
 
-    def run(self, name, loop, connections, rate, duration, threads):
-        return measure(self.tb, self.napi_tid, name, loop, connections, rate, duration, threads)
+    def run(self, name, loop, connections, rate, duration, threads, sessions=0):
+        return measure(self.tb, self.napi_tid, name, loop, connections, rate, duration, threads, sessions)
 
 
 def threaded_napi(tb) -> int:
@@ -348,9 +364,18 @@ class Usage:
 # -- the runs -------------------------------------------------------------------------------------
 
 
-def measure(tb, napi, name, loop, connections, rate, duration, threads):
-    """One run; napi: the NAPI thread's id (--napi threaded) or None."""
+def fill_options(sessions) -> tuple:
+    """A DSR LB's options for a table filled with `sessions` live sessions, with room for the
+    run's own (an LRU table evicts before it is full: its free lists are per CPU)."""
+    return ("--fill-sessions", str(sessions), "--max-sessions", str(max(SESSIONS, sessions + sessions // 4 + 65536)))
+
+
+def measure(tb, napi, name, loop, connections, rate, duration, threads, sessions=0):
+    """One run; napi: the NAPI thread's id (--napi threaded) or None; sessions: a DSR
+    LB's table filled with that many live sessions first."""
     peer = BALANCERS[name](tb)
+    if sessions:
+        peer.options = (*peer.options, *fill_options(sessions))
     spaces = {h: tb.ns(h) for h in (tb.client, tb.lb, tb.switch, *tb.backends)}
     with peer:
         before = path_losses(spaces.values())
@@ -369,6 +394,7 @@ def measure(tb, napi, name, loop, connections, rate, duration, threads):
         "mode": MODES[name],
         "loop": loop,
         "connections": connections,
+        "sessions": sessions,
         "offered_rps": rate,
         "duration_s": r.seconds,
         "requests": r.requests,
@@ -427,17 +453,21 @@ def run(
     backends=2,
     napi="softirq",
     floor=None,
+    sessions=(0,),
 ):
-    """floor: measure_floor()'s, recorded in the sidecar."""
+    """floor: measure_floor()'s, recorded in the sidecar. sessions: the DSR peers' tables filled
+    with each of these numbers of live sessions (a variant each; the other peers' tables empty)."""
     rows, lat = [], []
+    variants = [(n, s) for n in lbs for s in (sessions if MODES[n] == "dsr" else [0])]
     need_capacity = "open" in loops and capacity is None
     calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
-    total = trials * (len(conns) * len(lbs) * ("closed" in loops) + len(loads) * len(lbs) * ("open" in loops))
+    total = trials * len(variants) * (len(conns) * ("closed" in loops) + len(loads) * ("open" in loops))
     bar = Progress(total + calibrate) if progress else None
     rig = LbRig(backends, napi, dsr="tc-dsr" in lbs)
 
-    def one(name, loop, c, rate, trial, load=None):
-        row, qs = rig.run(name, loop, c, rate, duration, threads)
+    def one(variant, loop, c, rate, trial, load=None):
+        name, filled = variant
+        row, qs = rig.run(name, loop, c, rate, duration, threads, filled)
         row.update(trial=trial, load_pct=load)
         rows.append(row)
         # qs: one latency per QUANTILES, or none when nothing was answered
@@ -446,6 +476,7 @@ def run(
                 "lb": name,
                 "loop": loop,
                 "connections": c,
+                "sessions": filled,
                 "offered_rps": rate,
                 "load_pct": load,
                 "trial": trial,
@@ -456,12 +487,12 @@ def run(
         )
         if bar:
             what = f"{c} conns" if loop == "closed" else f"{load:g} %"
-            bar.step(f"{name} {loop} {what} trial {trial}")
+            bar.step(f"{name}{f' {filled:,} sessions' if filled else ''} {loop} {what} trial {trial}")
 
     with rig:
         if "closed" in loops:
-            for trial, c, name in interleaved(trials, conns, lbs):
-                one(name, "closed", c, math.nan, trial)
+            for trial, c, v in interleaved(trials, conns, variants):
+                one(v, "closed", c, math.nan, trial)
         if need_capacity:
             if calibrate:
                 row, _ = rig.run("direct", "closed", max(conns), math.nan, duration, threads)
@@ -472,8 +503,8 @@ def run(
                 d = pd.DataFrame(rows)
                 capacity = d[d["lb"] == "direct"].groupby("connections")["rps"].median().max()
         if "open" in loops:
-            for trial, load, name in interleaved(trials, loads, lbs):
-                one(name, "open", open_conns, capacity * load / 100, trial, load)
+            for trial, load, v in interleaved(trials, loads, variants):
+                one(v, "open", open_conns, capacity * load / 100, trial, load)
     df = lb_cpu(columns_first(rows, COLUMNS))
     params = {
         "lbs": lbs,
@@ -487,6 +518,7 @@ def run(
         "duration_s": duration,
         "wrk_threads": threads,
         "backends": len(rig.tb.backends),
+        "sessions": list(sessions),
         "closed_loop_tool": "wrk",
         "open_loop_tool": "lab/traffic/openloop.c",
         "napi": napi,
@@ -516,8 +548,11 @@ def print_summary(df, stream=sys.stdout):
             f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
             f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'proc':>5} {'maps':>5} {'lost':>6} {'retx':>6}\n"
         )
-        for (k, lb), h in g.groupby([key, "lb"], sort=True):
+        if "sessions" not in g:
+            g = g.assign(sessions=0)
+        for (k, lb, n), h in g.groupby([key, "lb", "sessions"], sort=True):
             rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
+            lb = f"{lb} {n / 1e6:g}M" if n >= 1e6 else (f"{lb} {n / 1e3:g}k" if n else lb)
             lost = int((h["veth_ring_drops"] + h["if_dropped"]).sum())  # xdp_tx_errors: a part of the first
             retx = int((h["client_retrans"] + h["backend_retrans"] + h["lb_retrans"]).sum())
             stream.write(
@@ -525,4 +560,14 @@ def print_summary(df, stream=sys.stdout):
                 f"{h['p999_ms'].median():8.2f} {int(h['errors'].sum()):>6} "
                 f"{h['lb_cpu_cores'].median():6.3f} {h['lb_pss_mb'].median():5.1f} {h['lb_maps_mb'].median():5.1f} "
                 f"{lost:>6} {retx:>6}\n"
+            )
+    d = df[(df["loop"] == "closed") & (df["mode"] == "dsr")] if "sessions" in df else df.iloc[0:0]
+    if "sessions" in d and d["sessions"].nunique() > 1:
+        for (lb, c), h in d.groupby(["lb", "connections"]):
+            med = h.groupby("sessions")["rps"].median()
+            small, large = med.index.min(), med.index.max()
+            r = med[large] / med[small]
+            stream.write(
+                f"\n{lb} at {large:,} live sessions / at {small:,}, {c} connections: {r:.2f} of the requests/s "
+                f"(target >= 0.90) {'met' if r >= 0.9 else 'MISSED'}\n"
             )

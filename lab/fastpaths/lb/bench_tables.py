@@ -17,8 +17,6 @@ drawn at random from the N (a lookup that misses the cache as a busy LB's does),
 each: 512 services hold 4090 backends), ns per packet as median, mean and p99."""
 
 import argparse
-import ctypes
-import os
 import random
 import socket
 import struct
@@ -29,7 +27,6 @@ import pandas as pd
 from ebpf.errors import BpfError
 from ebpf.lb.maglev import maglev_table
 from ebpf.lb.xdp_lb import XdpLoadBalancer
-from ebpf.testrun import libbpf
 from ebpf.testrun import run as test_run
 from lab import netns
 from lab.bench.common import parse_list, summarize
@@ -92,19 +89,8 @@ def names(n, offset=0):
 
 
 def fill(lb, n):
-    """n live established sessions, distinct clients spread over the hash, one batch write."""
-    t = lb.table("sessions")
-    keys, values = (t.Key * n)(), (t.Leaf * n)()
-    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    sid = lb._services[lb.services[0]]
-    for i in range(n):
-        k, v = keys[i], values[i]
-        k.client.a[0], k.cport, k.service, k.proto = 0x0A000000 + i // 50000, 1024 + i % 50000, sid, 6
-        v.backend, v.state, v.last_seen = 1 + i % 2, 2, now
-    count = ctypes.c_uint32(n)
-    err = libbpf().bpf_map_update_batch(t.map_fd, keys, values, ctypes.byref(count), None)
-    if err or count.value != n:
-        raise BpfError(f"filling the session table: {os.strerror(-err) if err else f'{count.value} of {n}'}")
+    """n live established sessions, distinct clients spread over the hash (the API's, for benchmarks)."""
+    lb.fill_sessions(n)
 
 
 def run(backends, sessions, trials, reference=False, out=None, services=(1,), packets=PACKETS):

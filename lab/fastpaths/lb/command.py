@@ -456,6 +456,15 @@ class LbCommand(Command):
             "at least 32 backends",
         )
         sizes.add_argument(
+            "--fill-sessions",
+            type=int,
+            default=0,
+            metavar="N",
+            help="for benchmarks: N established sessions of the first service, of made-up clients spread "
+            "over the hash and its backends, written before the program attaches: the tables at the size "
+            "a busy LB holds (bench lb --sessions). DSR only; at most --max-sessions",
+        )
+        sizes.add_argument(
             "--max-half-open",
             type=int,
             default=HALF_OPEN,
@@ -501,6 +510,10 @@ class LbCommand(Command):
         ):
             if not 1 <= n <= top:
                 raise UsageError(f"{opt} must be 1 to {top}")
+        if args.fill_sessions and args.mode != "dsr":
+            raise UsageError("--fill-sessions: DSR only (a NAT session holds an LB port)")
+        if not 0 <= args.fill_sessions <= args.max_sessions:
+            raise UsageError(f"--fill-sessions must be 0 to --max-sessions ({args.max_sessions})")
         if len(self.services) > args.max_services:
             raise UsageError(f"{len(self.services)} services, more than --max-services {args.max_services}")
         if len(self.weights) > args.max_backends:
@@ -609,6 +622,8 @@ class LbCommand(Command):
         args, lb = self.args, self.lb
         peers = stack.enter_context(contextlib.closing(PreparedPeers(compile_in="child")))
         lb.load_program()
+        if args.fill_sessions:
+            lb.fill_sessions(args.fill_sessions)
         SIGNALS.check()
         # Everything the program needs from the hosts around it is ready before it attaches, for
         # clients already sending: the peer's program (or what it sends back out is lost) and the

@@ -10,7 +10,12 @@ A redirect is not carried out by a test run: the action says which way
 (TC_ACT_REDIRECT), the frame what was rewritten, the pod's row of counters why.
 """
 
+import subprocess
+import sys
+
+import pandas as pd
 import pytest
+from conftest import ROOT
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
@@ -518,3 +523,22 @@ def test_flows_spread_evenly_over_a_services_slots(net):
         assert all(60 <= c <= 140 for c in counts.values()), counts
     finally:
         p.close()
+
+
+def test_bench_pods_tables_at_tiny_sizes_writes_its_rows(tmp_path):
+    """python -m lab bench pods-tables: a row per size, trial and kind of packet, every frame
+    redirected to its backend (the bench refuses a row otherwise), the target said."""
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "pods-tables", "--services", "1,300", "--packets", "300"]
+        + ["--trials", "2", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(next(tmp_path.glob("pods_tables-*.csv")))
+    got = sorted(zip(df["kind"], df["services"], df["trial"], strict=True))
+    assert got == sorted((k, n, t) for k in ("new", "established") for n in (1, 300) for t in (0, 1))
+    assert (df["ns_median"] > 0).all() and (df["ns_p99"] >= df["ns_median"]).all()
+    assert "established: at 300 services" in r.stdout and "(target <= 1.20)" in r.stdout

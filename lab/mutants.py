@@ -434,6 +434,14 @@ SHARED = [
         "the tests' own partial checksums computed wrong (their frames)",
         (["tests/test_partial_csum.py"], []),
     ),
+    M(
+        "pktsend-mid-batch-drop-uncounted",
+        "lab/traffic/pktsend.c",
+        "sent += r + ((unsigned int)r < n);",
+        "sent += r;",
+        "the generator's AF_PACKET path counts a frame dropped mid-batch nowhere, and sends it again",
+        (["tests/test_generators.py", "-k", "drops"], ["tests/test_generators.py"]),
+    ),
 ]
 
 

@@ -7,7 +7,7 @@ from conftest import ROOT, require_tool
 from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
 
 NB08 = ROOT / "notebooks" / "08_cost_as_the_work_grows.ipynb"
-FIGURES08 = ["lb_tables_curves.png", "pods_services_curves.png"]
+FIGURES08 = ["lb_tables_curves.png", "pods_services_curves.png", "pods_tables_curves.png"]
 
 
 def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
@@ -19,6 +19,7 @@ def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
             "VTL_SESSIONS": "10,1000",
             "VTL_LB_SERVICES": "1,3",
             "VTL_PACKETS": "500",
+            "VTL_PODS_PACKET_SERVICES": "1,30",
             "VTL_SERVICES": "1,3",
             "VTL_WAYS": "connect,nft,iptables-legacy",
             "VTL_TRIALS": "1",
@@ -37,6 +38,8 @@ def test_notebook08_runs_both_benches_and_shows_every_figure(tmp_path):
     )
     last = pods[pods["position"] == "last"]
     assert (pods["tps"] > 0).all() and (last["add_one_ms"] > 0).all() and (last["remove_one_ms"] > 0).all()
+    pods_tables = pd.read_csv(next((tmp_path / "results").glob("pods_tables-*.csv")))
+    assert sorted(set(pods_tables["services"])) == [1, 30] and (pods_tables["ns_median"] > 0).all()
     tables = pd.read_csv(next((tmp_path / "results").glob("lb_tables-*.csv")))
     assert sorted(tables[tables["what"] == "sweep"]["size"]) == [10, 1000]
     packet = tables[tables["what"] == "packet"]

@@ -14,6 +14,12 @@ EXITS = [
     ExitCheck(PROGRAM, hook="tc", function="pods_from_node", sees="ip"),
 ]
 
+# the condition on which a per-packet flow writes its reverse entry (two mutants change it)
+REVERSE_WRITTEN = (
+    "\tif (!kept || kept->port != back.port || kept->a[0] != back.a[0] || kept->a[1] != back.a[1] ||\n"
+    "\t    kept->a[2] != back.a[2] || kept->a[3] != back.a[3])\n"
+)
+
 FIXTURES = (["tests/test_pods_fixtures.py"], [])
 TRAFFIC = (["tests/test_pods_traffic.py"], [])
 MUTANTS = [
@@ -84,9 +90,17 @@ MUTANTS = [
     M(
         "pods-service-reverse-never-written",
         "ebpf/pods/tc_pods.bpf.c",
-        "\tif (!nat.lookup(&rk))\n\t\tnat.update(&rk, &back);",
-        "\tif (!nat.lookup(&rk) && 0)\n\t\tnat.update(&rk, &back);",
-        "a per-packet service's reverse entry never written (now written only when missing)",
+        REVERSE_WRITTEN,
+        "\tif (0)\n",
+        "a per-packet service's reverse entry never written",
+        FIXTURES,
+    ),
+    M(
+        "pods-service-reverse-of-another-service-kept",
+        "ebpf/pods/tc_pods.bpf.c",
+        REVERSE_WRITTEN,
+        "\tif (!kept)\n",
+        "a reverse entry naming another service (a client port used again) kept: the replies get its address",
         FIXTURES,
     ),
     M(
@@ -168,5 +182,14 @@ MUTANTS = [
         "    keep = [NODEPORTS_RULE]",
         "adding a service through kube-proxy's iptables rules cuts every other service off",
         (["tests/test_pods_peers.py"], []),
+        nth=1,
+    ),
+    M(
+        "kube-proxy-remove-leaves-its-chains",
+        "lab/fastpaths/pods/kubeproxy.py",
+        '*(f"-X {c}" for c in stale), "COMMIT"',
+        '"COMMIT"',
+        "a service removed through kube-proxy's partial sync leaves its chains (emptied) behind",
+        (["tests/test_kubeproxy.py"], []),
     ),
 ]

@@ -218,6 +218,25 @@ def services_curves(df):
     return fig
 
 
+def tables_curves(df):
+    """`bench pods-tables` (log x): the datapath's time a packet to a service as the services
+    grow, a flow's first packet and its next ones, medians with whiskers min..max."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind, colour, marker in (("established", "#0072B2", "o"), ("new", "#D55E00", "s")):
+        g = df[df["kind"] == kind].groupby("services")["ns_median"]
+        med, lo, hi = g.median(), g.min(), g.max()
+        label = "its next packets" if kind == "established" else "a flow's first packet"
+        ax.errorbar(med.index, med, yerr=[med - lo, hi - med], marker=marker, capsize=3, color=colour, label=label)
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("services on the node")
+    ax.set_ylabel("ns a packet (the program's run, median)")
+    ax.set_title("The datapath, a packet to a service")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def targets(df) -> pd.DataFrame:
     """The issue's targets: one row each, the ratio measured and whether it was met."""
     rows = []

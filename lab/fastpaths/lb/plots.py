@@ -334,9 +334,6 @@ def tables_curves(df):
     g = sweep.groupby("size")["ms_per_tick"]
     med, lo, hi = g.median(), g.min(), g.max()
     b.errorbar(med.index, med, yerr=[med - lo, hi - med], marker="o", capsize=3, color="#0072B2")
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_ylim(bottom=0)
     a.set_xlabel("backends of the service")
     a.set_ylabel("ms")
     a.set_title("One backend change")
@@ -346,6 +343,7 @@ def tables_curves(df):
     b.set_title("The sweep")
     if len(packet):
         c = axes[2]
+        packet = packet.astype({"services": int})
         for (kind, services), part in packet.groupby(["kind", "services"]):
             g = part.groupby("size")["ns_median"]
             med, lo, hi = g.median(), g.min(), g.max()
@@ -363,5 +361,8 @@ def tables_curves(df):
         c.set_ylabel("ns a packet (the program's run, median)")
         c.set_title("A packet")
         c.legend(frameon=False)
+    for ax in axes:  # (after the lines: a limit set first keeps matplotlib's empty 0..1)
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
     fig.tight_layout()
     return fig

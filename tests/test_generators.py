@@ -69,6 +69,19 @@ def test_paced_send_is_counted_exactly_at_the_sink(pair, name):
         assert sink.counters()["packets"] >= 8000
 
 
+def real_time_loop(cpu, script):
+    """`script` (it prints "ready", then waits for a line on stdin) at real-time priority
+    on `cpu`, where it takes the core from every ordinary task while it loops."""
+    hog = subprocess.Popen(
+        ["chrt", "-f", "50", "taskset", "-c", str(cpu), sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert hog.stdout.readline().strip() == "ready"
+    return hog
+
+
 # The hold in the run's own clock (CLOCK_MONOTONIC, one for every process): from 0.96
 # to 1.04 s after the run's start (XdpGenerator.started), whenever this process is woken. A hold timed by a
 # timer thread and a "go" on stdin started late under a loaded suite (the test
@@ -93,14 +106,8 @@ def test_a_paced_run_held_up_across_its_end_still_sends_its_count(pair):
     require_tool("chrt")
     cpu = os.cpu_count() - 1
     _, frames = marked_frames(pair, 1)
-    hog = subprocess.Popen(
-        ["chrt", "-f", "50", "taskset", "-c", str(cpu), sys.executable, "-c", HOG],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    hog = real_time_loop(cpu, HOG)
     try:
-        assert hog.stdout.readline().strip() == "ready"
         with XdpSink("pass") as sink:
             sink.attach("eth0", netns=pair.ns("rx"))
             with XdpGenerator(pair.ns("tx"), "eth0", frames, cpu=cpu) as gen:
@@ -207,14 +214,8 @@ def test_frames_the_device_drops_are_counted_once_and_the_rest_arrive(pair, path
     with XdpSink("pass") as sink:
         sink.attach("eth0", netns=pair.ns("rx"))  # NAPI on the receiving veth, then a kthread of its own
         assert threaded_napi(pair.ns("rx"), "eth0", cpu)
-        hog = subprocess.Popen(
-            ["chrt", "-f", "50", "taskset", "-c", str(cpu), sys.executable, "-c", HELD_RECEIVER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        hog = real_time_loop(cpu, HELD_RECEIVER)
         try:
-            assert hog.stdout.readline().strip() == "ready"
             with (
                 Capture(pair.ns("rx"), "eth0", marker) as cap,
                 XdpGenerator(pair.ns("tx"), "eth0", frames, cpu=0, path=path) as gen,

@@ -144,3 +144,9 @@ def summarize(df: pd.DataFrame, keys, values) -> pd.DataFrame:
 def span(row, col, scale=1.0, fmt="{:.0f}") -> str:
     """One of summarize()'s values as a report shows it: "median [min..max]", each divided by scale."""
     return "{} [{}..{}]".format(*(fmt.format(row[f"{col}_{stat}"] / scale) for stat in ("median", "min", "max")))
+
+
+def run_times(times) -> dict:
+    """A row's per-packet times (ns, one a run): median, mean and p99."""
+    t = sorted(times)
+    return {"ns_median": t[len(t) // 2], "ns_mean": round(sum(t) / len(t), 1), "ns_p99": t[int(len(t) * 0.99)]}

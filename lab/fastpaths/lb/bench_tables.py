@@ -29,9 +29,10 @@ from ebpf.lb.maglev import maglev_table
 from ebpf.lb.xdp_lb import XdpLoadBalancer
 from ebpf.testrun import run as test_run
 from lab import netns
-from lab.bench.common import parse_list, summarize
+from lab.bench.common import parse_list, run_times, summarize
 from lab.metrics import write_results
 from lab.topology import Topology
+from lab.traffic.frames import tcp_frame
 
 NAME = "lb-tables"
 SUMMARY = "the LB's Maglev change and session sweep as backends and sessions grow (no traffic)"
@@ -164,29 +165,6 @@ def run(backends, sessions, trials, reference=False, out=None, services=(1,), pa
     return df, write_results(df, "lb_tables", params, out)
 
 
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def tcp_frame(dst_mac, src_mac, src, sport, dst, dport, flags) -> bytes:
-    """An Ethernet/IPv4/TCP frame with 10 bytes of data, every checksum right: built by
-    hand, for the tens of thousands a packet row sends."""
-    payload = b"x" * 10
-    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, flags, 65535, 0, 0) + payload
-    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
-    tcp = tcp[:16] + struct.pack("!H", _csum(pseudo + tcp)) + tcp[18:]
-    ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0, socket.inet_aton(src), socket.inet_aton(dst)
-    )
-    ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
-    return dst_mac + src_mac + b"\x08\x00" + ip + tcp
-
-
 def session_client(i):
     """The client address and port of fill()'s i-th session, as the packet carries them."""
     a, cport = 0x0A000000 + i // 50000, 1024 + i % 50000  # fill() writes them into the key as they are
@@ -255,7 +233,6 @@ def packet_rows(t, n, services, trials, packets=PACKETS) -> list:
                 key = "established" if kind == "established" else "new_sessions"
                 if kind == "syn" and after[key] - before[key] != packets:
                     raise BpfError(f"{after[key] - before[key]} new sessions for {packets} SYNs")
-                times.sort()
                 rows.append(
                     {
                         "what": "packet",
@@ -264,9 +241,7 @@ def packet_rows(t, n, services, trials, packets=PACKETS) -> list:
                         "backends": total,
                         "kind": kind,
                         "trial": trial,
-                        "ns_median": times[len(times) // 2],
-                        "ns_mean": round(sum(times) / len(times), 1),
-                        "ns_p99": times[int(len(times) * 0.99)],
+                        **run_times(times),
                     }
                 )
     finally:

@@ -20,10 +20,10 @@ from ebpf import maps, testrun
 from ebpf.errors import BpfError
 from ebpf.pods.tc_pods import TcPods
 from lab import netns
-from lab.bench.common import parse_list, summarize
-from lab.fastpaths.lb.bench_tables import tcp_frame
+from lab.bench.common import parse_list, run_times, summarize
 from lab.metrics import write_results
 from lab.topology import Topology
+from lab.traffic.frames import tcp_frame
 
 NAME = "pods-tables"
 SUMMARY = "the pods datapath's time a packet to a service as the services grow (no traffic)"
@@ -111,15 +111,12 @@ def rows_at(t, n, trial, packets, rng) -> list:
                 if kind == "established" and entries != flows:  # each its flow's: no entry new
                     raise BpfError(f"the established frames left {entries} NAT entries, not {flows}")
                 flows = entries
-                times.sort()
                 rows.append(
                     {
                         "services": n,
                         "kind": kind,
                         "trial": trial,
-                        "ns_median": times[len(times) // 2],
-                        "ns_mean": round(sum(times) / len(times), 1),
-                        "ns_p99": times[int(len(times) * 0.99)],
+                        **run_times(times),
                     }
                 )
         return rows

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -22,7 +23,7 @@ from ebpf.instruments.xdp_sink import XdpSink
 from lab import daemons, metrics, netns, nft, testbeds
 from lab.bench.common import udp_frames
 from lab.fastpaths.lb import bench
-from lab.fastpaths.lb.peers import BALANCERS
+from lab.fastpaths.lb.peers import BALANCERS, NftLb
 from lab.fastpaths.lb.plots import latency_path
 from lab.traffic.frames import send_frames
 from lab.traffic.http import QUANTILES, Connections, HttpResult, closed_loop, merge, open_loop
@@ -513,3 +514,33 @@ def test_the_loss_counters_count_each_frame_a_veth_refused_where_it_was_refused(
         bounced = bounce.counters()["packets"]  # 30, and whatever else the link carried (IPv6 ND)
     assert lost[t.ns("rx")]["xdp_tx_errors"] == bounced and lost[t.ns("tx")]["xdp_tx_errors"] == 0
     assert f"rx eth0 rx_queue_0_xdp_tx_errors {bounced}" in metrics.where_lost(lost, spaces)
+
+
+def test_bench_runs_the_lbs_that_hold_services_with_more_of_them(tmp_path):
+    """--services 1,3: the LB at TC and nft-lb each run with one service and with three (the
+    measured one, two more on the VIP's other ports), every request answered either way;
+    nft-lb's three in one verdict map."""
+    require_tools("nginx", "wrk")
+    r = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "lb", "--peers", "direct,tc,nft-lb", "--loops", "closed"]
+        + ["--connections", "20", "--services", "1,3", "--trials", "1", "--duration", "1", "--no-floor"]
+        + ["--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(next(tmp_path.glob("lb-*.csv")))
+    got = sorted(zip(df["lb"], df["services"], strict=True))
+    assert got == [("direct", 1), ("nft-lb", 1), ("nft-lb", 3), ("tc", 1), ("tc", 3)]
+    assert (df["errors"] == 0).all() and (df["rps"] > 0).all()
+    for lb in ("tc", "nft-lb"):
+        assert f"{lb} with 3 services / with 1, 20 connections" in r.stdout, r.stdout
+
+
+def test_nft_lb_holds_its_services_in_one_map():
+    text = NftLb.services_text(SimpleNamespace(TABLE="t", decoy_ports=lambda: [20001, 20002]), "198.18.5.100", 80, 2)
+    assert "map services { type ipv4_addr . inet_service : verdict ; }" in text
+    assert "198.18.5.100 . 80 : goto svc0, 198.18.5.100 . 20001 : goto svc1, 198.18.5.100 . 20002 : goto svc2" in text
+    assert text.count("numgen random mod 2 vmap { 0 : goto be0, 1 : goto be1 }") == 3

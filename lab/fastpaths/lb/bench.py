@@ -63,7 +63,7 @@ from lab.rig import Rig
 from lab.traffic.http import QUANTILES, closed_loop, open_loop, spread
 from lab.traffic.report import MAX_LOAD_SECONDS
 
-from .peers import BALANCERS
+from .peers import BALANCERS, SERVES_SERVICES
 from .testbed import lb_testbed
 
 NAME = "lb"
@@ -83,6 +83,7 @@ COLUMNS = [
     "mode",
     "loop",
     "connections",
+    "services",
     "sessions",
     "offered_rps",
     "trial",
@@ -163,6 +164,13 @@ def add_arguments(p):
     )
     p.add_argument("--backends", type=int, default=2, help="nginx backends (default %(default)s, as the articles)")
     p.add_argument(
+        "--services",
+        default="1",
+        help="the LBs that hold services (xdp, xdp-generic, tc, tc-dsr, nft-lb): run with each of these numbers "
+        "of services, the measured one and the rest on the VIP's other ports with the same backends, which "
+        "no client addresses (nft-lb: every service in one verdict map), e.g. 1,512 (default %(default)s)",
+    )
+    p.add_argument(
         "--sessions",
         default="0",
         help="the DSR peers (tc-dsr): their session table filled with each of these numbers of live sessions "
@@ -191,6 +199,12 @@ def check(args):
     if any(sessions) and not any(MODES[lb] == "dsr" for lb in lbs):
         raise ValueError("--sessions fills the DSR peers' tables (tc-dsr): none in --peers")
     args.sessions_list = sessions
+    services = parse_list(args.services, int, what="service count")
+    if any(not 1 <= n <= 4096 for n in services):
+        raise ValueError("--services: 1 to 4096 each")
+    if any(n > 1 for n in services) and not any(lb in SERVES_SERVICES for lb in lbs):
+        raise ValueError(f"--services: for the LBs that hold services ({', '.join(SERVES_SERVICES)}): none in --peers")
+    args.services_list = services
     return lbs, loops, conns, loads
 
 
@@ -251,6 +265,7 @@ def main(args):
         napi=args.napi,
         floor=floors,
         sessions=args.sessions_list,
+        services=args.services_list,
     )
     print_summary(df)
     for f in floors:
@@ -305,8 +320,8 @@ class LbRig(Rig):
                 failed.append(str(e))
         return failed
 
-    def run(self, name, loop, connections, rate, duration, threads, sessions=0):
-        return measure(self.tb, self.napi_tid, name, loop, connections, rate, duration, threads, sessions)
+    def run(self, name, loop, connections, rate, duration, threads, sessions=0, services=1):
+        return measure(self.tb, self.napi_tid, name, loop, connections, rate, duration, threads, sessions, services)
 
 
 def threaded_napi(tb) -> int:
@@ -370,10 +385,10 @@ def fill_options(sessions) -> tuple:
     return ("--fill-sessions", str(sessions), "--max-sessions", str(max(SESSIONS, sessions + sessions // 4 + 65536)))
 
 
-def measure(tb, napi, name, loop, connections, rate, duration, threads, sessions=0):
+def measure(tb, napi, name, loop, connections, rate, duration, threads, sessions=0, services=1):
     """One run; napi: the NAPI thread's id (--napi threaded) or None; sessions: a DSR
-    LB's table filled with that many live sessions first."""
-    peer = BALANCERS[name](tb)
+    LB's table filled with that many live sessions first; services: how many it holds."""
+    peer = BALANCERS[name](tb, services=services)
     if sessions:
         peer.options = (*peer.options, *fill_options(sessions))
     spaces = {h: tb.ns(h) for h in (tb.client, tb.lb, tb.switch, *tb.backends)}
@@ -394,6 +409,7 @@ def measure(tb, napi, name, loop, connections, rate, duration, threads, sessions
         "mode": MODES[name],
         "loop": loop,
         "connections": connections,
+        "services": services,
         "sessions": sessions,
         "offered_rps": rate,
         "duration_s": r.seconds,
@@ -454,11 +470,18 @@ def run(
     napi="softirq",
     floor=None,
     sessions=(0,),
+    services=(1,),
 ):
     """floor: measure_floor()'s, recorded in the sidecar. sessions: the DSR peers' tables filled
-    with each of these numbers of live sessions (a variant each; the other peers' tables empty)."""
+    with each of these numbers of live sessions (a variant each; the other peers' tables empty).
+    services: the LBs that hold services run with each of these numbers (the others with one)."""
     rows, lat = [], []
-    variants = [(n, s) for n in lbs for s in (sessions if MODES[n] == "dsr" else [0])]
+    variants = [
+        (n, s, k)
+        for n in lbs
+        for k in (services if n in SERVES_SERVICES else [1])
+        for s in (sessions if MODES[n] == "dsr" else [0])
+    ]
     need_capacity = "open" in loops and capacity is None
     calibrate = need_capacity and not ("closed" in loops and "direct" in lbs)
     total = trials * len(variants) * (len(conns) * ("closed" in loops) + len(loads) * ("open" in loops))
@@ -466,8 +489,8 @@ def run(
     rig = LbRig(backends, napi, dsr="tc-dsr" in lbs)
 
     def one(variant, loop, c, rate, trial, load=None):
-        name, filled = variant
-        row, qs = rig.run(name, loop, c, rate, duration, threads, filled)
+        name, filled, held = variant
+        row, qs = rig.run(name, loop, c, rate, duration, threads, filled, held)
         row.update(trial=trial, load_pct=load)
         rows.append(row)
         # qs: one latency per QUANTILES, or none when nothing was answered
@@ -476,6 +499,7 @@ def run(
                 "lb": name,
                 "loop": loop,
                 "connections": c,
+                "services": held,
                 "sessions": filled,
                 "offered_rps": rate,
                 "load_pct": load,
@@ -487,7 +511,8 @@ def run(
         )
         if bar:
             what = f"{c} conns" if loop == "closed" else f"{load:g} %"
-            bar.step(f"{name}{f' {filled:,} sessions' if filled else ''} {loop} {what} trial {trial}")
+            more = (f" {held} services" if held > 1 else "") + (f" {filled:,} sessions" if filled else "")
+            bar.step(f"{name}{more} {loop} {what} trial {trial}")
 
     with rig:
         if "closed" in loops:
@@ -519,6 +544,7 @@ def run(
         "wrk_threads": threads,
         "backends": len(rig.tb.backends),
         "sessions": list(sessions),
+        "services": list(services),
         "closed_loop_tool": "wrk",
         "open_loop_tool": "lab/traffic/openloop.c",
         "napi": napi,
@@ -548,11 +574,13 @@ def print_summary(df, stream=sys.stdout):
             f"\n{loop} loop\n  {'lb':<11} {key[:5]:>5} {'RPS':>22} {'P50 ms':>7} {'P99 ms':>8} "
             f"{'P99.9 ms':>8} {'errors':>6} {'CPU':>6} {'proc':>5} {'maps':>5} {'lost':>6} {'retx':>6}\n"
         )
-        if "sessions" not in g:
-            g = g.assign(sessions=0)
-        for (k, lb, n), h in g.groupby([key, "lb", "sessions"], sort=True):
+        for col, none in (("sessions", 0), ("services", 1)):
+            if col not in g:
+                g = g.assign(**{col: none})
+        for (k, lb, n, held), h in g.groupby([key, "lb", "sessions", "services"], sort=True):
             rps = f"{h['rps'].median():.0f} [{h['rps'].min():.0f}..{h['rps'].max():.0f}]"
             lb = f"{lb} {n / 1e6:g}M" if n >= 1e6 else (f"{lb} {n / 1e3:g}k" if n else lb)
+            lb += f" {held}svc" if held > 1 else ""
             lost = int((h["veth_ring_drops"] + h["if_dropped"]).sum())  # xdp_tx_errors: a part of the first
             retx = int((h["client_retrans"] + h["backend_retrans"] + h["lb_retrans"]).sum())
             stream.write(
@@ -570,4 +598,13 @@ def print_summary(df, stream=sys.stdout):
             stream.write(
                 f"\n{lb} at {large:,} live sessions / at {small:,}, {c} connections: {r:.2f} of the requests/s "
                 f"(target >= 0.90) {'met' if r >= 0.9 else 'MISSED'}\n"
+            )
+    d = df[df["loop"] == "closed"] if "services" in df else df.iloc[0:0]
+    for (lb, c), h in d.groupby(["lb", "connections"]) if "services" in d else ():
+        med = h.groupby("services")["rps"].median()
+        if len(med) > 1:
+            r = med[med.index.max()] / med[med.index.min()]
+            stream.write(
+                f"{lb} with {med.index.max()} services / with {med.index.min()}, {c} connections: "
+                f"{r:.2f} of the requests/s\n"
             )

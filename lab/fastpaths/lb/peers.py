@@ -44,11 +44,17 @@ class Balancer(Peer):
     name = "direct"
     kind = "lb"
 
-    def __init__(self, tb, backends=None):
+    def __init__(self, tb, backends=None, services=1):
         super().__init__(None)
         self.tb = tb
         self.ns = tb.ns(tb.lb)
         self.backends = backends or [(tb.backend4(i), tb.backend_port) for i in range(len(tb.backends))]
+        # bench lb --services: the service measured and services-1 more on the VIP's other ports,
+        # each with the same backends, that no client addresses (for the LBs that hold services)
+        self.services = services
+
+    def decoy_ports(self) -> list:
+        return [DECOY_PORT + k for k in range(1, self.services)]
 
     def target(self):
         """(address, port) the clients connect to."""
@@ -109,6 +115,10 @@ class HaproxyL4(ProxyBalancer):
 class HaproxyL7(ProxyBalancer):
     name, proxy, layer = "haproxy-l7", HaproxyProxy, 7
     colour = "#CC79A7"
+
+
+DECOY_PORT = 20000  # + k: the VIP's port of the k-th service no client addresses (bench lb --services)
+SERVES_SERVICES = ("xdp", "xdp-generic", "tc", "tc-dsr", "nft-lb")  # the peers that take --services
 
 
 class NftLb(Balancer):
@@ -212,16 +222,33 @@ class NftLb(Balancer):
                 }
             },
         ]
+        if self.services > 1:  # every service in one map, as a user would write many (services_text)
+            cmds = [c for c in cmds if c["add"].get("rule", {}).get("chain") != "pre"]
         self.saved = {k: netns.read_sysctl(self.ns, k) for k in self.SYSCTLS}
         try:
             for k in self.SYSCTLS:
                 netns.sysctl(self.ns, k, 0)
             nft.flush_conntrack(self.ns)
             nft.run(self.ns, cmds)
+            if self.services > 1:
+                nft.run_text(self.ns, self.services_text(vip, port, n))
         except BaseException:
             self.detach()  # restores the sysctls read above
             raise
         self.attached = True
+
+    def services_text(self, vip, port, n) -> str:
+        """The services in one verdict map: VIP . port -> a chain that picks a backend."""
+        picks = ", ".join(f"{i} : goto be{i}" for i in range(n))
+        ports = [port, *self.decoy_ports()]
+        lines = [f"table ip {self.TABLE} {{"]
+        lines += [f"  chain svc{k} {{ numgen random mod {n} vmap {{ {picks} }} ; }}" for k in range(len(ports))]
+        lines.append("  map services { type ipv4_addr . inet_service : verdict ; }")
+        lines.append("}")
+        elements = ", ".join(f"{vip} . {p} : goto svc{k}" for k, p in enumerate(ports))
+        lines.append(f"add element ip {self.TABLE} services {{ {elements} }}")
+        lines.append(f"add rule ip {self.TABLE} pre counter ip daddr . tcp dport vmap @services")
+        return "\n".join(lines) + "\n"
 
     def counters(self):
         """new connections sent to each backend (the DNAT chains' counters)."""
@@ -282,7 +309,12 @@ class XdpBalancer(Balancer):
 
     def attach(self):
         vip, port = self.target()
-        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends, self.options).start(timeout=60)
+        more = []
+        if self.services > 1:  # the unnamed backends go to every service: each decoy has them too
+            more = ["--max-services", str(max(64, self.services))]
+            more += [a for p in self.decoy_ports() for a in ("--service", f"tcp:{vip}:{p}")]
+        self.cli = LbCommand(self.ns, "eth0", f"tcp:{vip}:{port}", self.backends, (*self.options, *more))
+        self.cli.start(timeout=120)
         self.attached = True
 
     def pids(self):

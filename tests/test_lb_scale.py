@@ -292,7 +292,7 @@ def test_the_command_fills_its_session_table_for_a_bench_in_dsr_only(tmp_path):
         assert [b["active_sessions"] for b in final["backends"].values()] == [2500, 2500]
         for more, error in (
             (["--mode", "nat"], "--fill-sessions: DSR only"),
-            (["--mode", "dsr", "--max-sessions", "4999"], "--fill-sessions must be 0 to --max-sessions (4999)"),
+            (["--mode", "dsr", "--max-sessions", "4999"], "more than the table holds (--max-sessions 4999); fix: "),
         ):
             r = lb(*more)
             assert r.returncode == 2 and r.stderr.count("\n") == 1 and error in r.stderr, r.stderr

@@ -3,14 +3,17 @@ per setting, each carried whole (Gbit/s and transactions measured, no errors), w
 targets said; the notebook runs headless as typed, and on the reference run."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
 from conftest import ROOT
-from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook
+from helpers import assert_every_figure_shown_once, execute_notebook, read_notebook, start_until
 
+from lab import cgroups, netns
 from lab.fastpaths.pods import plots
 
 NOTEBOOK = ROOT / "notebooks" / "06_pods.ipynb"
@@ -111,3 +114,22 @@ def test_the_targets_table_says_each_target_met_or_not():
     measured = t["result"].str.contains(r"\((?:target) [<>]=") & t["result"].str.endswith(("met", "MISSED"))
     assert len(t) == 7 and measured.sum() == 5
     assert (t[~measured]["result"] == "not measured in this run").all()
+
+
+def test_a_bench_killed_in_a_block_leaves_what_cleanup_removes(tmp_path):
+    """SIGKILL while a way's services are built leaves the testbed and the memory cgroup the
+    rules are charged to; `python -m lab cleanup` removes both."""
+    before = set(netns.lab_namespaces())
+
+    def mine():
+        return [c for c in cgroups.lab_cgroups() if c.name.endswith(".rules") and c.name.startswith(netns.PREFIX)]
+
+    argv = [sys.executable, "-m", "lab", "bench", "pods", "--experiments", "services", "--ways", "iptables-nft"]
+    argv += ["--services", "3000", "--trials", "1", "--duration", "1", "--out", str(tmp_path)]
+    proc = start_until(argv, lambda: bool(mine()), cwd=ROOT)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert mine() and set(netns.lab_namespaces()) - before
+    r = subprocess.run([sys.executable, "-m", "lab", "cleanup"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not mine() and set(netns.lab_namespaces()) == before, r.stdout

@@ -512,8 +512,14 @@ class LbCommand(Command):
                 raise UsageError(f"{opt} must be 1 to {top}")
         if args.fill_sessions and args.mode != "dsr":
             raise UsageError("--fill-sessions: DSR only (a NAT session holds an LB port)")
-        if not 0 <= args.fill_sessions <= args.max_sessions:
-            raise UsageError(f"--fill-sessions must be 0 to --max-sessions ({args.max_sessions})")
+        if args.fill_sessions < 0:
+            raise UsageError("--fill-sessions must be 0 or more")
+        if args.fill_sessions > args.max_sessions:
+            raise UsageError(
+                f"--fill-sessions {args.fill_sessions}: more than the table holds (--max-sessions "
+                f"{args.max_sessions}); fix: --max-sessions {args.fill_sessions + args.fill_sessions // 4} "
+                "(room for the run's own: the table evicts before it is full)"
+            )
         if len(self.services) > args.max_services:
             raise UsageError(f"{len(self.services)} services, more than --max-services {args.max_services}")
         if len(self.weights) > args.max_backends:
